@@ -1,0 +1,46 @@
+"""agentrl_envs: Gymnasium environments for tool-using LLM agents.
+
+``import agentrl_envs`` registers ``AgentRL/SQL-v0``, ``AgentRL/Python-v0``, ``AgentRL/SMTP-v0``
+and ``AgentRL/SQLPythonSMTP-v0``. It never imports torch, transformers or peft.
+"""
+
+from __future__ import annotations
+
+from gymnasium.envs.registration import register, registry
+
+from agentrl_envs.errors import (
+    ActionError,
+    AgentRLError,
+    BackendError,
+    ConfigError,
+    EpisodeError,
+    PermanentError,
+    TransientError,
+)
+
+__version__ = "0.1.0"
+
+ENV_IDS: dict[str, str] = {
+    "AgentRL/SQL-v0": "agentrl_envs.envs:SQLEnv",
+    "AgentRL/Python-v0": "agentrl_envs.envs:PythonEnv",
+    "AgentRL/SMTP-v0": "agentrl_envs.envs:SMTPEnv",
+    "AgentRL/SQLPythonSMTP-v0": "agentrl_envs.envs:SQLPythonSMTPEnv",
+}
+
+for _env_id, _entry_point in ENV_IDS.items():
+    if _env_id not in registry:
+        # No max_episode_steps: the env truncates itself at max_steps, so a TimeLimit wrapper
+        # would only disagree with it.
+        register(id=_env_id, entry_point=_entry_point, disable_env_checker=False)
+
+__all__ = [
+    "ENV_IDS",
+    "ActionError",
+    "AgentRLError",
+    "BackendError",
+    "ConfigError",
+    "EpisodeError",
+    "PermanentError",
+    "TransientError",
+    "__version__",
+]

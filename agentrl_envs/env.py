@@ -1,0 +1,322 @@
+"""The env core shared by every agentrl environment.
+
+One text action per step (a tool call), one text observation back. The core parses the action,
+sends the call across the :class:`~agentrl_envs.backends.Backend` seam, renders the result, asks
+:class:`~agentrl_envs.tasks.progress.Progress` what it achieved and sums the reward components.
+It does not know whether the backend is simulated or real.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, ClassVar
+
+import gymnasium as gym
+
+from agentrl_envs.actions import ToolCall, format_call, parse_action
+from agentrl_envs.backends import Backend, EpisodeSetup, ToolRequest, ToolResponse, make_backend
+from agentrl_envs.errors import ActionError, ConfigError, EpisodeError
+from agentrl_envs.rewards import RewardConfig, zero_components
+from agentrl_envs.spaces import UnicodeText
+from agentrl_envs.tasks import TaskSampler
+from agentrl_envs.tasks.base import Task
+from agentrl_envs.tasks.progress import Progress
+from agentrl_envs.tools import TOOLS, Tool
+from agentrl_envs.tools.text import clip, printable
+
+__all__ = ["ToolUseEnv"]
+
+ACTION_MAX_CHARS = 200_000
+OBSERVATION_MAX_CHARS = 16_000
+
+
+class ToolUseEnv(gym.Env[str, str]):
+    """Base class of the agentrl envs; subclasses set ``kind`` and ``tool_names`` and an env card."""
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 4}
+    kind: ClassVar[str] = "pipeline"
+    tool_names: ClassVar[tuple[str, ...]] = ("sql", "python", "smtp", "finish")
+
+    def __init__(
+        self,
+        split: str = "train",
+        domain: str | None = None,
+        error_profile: str = "none",
+        backend: Any = "sim",
+        max_steps: int | None = None,
+        time_budget_s: float | None = None,
+        candidates: int = 0,
+        render_mode: str | None = None,
+        aux_reward: Any = None,
+        long_horizon: bool = False,
+        format_penalty: float = -0.1,
+        python_timeout_s: float = 5.0,
+        sql_deadline_s: float = 2.0,
+    ) -> None:
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ConfigError(f"render_mode={render_mode!r}: use 'ansi' or None")
+        if error_profile != "none":
+            raise ConfigError(
+                f"error_profile={error_profile!r} is not available yet: only 'none' (fault profiles arrive with issue #3)"
+            )
+        if aux_reward is not None:
+            raise ConfigError("aux_reward schedules are not available yet (issue #5); leave aux_reward=None")
+        if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
+            raise ConfigError(f"max_steps={max_steps!r}: use a positive int or None for the default")
+        if time_budget_s is not None and not time_budget_s > 0:
+            raise ConfigError(f"time_budget_s={time_budget_s!r}: use a positive number of virtual seconds or None")
+        if not isinstance(candidates, int) or isinstance(candidates, bool) or candidates < 0:
+            raise ConfigError(f"candidates={candidates!r}: use 0 (off) or a positive int K")
+        if not python_timeout_s > 0 or not sql_deadline_s > 0:
+            raise ConfigError("python_timeout_s and sql_deadline_s must be positive")
+        self.split = split
+        self.domain = domain
+        self.error_profile = error_profile
+        self.backend_spec = backend
+        self.max_steps_arg = max_steps
+        self.time_budget_s = time_budget_s
+        self.candidates = candidates
+        self.render_mode = render_mode
+        self.long_horizon = long_horizon
+        self.rewards = RewardConfig(format_penalty=format_penalty)
+        self.python_timeout_s = python_timeout_s
+        self.sql_deadline_s = sql_deadline_s
+        self.tools: dict[str, Tool] = {name: TOOLS[name] for name in self.tool_names}
+        self.action_space = UnicodeText(ACTION_MAX_CHARS)
+        self.observation_space = UnicodeText(OBSERVATION_MAX_CHARS)
+        self._sampler = TaskSampler(self.kind, split, domain, long_horizon)  # validates split/domain
+        self._backend: Backend | None = None
+        self._clear_episode()
+
+    # -- gymnasium API ---------------------------------------------------------------------------
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """Start an episode. ``options={"task_seed": n}`` picks a task directly (same n, same task)."""
+        super().reset(seed=seed)
+        self._close_episode()
+        options = options or {}
+        task_seed = options.get("task_seed")
+        if task_seed is None:
+            task_seed = int(self.np_random.integers(0, 2**31 - 1))
+        elif not isinstance(task_seed, int) or isinstance(task_seed, bool) or task_seed < 0:
+            raise ConfigError(f"options['task_seed']={task_seed!r}: use a non-negative int")
+        task = self._sampler.sample(task_seed)
+        backend = self._get_backend()
+        episode_id = "ep-" + uuid.uuid4().hex[:20]
+        backend.open_episode(EpisodeSetup(episode_id, task.database, task.files, sender=f"agent@{_mail_domain(task)}"))
+        self._task, self._episode_id = task, episode_id
+        self._progress = Progress(task)
+        self._steps = 0
+        self._virtual_time = 0.0
+        self._prev_tool: str | None = None
+        self._done = False
+        self._max_steps = self.max_steps_arg or _default_max_steps(task)
+        self._transcript = [f"[task {task.task_id}]\n{task.instruction}"]
+        info = self._info(tool=None, result=None)
+        info["instruction"] = task.instruction
+        info["tools"] = [tool.schema() for tool in self.tools.values()]
+        info["system_prompt"] = self.system_prompt()
+        info["max_steps"] = self._max_steps
+        self._add_candidates(info)
+        return self._observe(task.instruction), info
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if not isinstance(action, str):
+            raise TypeError(f"an action must be a str, got {type(action).__name__}")
+        if self._task is None:
+            raise EpisodeError("call reset() before step()")
+        if self._done:
+            raise EpisodeError("the episode has ended; call reset() to start a new one")
+        self._steps += 1
+        components = zero_components()
+        terminated = False
+        tool_name: str | None = None
+        try:
+            call = parse_action(action, self.tools)
+        except ActionError as exc:
+            components["format"] = self.rewards.format_penalty
+            observation = f"action error [{exc.code}]: {exc.message}"
+            result: dict[str, Any] = {"tool": None, "ok": False, "status": 400, "error_type": exc.code, "error": exc.message}
+        else:
+            tool_name = call.name
+            if call.name == "finish":
+                self._progress.finish(call.arguments["answer"])
+                observation = "Episode finished."
+                result = {"tool": "finish", "ok": True, "status": 200, "error_type": None, "error": None}
+                terminated = True
+            else:
+                observation, result = self._call_tool(call)
+        truncated = not terminated and (
+            self._steps >= self._max_steps
+            or (self.time_budget_s is not None and self._virtual_time >= self.time_budget_s)
+        )
+        info = self._info(tool=tool_name, result=result)
+        if terminated or truncated:
+            self._done = True
+            task_components = self._progress.components()
+            success = terminated and all(task_components.values())
+            components["task"] = self.rewards.success if success else 0.0
+            info["task_components"] = task_components
+            info["partial_credit"] = sum(task_components.values()) / max(1, len(task_components))
+            info["success"] = success
+            if truncated:
+                observation += f"\n[episode truncated: {'step limit' if self._steps >= self._max_steps else 'time budget'} reached]"
+        else:
+            self._add_candidates(info)
+        info["reward_components"] = components
+        if tool_name is not None:
+            self._prev_tool = tool_name
+        self._transcript.append(f"> {clip(printable(action), 2000)}\n{observation}")
+        return self._observe(observation), float(sum(components.values())), terminated, truncated, info
+
+    def render(self) -> str | None:
+        """With ``render_mode="ansi"``: the transcript so far, actions prefixed with ``>``."""
+        if self.render_mode != "ansi":
+            return None
+        return printable("\n\n".join(self._transcript)) + "\n"
+
+    def close(self) -> None:
+        self._close_episode()
+        if self._backend is not None:
+            self._backend.close()
+            self._backend = None
+        self._sampler.close()
+
+    # -- oracle and candidates -------------------------------------------------------------------
+
+    def oracle_action(self) -> str:
+        """The gold plan's next action from the current state (used by :class:`OracleAgent`)."""
+        if self._task is None or self._done:
+            raise EpisodeError("no episode in progress; call reset()")
+        name, arguments = self._progress.next_gold_call()
+        return format_call(name, arguments)
+
+    def system_prompt(self) -> str:
+        names = ", ".join(self.tools)
+        return (
+            "You are an agent that solves tasks by calling tools. Each turn, reply with exactly one tool call:\n"
+            '<tool_call>{"name": "<tool>", "arguments": {...}}</tool_call>\n'
+            f"Available tools: {names}. Call finish when you are done."
+        )
+
+    @property
+    def task(self) -> Task | None:
+        """The current episode's task (None before the first reset)."""
+        return self._task
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _call_tool(self, call: ToolCall) -> tuple[str, dict[str, Any]]:
+        assert self._episode_id is not None
+        response = self._get_backend().handle(ToolRequest(self._episode_id, call.name, call.arguments))
+        self._virtual_time += response.latency_s
+        self._progress.observe(call.name, call.arguments, response)
+        return self.tools[call.name].render(response), _summarize(call.name, response)
+
+    def _info(self, tool: str | None, result: dict[str, Any] | None) -> dict[str, Any]:
+        assert self._task is not None
+        return {
+            "task_id": self._task.task_id,
+            "domain": self._task.domain,
+            "split": self._task.split,
+            "step": self._steps,
+            "reward_components": zero_components(),
+            "tool": tool,
+            "tool_result": result,
+            "fault": None,
+            "virtual_time_s": self._virtual_time,
+            "subtask_index": self._progress.subtask_index(),
+            "subtask_boundary": tool is not None and self._prev_tool is not None and tool != self._prev_tool,
+        }
+
+    def _add_candidates(self, info: dict[str, Any]) -> None:
+        if self.candidates:
+            from agentrl_envs.candidates import make_candidates
+
+            assert self._task is not None
+            info["candidates"] = make_candidates(
+                self._task, self._progress, self.oracle_action(), self.candidates, self.np_random, tuple(self.tools)
+            )
+
+    def _observe(self, text: str) -> str:
+        return clip(printable(text), OBSERVATION_MAX_CHARS - 100)
+
+    def _get_backend(self) -> Backend:
+        if self._backend is None:
+            self._backend = make_backend(
+                self.backend_spec, sql_deadline_s=self.sql_deadline_s, python_timeout_s=self.python_timeout_s
+            )
+        return self._backend
+
+    def _clear_episode(self) -> None:
+        self._task: Task | None = None
+        self._episode_id: str | None = None
+        self._progress: Progress = None  # type: ignore[assignment]
+        self._steps = 0
+        self._max_steps = 0
+        self._virtual_time = 0.0
+        self._prev_tool = None
+        self._done = False
+        self._transcript: list[str] = []
+
+    def _close_episode(self) -> None:
+        if self._episode_id is not None and self._backend is not None:
+            self._backend.close_episode(self._episode_id)
+        self._clear_episode()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The configuration pickles; the backend and an episode in flight do not (they live in
+        # services). An unpickled env starts fresh at its next reset().
+        state = dict(self.__dict__)
+        state["_backend"] = None
+        state["_sampler"] = None
+        for key in ("_task", "_episode_id", "_progress"):
+            state[key] = None
+        state["_done"] = False
+        state["_transcript"] = []
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._sampler = TaskSampler(self.kind, self.split, self.domain, self.long_horizon)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+def _default_max_steps(task: Task) -> int:
+    gold_calls = sum(len(s.steps) for s in task.subtasks) + 1
+    return max(10, 3 * gold_calls + 4)
+
+
+def _mail_domain(task: Task) -> str:
+    from agentrl_envs.tasks.domains import DOMAINS
+
+    return DOMAINS[task.domain].mail_domain
+
+
+def _summarize(tool: str, response: ToolResponse) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "tool": tool,
+        "ok": response.ok,
+        "status": response.status,
+        "error_type": response.error_type,
+        "error": response.error,
+    }
+    r = response.result
+    if response.ok and tool == "sql":
+        out.update(row_count=r.get("row_count"), columns=r.get("columns"), csv_path=r.get("csv_path"), truncated=r.get("truncated"))
+    elif response.ok and tool == "python":
+        out["ok"] = r.get("exit_code") == 0 and not r.get("timed_out")
+        out.update(
+            exit_code=r.get("exit_code"),
+            stdout=clip(str(r.get("stdout", "")), 4000),
+            stderr=clip(str(r.get("stderr", "")), 4000),
+            timed_out=r.get("timed_out"),
+        )
+    elif response.ok and tool == "smtp":
+        out.update(message_id=r.get("message_id"), to=r.get("to"), cc=r.get("cc"), attachments=r.get("attachments"))
+    return out

@@ -1,0 +1,165 @@
+"""Tasks: what the agent is asked, the gold plan that does it, and what the checker expects.
+
+Ground truth is never a constant: a template picks parameters, and :class:`GoldRunner` runs the
+template's gold SQL and gold Python on the episode's own data to get the expected figures.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import io
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentrl_envs.backends.base import DatabaseSpec
+from simulators.sql import ReadOnlyDatabase, format_rows
+
+__all__ = ["CSV_PLACEHOLDER", "EmailSpec", "GoldRunner", "SubTask", "Task", "normalize_rows"]
+
+#: Gold Python code names its input file with this placeholder; the oracle fills in the CSV path
+#: its own query saved (or the data file of Python-only tasks).
+CSV_PLACEHOLDER = "__CSV_PATH__"
+
+
+@dataclass(frozen=True)
+class EmailSpec:
+    """The email a sub-task requires: exactly these recipients, and the figures in the body."""
+
+    to: tuple[str, ...]
+    cc: tuple[str, ...]
+    subject: str
+    body: str
+    attachments: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SubTask:
+    """One unit of work: some of ``sql`` -> ``python`` -> ``smtp``, in that order.
+
+    Attributes:
+        template: id of the template that made it (``sql.count``).
+        steps: the tools the sub-task needs, in order.
+        description: what the agent is told.
+        gold_sql: the gold query (when ``sql`` is a step or the answer comes from SQL).
+        gold_rows: the gold query's result, normalized (see :func:`normalize_rows`).
+        gold_code: the gold program, reading its input at :data:`CSV_PLACEHOLDER`.
+        data_path: the workspace file the gold program reads when there is no query step.
+        figures: numbers the answer, the program output or the email must contain.
+        names: names the answer or the email must contain.
+        email: the required email, for sub-tasks with an ``smtp`` step.
+        answer: the gold final answer text, for sub-tasks answered through ``finish``.
+        params: the template parameters (reported in info; used for split disjointness).
+        files: workspace files the sub-task needs, as (path, text) pairs.
+    """
+
+    template: str
+    steps: tuple[str, ...]
+    description: str
+    gold_sql: str | None = None
+    gold_rows: tuple[tuple[Any, ...], ...] | None = None
+    gold_code: str | None = None
+    data_path: str | None = None
+    figures: tuple[float, ...] = ()
+    names: tuple[str, ...] = ()
+    email: EmailSpec | None = None
+    answer: str | None = None
+    params: tuple[tuple[str, Any], ...] = ()
+    files: tuple[tuple[str, str], ...] = ()
+
+    def code_for(self, path: str) -> str:
+        assert self.gold_code is not None
+        return self.gold_code.replace(CSV_PLACEHOLDER, repr(path))
+
+
+@dataclass(frozen=True)
+class Task:
+    """An episode's task.
+
+    Attributes:
+        task_id: stable id: kind/domain/split/seed.
+        kind: ``sql``, ``python``, ``smtp`` or ``pipeline``.
+        domain, split, seed: where it comes from.
+        instruction: the text the agent reads after reset.
+        subtasks: the units of work, in order.
+        database: the episode's data (None when the env has no SQL tool and no data).
+        files: text files placed in the workspace.
+        answer_required: the final ``finish`` answer is checked.
+    """
+
+    task_id: str
+    kind: str
+    domain: str
+    split: str
+    seed: int
+    instruction: str
+    subtasks: tuple[SubTask, ...]
+    database: DatabaseSpec | None
+    files: dict[str, str] = field(default_factory=dict, repr=False)
+    answer_required: bool = False
+
+    @property
+    def gold_answer(self) -> str:
+        answers = [s.answer for s in self.subtasks if s.answer is not None]
+        return "; ".join(answers) if answers else "done"
+
+
+def normalize_rows(rows: Any) -> tuple[tuple[Any, ...], ...]:
+    """Rows as a sorted tuple of tuples with floats rounded, for order-insensitive comparison."""
+    out = []
+    for row in rows:
+        out.append(tuple(round(v, 6) if isinstance(v, float) else v for v in row))
+    return tuple(sorted(out, key=repr))
+
+
+class GoldRunner:
+    """Runs gold plans on a task's own data to produce ground truth.
+
+    SQL goes through the same read-only engine as the simulator; gold Python (trusted code written
+    by the templates) runs in process on the same CSV text the sql tool would save.
+    """
+
+    def __init__(self, max_databases: int = 16) -> None:
+        self._dbs: collections.OrderedDict[str, ReadOnlyDatabase] = collections.OrderedDict()
+        self._max = max_databases
+        self._tmp = tempfile.mkdtemp(prefix="agentrl-gold-")
+
+    def query(self, database: DatabaseSpec, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+        db = self._dbs.get(database.fingerprint)
+        if db is None:
+            from simulators.sql import build_database
+
+            db = ReadOnlyDatabase(build_database(database.tables), deadline_s=10.0)
+            self._dbs[database.fingerprint] = db
+            while len(self._dbs) > self._max:
+                self._dbs.popitem(last=False)[1].close()
+        self._dbs.move_to_end(database.fingerprint)
+        result = db.query(sql)
+        return result.columns, result.rows
+
+    def csv_of(self, database: DatabaseSpec, sql: str) -> str:
+        columns, rows = self.query(database, sql)
+        return format_rows(columns, rows)
+
+    def run_code(self, code: str, csv_text: str) -> str:
+        """Run gold code with its input file holding ``csv_text``; return what it printed."""
+        path = os.path.join(self._tmp, "input.csv")
+        with open(path, "w", encoding="utf-8", newline="") as f:
+            f.write(csv_text)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(code.replace(CSV_PLACEHOLDER, repr(path)), "<gold>", "exec"), {"__name__": "__gold__"})
+        return out.getvalue()
+
+    def close(self) -> None:
+        for db in self._dbs.values():
+            db.close()
+        self._dbs.clear()
+        shutil.rmtree(self._tmp, ignore_errors=True)
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()

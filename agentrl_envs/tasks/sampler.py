@@ -1,0 +1,143 @@
+"""Drawing a task for an episode: split, domain, data, template and parameters, all from one seed.
+
+Splits:
+- ``train`` and ``test`` use the train domains with disjoint data seeds (train 0-7, test 100-107)
+  and disjoint template parameters (see :meth:`Context.check_split`);
+- ``heldout`` uses domains never seen in train or test (data seeds 200-207).
+
+Data sets are generated once per (domain, data seed) and cached, so reset only copies a template
+database.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from agentrl_envs.backends.base import DatabaseSpec
+from agentrl_envs.errors import ConfigError
+from agentrl_envs.tasks.base import GoldRunner, SubTask, Task
+from agentrl_envs.tasks.domains import DOMAINS, HELDOUT_DOMAINS, TRAIN_DOMAINS, Domain
+from agentrl_envs.tasks.domains.base import fingerprint
+from agentrl_envs.tasks.templates import TEMPLATES, Context, Retry
+
+__all__ = ["KINDS", "LONG_HORIZON_SUBTASKS", "SPLITS", "TaskSampler"]
+
+SPLITS = ("train", "test", "heldout")
+KINDS = tuple(TEMPLATES)
+LONG_HORIZON_SUBTASKS = 5
+DATA_VARIANTS = 8
+_DATA_BASE = {"train": 0, "test": 100, "heldout": 200}
+_SPLIT_CODE = {"train": 11, "test": 23, "heldout": 37}
+_KIND_CODE = {"sql": 1, "python": 2, "smtp": 3, "pipeline": 4}
+
+
+@functools.lru_cache(maxsize=64)
+def _dataset(domain: str, data_seed: int) -> DatabaseSpec:
+    tables = DOMAINS[domain].generate(data_seed)
+    return DatabaseSpec(fingerprint(domain, data_seed, tables), tables)
+
+
+def domains_for(split: str, domain: str | None = None) -> tuple[str, ...]:
+    """The domains a split draws from, restricted to ``domain`` when given."""
+    if split not in SPLITS:
+        raise ConfigError(f"split={split!r}: use one of {', '.join(SPLITS)}")
+    pool = HELDOUT_DOMAINS if split == "heldout" else TRAIN_DOMAINS
+    if domain is None:
+        return pool
+    if domain not in pool:
+        raise ConfigError(f"domain={domain!r} is not in split {split!r}; its domains are: {', '.join(pool)}")
+    return (domain,)
+
+
+class TaskSampler:
+    """Makes tasks of one kind. One per env; holds the gold runner's cached databases."""
+
+    def __init__(self, kind: str, split: str = "train", domain: str | None = None, long_horizon: bool = False) -> None:
+        if kind not in KINDS:
+            raise ConfigError(f"task kind {kind!r}: use one of {', '.join(KINDS)}")
+        if long_horizon and kind != "pipeline":
+            raise ConfigError("long_horizon=True is available for AgentRL/SQLPythonSMTP only")
+        self.kind = kind
+        self.split = split
+        self.domains = domains_for(split, domain)
+        self.long_horizon = long_horizon
+        self.runner = GoldRunner()
+
+    def sample(self, seed: int) -> Task:
+        """The task of ``seed`` (a non-negative int): the same seed always gives the same task."""
+        rng = np.random.default_rng([int(seed), _SPLIT_CODE[self.split], _KIND_CODE[self.kind], int(self.long_horizon)])
+        domain = DOMAINS[self.domains[int(rng.integers(len(self.domains)))]]
+        data_seed = _DATA_BASE[self.split] + int(rng.integers(DATA_VARIANTS))
+        database = _dataset(domain.name, data_seed)
+        ctx = Context(domain, database.tables, database, rng, self.runner, self.split)
+        templates = list(TEMPLATES[self.kind])
+        if self.long_horizon:
+            order = rng.permutation(len(templates))
+            subtasks = tuple(self._draw(ctx, [templates[i]]) for i in order[:LONG_HORIZON_SUBTASKS])
+        else:
+            subtasks = (self._draw(ctx, templates),)
+        files: dict[str, str] = {}
+        if self.kind == "python":
+            files[f"data/{domain.fact}.csv"] = self.runner.csv_of(database, f"SELECT * FROM {domain.fact}")
+        for sub in subtasks:
+            files.update(dict(sub.files))
+        name = {"sql": "SQL", "python": "Python", "smtp": "SMTP", "pipeline": "SQLPythonSMTP"}[self.kind]
+        long = "-long" if self.long_horizon else ""
+        return Task(
+            task_id=f"{name}{long}/{domain.name}/{self.split}/{seed}",
+            kind=self.kind,
+            domain=domain.name,
+            split=self.split,
+            seed=int(seed),
+            instruction=self._instruction(domain, database, subtasks, files),
+            subtasks=subtasks,
+            database=database if self.kind in ("sql", "pipeline") else None,
+            files=files,
+            answer_required=self.kind in ("sql", "python"),
+        )
+
+    def _draw(self, ctx: Context, templates: list[Any]) -> SubTask:
+        template = templates[0]
+        for attempt in range(200):
+            if attempt % 10 == 0:  # after ten refused draws, try another template
+                template = templates[int(ctx.rng.integers(len(templates)))]
+            try:
+                return template(ctx)
+            except Retry:
+                continue
+        raise RuntimeError(f"no valid parameters for {[t.__name__ for t in templates]} in {ctx.domain.name}/{ctx.split}")
+
+    def _instruction(self, domain: Domain, database: DatabaseSpec, subtasks: tuple[SubTask, ...], files: dict[str, str]) -> str:
+        lines = [f"You are an analytics agent at a {domain.name} company."]
+        if len(subtasks) == 1:
+            lines.append(f"Task: {subtasks[0].description}")
+        else:
+            lines.append(f"Complete these {len(subtasks)} tasks, each with its own query, computation and email:")
+            lines += [f"{i}. {s.description}" for i, s in enumerate(subtasks, 1)]
+        if self.kind in ("sql", "pipeline"):
+            lines.append("\nDatabase tables (SQLite):")
+            lines.append(domain.schema_text(database.tables))
+        if self.kind == "pipeline":
+            lines.append("People and their email addresses are in the staff table (role: manager, analyst or director).")
+            lines.append("Compute figures with the python tool from the CSV file your query saved.")
+        if files:
+            lines.append("\nWorkspace files:")
+            for path, text in sorted(files.items()):
+                header = text.split("\n", 1)[0]
+                lines.append(f"- {path} (columns: {header})")
+        if self.kind == "smtp":
+            lines.append("\nStaff directory:")
+            for s in Domain.staff(database.tables):
+                where = "" if s.role == "director" else f" of {s.unit}"
+                lines.append(f"- {s.name}, {s.role}{where}: {s.email}")
+        if self.kind in ("sql", "python"):
+            lines.append('\nWhen you know the answer, call finish with {"answer": "<the answer>"}.')
+        else:
+            lines.append('\nWhen every email is sent, call finish with {"answer": "done"}.')
+        return "\n".join(lines)
+
+    def close(self) -> None:
+        self.runner.close()

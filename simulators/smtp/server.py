@@ -1,0 +1,207 @@
+"""A simulated mail server that validates like a strict MTA and records what it delivered.
+
+Messages are built with :class:`email.message.EmailMessage` and the default policy. Addresses and
+header values with CR or LF are refused (header injection), as are bare-LF dot lines in the body
+(SMTP smuggling), oversize messages and too many recipients. Attachments are files of the episode
+workspace; paths that leave it are refused. The env, never the agent, chooses the sender.
+"""
+
+from __future__ import annotations
+
+import email.policy
+import hashlib
+import mimetypes
+import os
+import re
+from dataclasses import dataclass, field
+from email.headerregistry import Address
+from email.message import EmailMessage
+from typing import Any
+
+MAX_RECIPIENTS = 20
+MAX_SUBJECT_CHARS = 500
+MAX_BODY_BYTES = 256 << 10
+MAX_MESSAGE_BYTES = 2 << 20
+MAX_ATTACHMENTS = 5
+
+# A pragmatic addr-spec: dot-atom local part, a domain with at least one dot, ASCII only.
+_ADDRESS = re.compile(r"^[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*@"
+                      r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)+$")
+
+
+class SMTPError(Exception):
+    """A message was refused; ``kind`` names why and ``code`` is the SMTP reply code."""
+
+    def __init__(self, kind: str, message: str, code: int = 550) -> None:
+        super().__init__(kind, message, code)
+        self.kind = kind
+        self.message = message
+        self.code = code
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A message the server accepted, as the task checker sees it."""
+
+    message_id: str
+    sender: str
+    to: list[str]
+    cc: list[str]
+    subject: str
+    body: str
+    attachments: list[dict[str, Any]]
+    size: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "message_id": self.message_id,
+            "sender": self.sender,
+            "to": list(self.to),
+            "cc": list(self.cc),
+            "subject": self.subject,
+            "body": self.body,
+            "attachments": [dict(a) for a in self.attachments],
+            "size": self.size,
+        }
+
+
+def validate_address(value: Any, field_name: str) -> str:
+    """Return a normalized address or raise :class:`SMTPError`."""
+    if not isinstance(value, str):
+        raise SMTPError("bad_address", f"{field_name}: an address must be a string, got {type(value).__name__}", 501)
+    if "\r" in value or "\n" in value:
+        raise SMTPError("header_injection", f"{field_name}: CR/LF in an address is refused", 501)
+    address = value.strip()
+    if len(address) > 254 or not _ADDRESS.match(address):
+        shown = address[:80] + ("..." if len(address) > 80 else "")
+        raise SMTPError("bad_address", f"{field_name}: {shown!r} is not a valid address (user@example.com)", 501)
+    local, _, domain = address.rpartition("@")
+    if len(local) > 64:
+        raise SMTPError("bad_address", f"{field_name}: local part longer than 64 characters", 501)
+    return f"{local}@{domain.lower()}"
+
+
+@dataclass
+class Mailbox:
+    """The server's record of one episode: accepted messages, in order."""
+
+    sender: str
+    message_prefix: str
+    deliveries: list[Delivery] = field(default_factory=list)
+
+    def send(
+        self,
+        workspace: str,
+        to: Any,
+        subject: Any,
+        body: Any,
+        cc: Any = None,
+        attachments: Any = None,
+    ) -> Delivery:
+        """Validate and accept one message, or raise :class:`SMTPError`."""
+        to_list = _address_list(to, "to")
+        cc_list = _address_list(cc, "cc") if cc is not None else []
+        if not to_list:
+            raise SMTPError("bad_address", "to: at least one recipient is required", 501)
+        recipients = to_list + cc_list
+        if len(recipients) > MAX_RECIPIENTS:
+            raise SMTPError("too_many_recipients", f"{len(recipients)} recipients; the limit is {MAX_RECIPIENTS}", 452)
+        if len(set(recipients)) != len(recipients):
+            raise SMTPError("bad_address", "a recipient is listed twice", 501)
+        subject_text = _header_text(subject, "subject", MAX_SUBJECT_CHARS)
+        body_text = _body_text(body)
+        files = _attachments(workspace, attachments)
+
+        msg = EmailMessage(policy=email.policy.default)
+        msg["From"] = self.sender
+        msg["To"] = ", ".join(to_list)
+        if cc_list:
+            msg["Cc"] = ", ".join(cc_list)
+        msg["Subject"] = subject_text
+        message_id = f"<{self.message_prefix}.{len(self.deliveries) + 1}@agentrl.sim>"
+        msg["Message-ID"] = message_id
+        msg.set_content(body_text)
+        meta = []
+        for name, data in files:
+            ctype, _ = mimetypes.guess_type(name)
+            maintype, subtype = (ctype or "application/octet-stream").split("/", 1)
+            msg.add_attachment(data, maintype=maintype, subtype=subtype, filename=os.path.basename(name))
+            meta.append({"path": name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()})
+        try:
+            wire = msg.as_bytes()
+        except (ValueError, TypeError, UnicodeError) as exc:
+            raise SMTPError("bad_message", f"message could not be encoded: {exc}", 554) from None
+        if len(wire) > MAX_MESSAGE_BYTES:
+            raise SMTPError("too_large", f"message is {len(wire)} bytes; the limit is {MAX_MESSAGE_BYTES}", 552)
+        delivery = Delivery(message_id, self.sender, to_list, cc_list, subject_text, body_text, meta, len(wire))
+        self.deliveries.append(delivery)
+        return delivery
+
+
+def _address_list(value: Any, field_name: str) -> list[str]:
+    if isinstance(value, str):
+        value = [part for part in value.split(",") if part.strip()] if "," in value else [value]
+    if not isinstance(value, list):
+        raise SMTPError("bad_address", f"{field_name}: expected an address or a list of addresses", 501)
+    if len(value) > MAX_RECIPIENTS:
+        raise SMTPError("too_many_recipients", f"{field_name}: {len(value)} recipients; the limit is {MAX_RECIPIENTS}", 452)
+    return [validate_address(v, field_name) for v in value]
+
+
+def _header_text(value: Any, field_name: str, limit: int) -> str:
+    if not isinstance(value, str):
+        raise SMTPError("bad_header", f"{field_name}: expected a string, got {type(value).__name__}", 501)
+    if "\r" in value or "\n" in value:
+        raise SMTPError("header_injection", f"{field_name}: CR/LF in a header is refused", 501)
+    if any(ord(c) < 32 and c != "\t" or c == "\x7f" for c in value):
+        raise SMTPError("bad_header", f"{field_name}: control characters are not allowed", 501)
+    if len(value) > limit:
+        raise SMTPError("too_large", f"{field_name}: {len(value)} characters; the limit is {limit}", 552)
+    return value
+
+
+def _body_text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise SMTPError("bad_body", f"body: expected a string, got {type(value).__name__}", 501)
+    encoded = value.encode("utf-8", "surrogatepass")
+    if len(encoded) > MAX_BODY_BYTES:
+        raise SMTPError("too_large", f"body is {len(encoded)} bytes; the limit is {MAX_BODY_BYTES}", 552)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise SMTPError("bad_body", "body contains lone surrogates and is not valid Unicode text", 501) from None
+    if "\x00" in value:
+        raise SMTPError("bad_body", "body contains NUL characters", 501)
+    normalized = value.replace("\r\n", "\n")
+    if "\r" in normalized:
+        raise SMTPError("smuggling", "body contains a bare CR; line ends must be LF or CRLF", 501)
+    if re.search(r"(^|\n)\.(\r?\n|$)", value) or "\n.\r" in value:
+        raise SMTPError("smuggling", "body contains a line with a single '.', which ends an SMTP message", 501)
+    return value
+
+
+def _attachments(workspace: str, value: Any) -> list[tuple[str, bytes]]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise SMTPError("bad_attachment", "attachments: expected a list of workspace paths", 501)
+    if len(value) > MAX_ATTACHMENTS:
+        raise SMTPError("too_large", f"{len(value)} attachments; the limit is {MAX_ATTACHMENTS}", 552)
+    root = os.path.realpath(workspace)
+    files = []
+    for name in value:
+        if not name or "\x00" in name or len(name) > 255:
+            raise SMTPError("bad_attachment", f"attachment path {name[:80]!r} is not valid", 501)
+        full = os.path.realpath(os.path.join(root, name))
+        if os.path.commonpath([root, full]) != root or full == root:
+            raise SMTPError("bad_attachment", f"attachment {name[:80]!r} is outside the workspace", 550)
+        if not os.path.isfile(full):
+            raise SMTPError("bad_attachment", f"attachment {name[:80]!r} does not exist in the workspace", 550)
+        if os.path.getsize(full) > MAX_MESSAGE_BYTES:
+            raise SMTPError("too_large", f"attachment {name[:80]!r} is larger than {MAX_MESSAGE_BYTES} bytes", 552)
+        with open(full, "rb") as f:
+            files.append((os.path.relpath(full, root), f.read()))
+    return files

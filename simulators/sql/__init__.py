@@ -1,0 +1,21 @@
+"""Simulated SQL service: read-only queries on a per-episode SQLite copy."""
+
+from simulators.sql.engine import (
+    MAX_RESULT_ROWS,
+    QueryResult,
+    ReadOnlyDatabase,
+    SQLError,
+    TemplateCache,
+    build_database,
+    format_rows,
+)
+
+__all__ = [
+    "MAX_RESULT_ROWS",
+    "QueryResult",
+    "ReadOnlyDatabase",
+    "SQLError",
+    "TemplateCache",
+    "build_database",
+    "format_rows",
+]
