@@ -88,6 +88,7 @@ class Task:
         database: the episode's data (None when the env has no SQL tool and no data).
         files: text files placed in the workspace.
         answer_required: the final ``finish`` answer is checked.
+        data: the generated data behind the task, whether or not the agent can query it.
     """
 
     task_id: str
@@ -100,6 +101,7 @@ class Task:
     database: DatabaseSpec | None
     files: dict[str, str] = field(default_factory=dict, repr=False)
     answer_required: bool = False
+    data: DatabaseSpec | None = field(default=None, repr=False)
 
     @property
     def gold_answer(self) -> str:

@@ -97,6 +97,7 @@ class TaskSampler:
             database=database if self.kind in ("sql", "pipeline") else None,
             files=files,
             answer_required=self.kind in ("sql", "python"),
+            data=database,
         )
 
     def _draw(self, ctx: Context, templates: list[Any]) -> SubTask:

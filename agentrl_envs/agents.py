@@ -1,0 +1,84 @@
+"""Reference agents: an oracle that follows the gold plan, and a random baseline.
+
+Both have ``act(observation, info) -> str`` and work on a single env (wrapped or not).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+from agentrl_envs.actions import format_call
+from agentrl_envs.env import ToolUseEnv
+from agentrl_envs.tasks.domains import DOMAINS
+
+__all__ = ["OracleAgent", "RandomAgent"]
+
+
+def _core(env: gym.Env[Any, Any]) -> ToolUseEnv:
+    core = env.unwrapped
+    if not isinstance(core, ToolUseEnv):
+        raise TypeError(f"expected an agentrl env, got {type(core).__name__}")
+    return core
+
+
+class OracleAgent:
+    """Follows the task's gold plan from whatever state the episode is in.
+
+    It reads the env's progress, not the observation, so it recovers from any state its own or
+    candidate actions lead to: a wrong query is simply followed by the right one.
+    """
+
+    def __init__(self, env: gym.Env[Any, Any]) -> None:
+        self.env = _core(env)
+
+    def act(self, observation: str, info: dict[str, Any]) -> str:
+        return self.env.oracle_action()
+
+
+class RandomAgent:
+    """Uniformly random tool calls with plausible arguments: a floor for learning curves.
+
+    Args:
+        env: the env to act in (for its tools and the task's schema).
+        seed: seed of the agent's own generator.
+    """
+
+    def __init__(self, env: gym.Env[Any, Any], seed: int | None = None) -> None:
+        self.env = _core(env)
+        self.rng = np.random.default_rng(seed)
+
+    def act(self, observation: str, info: dict[str, Any]) -> str:
+        task = self.env.task
+        tool = str(self.rng.choice(list(self.env.tools)))
+        domain = DOMAINS[task.domain] if task is not None else DOMAINS["retail"]
+        pick = lambda xs: xs[int(self.rng.integers(len(xs)))]  # noqa: E731
+        number = round(float(self.rng.uniform(0, domain.scale * 10)), 2)
+        if tool == "sql":
+            table = pick([domain.fact, domain.entity, "staff"])
+            query = pick(
+                [
+                    f"SELECT * FROM {table} LIMIT {int(self.rng.integers(1, 20))}",
+                    f"SELECT COUNT(*) FROM {table}",
+                    f"SELECT {domain.unit}, SUM({domain.measure}) FROM {domain.fact} GROUP BY {domain.unit}",
+                    f"SELECT * FROM {table} WHERE {domain.unit} = '{pick(domain.units)}'",
+                ]
+            )
+            return format_call("sql", {"query": query})
+        if tool == "python":
+            code = pick(
+                [
+                    "import os\nprint(os.listdir('.'))",
+                    f"print({number})",
+                    "import glob\nprint(glob.glob('**/*.csv', recursive=True))",
+                    "print(sum(range(10)))",
+                ]
+            )
+            return format_call("python", {"code": code})
+        if tool == "smtp":
+            people = [s.email for s in domain.staff(task.data.tables)] if task is not None and task.data else ["x@example.com"]
+            to = [pick(people) for _ in range(int(self.rng.integers(1, 3)))]
+            return format_call("smtp", {"to": sorted(set(to)), "subject": "Update", "body": f"The figure is {number}."})
+        return format_call("finish", {"answer": pick([str(number), "done", "I don't know"])})

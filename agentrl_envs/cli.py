@@ -1,0 +1,281 @@
+"""The ``agentrl-envs`` command: list, play and evaluate the environments.
+
+::
+
+    agentrl-envs list
+    agentrl-envs play AgentRL/SQL-v0 [--seed N] [--candidates K]
+    agentrl-envs eval AgentRL/SQLPythonSMTP-v0 --agent oracle --episodes 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+import gymnasium as gym
+
+import agentrl_envs
+from agentrl_envs.actions import format_call
+from agentrl_envs.errors import AgentRLError
+from agentrl_envs.tasks.sampler import SPLITS
+
+__all__ = ["main"]
+
+PLAY_HELP = """Type one tool call per line:
+  sql SELECT ...            run a query            python print(1)   run code (\\n for newlines)
+  smtp {"to": ..., ...}     send mail (JSON args)  finish 42         end with an answer
+  <tool_call>{...}</tool_call> or a bare JSON call also work; a number picks a candidate.
+  :help shows this, :render shows the transcript, :quit leaves."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except AgentRLError as exc:
+        print(f"agentrl-envs: error: {exc}", file=sys.stderr)
+        return 2
+    except gym.error.Error as exc:
+        print(f"agentrl-envs: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="agentrl-envs", description="Gymnasium environments for tool-using LLM agents.")
+    parser.add_argument("--version", action="version", version=f"agentrl {agentrl_envs.__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("list", help="list the registered environments")
+    p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("play", help="play an episode by typing tool calls")
+    _env_args(p)
+    p.add_argument("--seed", type=int, default=0, help="reset seed (default 0)")
+    p.set_defaults(func=cmd_play)
+
+    p = sub.add_parser("eval", help="run an agent for N episodes and print a summary table")
+    _env_args(p, split_default="train,test,heldout")
+    p.add_argument("--agent", choices=("oracle", "random"), default="oracle")
+    p.add_argument("--episodes", type=_positive, default=20, help="episodes per split (default 20)")
+    p.add_argument("--seed", type=int, default=0, help="first seed; episode i uses seed+i")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.set_defaults(func=cmd_eval)
+    return parser
+
+
+def _env_args(p: argparse.ArgumentParser, split_default: str = "train") -> None:
+    p.add_argument("env_id", metavar="ID", help="environment id, e.g. AgentRL/SQL-v0 (see 'agentrl-envs list')")
+    p.add_argument("--split", default=split_default, help=f"split, or a comma-separated list ({', '.join(SPLITS)})")
+    p.add_argument("--domain", default=None, help="restrict to one domain of the split")
+    p.add_argument("--candidates", type=_non_negative, default=0, help="show K candidate actions each step")
+    p.add_argument("--long-horizon", action="store_true", help="chained sub-tasks (SQLPythonSMTP only)")
+    p.add_argument("--max-steps", type=_positive, default=None)
+
+
+def _positive(text: str) -> int:
+    value = _int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = _int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text[:40]!r}") from None
+
+
+def _check_id(env_id: str) -> None:
+    if env_id not in agentrl_envs.ENV_IDS:
+        raise agentrl_envs.ConfigError(f"unknown environment {env_id[:80]!r}; available: {', '.join(agentrl_envs.ENV_IDS)}")
+
+
+def _make(args: argparse.Namespace, split: str, **extra: Any) -> gym.Env[str, str]:
+    _check_id(args.env_id)
+    kwargs: dict[str, Any] = {"split": split, "domain": args.domain, "candidates": args.candidates, **extra}
+    if args.long_horizon:
+        kwargs["long_horizon"] = True
+    if args.max_steps:
+        kwargs["max_steps"] = args.max_steps
+    return gym.make(args.env_id, **kwargs)
+
+
+def _splits(text: str) -> list[str]:
+    splits = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [s for s in splits if s not in SPLITS]
+    if not splits or bad:
+        raise agentrl_envs.ConfigError(f"--split {text[:60]!r}: use one or more of {', '.join(SPLITS)}, comma-separated")
+    return splits
+
+
+# ---------------------------------------------------------------------------------------- list
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    rows = []
+    for env_id in agentrl_envs.ENV_IDS:
+        cls = gym.spec(env_id).entry_point
+        cls = gym.envs.registration.load_env_creator(cls) if isinstance(cls, str) else cls
+        summary = (cls.__doc__ or "").strip().splitlines()[0].split(":", 1)[-1].strip()
+        rows.append((env_id, ", ".join(cls.tool_names), summary))
+    _table(["id", "tools", "task"], rows, sys.stdout)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------- play
+
+
+def cmd_play(args: argparse.Namespace, stdin: TextIO | None = None, stdout: TextIO | None = None) -> int:
+    stdin = stdin or sys.stdin
+    out = stdout or sys.stdout
+    env = _make(args, _splits(args.split)[0], render_mode="ansi")
+    try:
+        observation, info = env.reset(seed=args.seed)
+        print(f"== {args.env_id} | task {info['task_id']} | max {info['max_steps']} steps ==", file=out)
+        print(observation, file=out)
+        print(f"\n{PLAY_HELP}", file=out)
+        _show_candidates(info, out)
+        total = 0.0
+        while True:
+            print("\n> ", end="", file=out, flush=True)
+            line = stdin.readline()
+            if not line:
+                print("\n(end of input: episode abandoned)", file=out)
+                return 0
+            line = line.rstrip("\n")
+            if line.strip() in (":quit", ":q"):
+                return 0
+            if line.strip() == ":help":
+                print(PLAY_HELP, file=out)
+                continue
+            if line.strip() == ":render":
+                print(env.render(), file=out)
+                continue
+            action = _shorthand(line, info.get("candidates"))
+            observation, reward, terminated, truncated, info = env.step(action)
+            total += reward
+            parts = ", ".join(f"{k} {v:+.2f}" for k, v in info["reward_components"].items() if v)
+            print(observation, file=out)
+            print(f"[step {info['step']} | reward {reward:+.2f}{' (' + parts + ')' if parts else ''} | return {total:+.2f}]", file=out)
+            if terminated or truncated:
+                verdict = "SOLVED" if info["success"] else "NOT SOLVED"
+                comps = ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in info["task_components"].items())
+                print(f"\n== {verdict} | {comps} | return {total:+.2f} ==", file=out)
+                return 0
+            _show_candidates(info, out)
+    finally:
+        env.close()
+
+
+def _show_candidates(info: dict[str, Any], out: TextIO) -> None:
+    for i, cand in enumerate(info.get("candidates") or [], 1):
+        print(f"  [{i}] {cand[:300]}", file=out)
+
+
+def _shorthand(line: str, candidates: list[str] | None) -> str:
+    text = line.strip()
+    if candidates and text.isdigit() and 1 <= int(text) <= len(candidates):
+        return candidates[int(text) - 1]
+    head, _, rest = text.partition(" ")
+    if head == "sql" and rest:
+        return format_call("sql", {"query": rest})
+    if head == "python" and rest:
+        return format_call("python", {"code": rest.replace("\\n", "\n")})
+    if head == "finish":
+        return format_call("finish", {"answer": rest})
+    if head == "smtp" and rest.startswith("{"):
+        try:
+            arguments = json.loads(rest)
+        except (ValueError, RecursionError):
+            return line  # the env explains what is wrong with it
+        if isinstance(arguments, dict):
+            return format_call("smtp", arguments)
+    return line
+
+
+# ---------------------------------------------------------------------------------------- eval
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from agentrl_envs.agents import OracleAgent, RandomAgent
+
+    splits = _splits(args.split)
+    _check_id(args.env_id)
+    stats: dict[tuple[str, str], list[tuple[bool, float, int]]] = defaultdict(list)
+    start = time.perf_counter()
+    bar = tqdm(total=args.episodes * len(splits), desc=f"{args.agent} on {args.env_id}", unit="ep", disable=args.no_progress, file=sys.stderr)
+    for split in splits:
+        env = _make(args, split)
+        agent = OracleAgent(env) if args.agent == "oracle" else RandomAgent(env, seed=args.seed)
+        try:
+            for i in range(args.episodes):
+                observation, info = env.reset(seed=args.seed + i)
+                ret, done = 0.0, False
+                while not done:
+                    observation, reward, terminated, truncated, info = env.step(agent.act(observation, info))
+                    ret += float(reward)
+                    done = terminated or truncated
+                stats[(split, info["domain"])].append((bool(info["success"]), ret, int(info["step"])))
+                bar.update(1)
+        finally:
+            env.close()
+    bar.close()
+    rows = []
+    for (split, domain), eps in sorted(stats.items()):
+        rows.append(_summary_row(split, domain, eps))
+    for split in splits:
+        eps = [e for (s, _), v in stats.items() if s == split for e in v]
+        rows.append(_summary_row(split, "all", eps))
+    everything = [e for v in stats.values() for e in v]
+    rows.append(_summary_row("all", "all", everything))
+    if args.json:
+        keys = ["split", "domain", "episodes", "success_rate", "mean_return", "mean_steps"]
+        print(json.dumps([dict(zip(keys, r)) for r in rows], indent=2))
+    else:
+        print(f"\n{args.agent} agent on {args.env_id}: {len(everything)} episodes in {time.perf_counter() - start:.1f} s")
+        _table(
+            ["split", "domain", "episodes", "success", "mean return", "mean steps"],
+            [(s, d, n, f"{sr:.1%}", f"{mr:+.3f}", f"{ms:.1f}") for s, d, n, sr, mr, ms in rows],
+            sys.stdout,
+        )
+    return 0
+
+
+def _summary_row(split: str, domain: str, eps: list[tuple[bool, float, int]]) -> tuple[str, str, int, float, float, float]:
+    n = len(eps)
+    if n == 0:
+        return (split, domain, 0, 0.0, 0.0, 0.0)
+    return (split, domain, n, sum(e[0] for e in eps) / n, sum(e[1] for e in eps) / n, sum(e[2] for e in eps) / n)
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO) -> None:
+    cells = [list(map(str, header))] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    for j, row in enumerate(cells):
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip(), file=out)
+        if j == 0:
+            print("  ".join("-" * w for w in widths), file=out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
