@@ -78,7 +78,7 @@ def _perturb(task: Task, name: str, arguments: dict[str, Any]) -> list[str]:
         others = [e for e in staff if e not in to and e not in arguments.get("cc", [])]
         if others:
             out.append(format_call("smtp", {**arguments, "to": [others[0], *to[1:]]}))
-            out.append(format_call("smtp", {**arguments, "to": to + [others[-1]]}))
+            out.append(format_call("smtp", {**arguments, "to": [*to, others[-1]]}))
         if arguments.get("cc"):
             out.append(format_call("smtp", {k: v for k, v in arguments.items() if k != "cc"}))
         out.append(format_call("smtp", {**arguments, "body": _shift_numbers(arguments["body"])}))

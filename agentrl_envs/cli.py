@@ -132,8 +132,8 @@ def _splits(text: str) -> list[str]:
 def cmd_list(args: argparse.Namespace) -> int:
     rows = []
     for env_id in agentrl_envs.ENV_IDS:
-        cls = gym.spec(env_id).entry_point
-        cls = gym.envs.registration.load_env_creator(cls) if isinstance(cls, str) else cls
+        entry = gym.spec(env_id).entry_point
+        cls: Any = gym.envs.registration.load_env_creator(entry) if isinstance(entry, str) else entry
         summary = (cls.__doc__ or "").strip().splitlines()[0].split(":", 1)[-1].strip()
         rows.append((env_id, ", ".join(cls.tool_names), summary))
     _table(["id", "tools", "task"], rows, sys.stdout)
@@ -171,10 +171,13 @@ def cmd_play(args: argparse.Namespace, stdin: TextIO | None = None, stdout: Text
                 continue
             action = _shorthand(line, info.get("candidates"))
             observation, reward, terminated, truncated, info = env.step(action)
-            total += reward
+            total += float(reward)
             parts = ", ".join(f"{k} {v:+.2f}" for k, v in info["reward_components"].items() if v)
             print(observation, file=out)
-            print(f"[step {info['step']} | reward {reward:+.2f}{' (' + parts + ')' if parts else ''} | return {total:+.2f}]", file=out)
+            print(
+                f"[step {info['step']} | reward {reward:+.2f}{' (' + parts + ')' if parts else ''} | return {total:+.2f}]",
+                file=out,
+            )
             if terminated or truncated:
                 verdict = "SOLVED" if info["success"] else "NOT SOLVED"
                 comps = ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in info["task_components"].items())
@@ -223,7 +226,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     _check_id(args.env_id)
     stats: dict[tuple[str, str], list[tuple[bool, float, int]]] = defaultdict(list)
     start = time.perf_counter()
-    bar = tqdm(total=args.episodes * len(splits), desc=f"{args.agent} on {args.env_id}", unit="ep", disable=args.no_progress, file=sys.stderr)
+    bar = tqdm(
+        total=args.episodes * len(splits),
+        desc=f"{args.agent} on {args.env_id}",
+        unit="ep",
+        disable=args.no_progress,
+        file=sys.stderr,
+    )
     for split in splits:
         env = _make(args, split)
         agent = OracleAgent(env) if args.agent == "oracle" else RandomAgent(env, seed=args.seed)
@@ -233,7 +242,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 ret, done = 0.0, False
                 while not done:
                     observation, reward, terminated, truncated, info = env.step(agent.act(observation, info))
-                    ret += float(reward)
+                    ret = ret + float(reward)
                     done = terminated or truncated
                 stats[(split, info["domain"])].append((bool(info["success"]), ret, int(info["step"])))
                 bar.update(1)

@@ -33,7 +33,7 @@ OBSERVATION_MAX_CHARS = 16_000
 class ToolUseEnv(gym.Env[str, str]):
     """Base class of the agentrl envs; subclasses set ``kind`` and ``tool_names`` and an env card."""
 
-    metadata: ClassVar[dict[str, Any]] = {"render_modes": ["ansi"], "render_fps": 4}
+    metadata = {"render_modes": ["ansi"], "render_fps": 4}  # noqa: RUF012 - Gymnasium's own convention
     kind: ClassVar[str] = "pipeline"
     tool_names: ClassVar[tuple[str, ...]] = ("sql", "python", "smtp", "finish")
 
@@ -86,6 +86,11 @@ class ToolUseEnv(gym.Env[str, str]):
         self.observation_space = UnicodeText(OBSERVATION_MAX_CHARS)
         self._sampler = TaskSampler(self.kind, split, domain, long_horizon)  # validates split/domain
         self._backend: Backend | None = None
+        self._task: Task | None = None
+        self._episode_id: str | None = None
+        self._progress: Progress | None = None
+        self._transcript: list[str] = []
+        self._prev_tool: str | None = None
         self._clear_episode()
 
     # -- gymnasium API ---------------------------------------------------------------------------
@@ -108,7 +113,7 @@ class ToolUseEnv(gym.Env[str, str]):
         self._progress = Progress(task)
         self._steps = 0
         self._virtual_time = 0.0
-        self._prev_tool: str | None = None
+        self._prev_tool = None
         self._done = False
         self._max_steps = self.max_steps_arg or _default_max_steps(task)
         self._transcript = [f"[task {task.task_id}]\n{task.instruction}"]
@@ -123,7 +128,7 @@ class ToolUseEnv(gym.Env[str, str]):
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if not isinstance(action, str):
             raise TypeError(f"an action must be a str, got {type(action).__name__}")
-        if self._task is None:
+        if self._task is None or self._progress is None:
             raise EpisodeError("call reset() before step()")
         if self._done:
             raise EpisodeError("the episode has ended; call reset() to start a new one")
@@ -147,8 +152,7 @@ class ToolUseEnv(gym.Env[str, str]):
             else:
                 observation, result = self._call_tool(call)
         truncated = not terminated and (
-            self._steps >= self._max_steps
-            or (self.time_budget_s is not None and self._virtual_time >= self.time_budget_s)
+            self._steps >= self._max_steps or (self.time_budget_s is not None and self._virtual_time >= self.time_budget_s)
         )
         info = self._info(tool=tool_name, result=result)
         if terminated or truncated:
@@ -160,7 +164,9 @@ class ToolUseEnv(gym.Env[str, str]):
             info["partial_credit"] = sum(task_components.values()) / max(1, len(task_components))
             info["success"] = success
             if truncated:
-                observation += f"\n[episode truncated: {'step limit' if self._steps >= self._max_steps else 'time budget'} reached]"
+                observation += (
+                    f"\n[episode truncated: {'step limit' if self._steps >= self._max_steps else 'time budget'} reached]"
+                )
         else:
             self._add_candidates(info)
         info["reward_components"] = components
@@ -186,7 +192,7 @@ class ToolUseEnv(gym.Env[str, str]):
 
     def oracle_action(self) -> str:
         """The gold plan's next action from the current state (used by :class:`OracleAgent`)."""
-        if self._task is None or self._done:
+        if self._task is None or self._progress is None or self._done:
             raise EpisodeError("no episode in progress; call reset()")
         name, arguments = self._progress.next_gold_call()
         return format_call(name, arguments)
@@ -207,14 +213,14 @@ class ToolUseEnv(gym.Env[str, str]):
     # -- internals -------------------------------------------------------------------------------
 
     def _call_tool(self, call: ToolCall) -> tuple[str, dict[str, Any]]:
-        assert self._episode_id is not None
+        assert self._episode_id is not None and self._progress is not None
         response = self._get_backend().handle(ToolRequest(self._episode_id, call.name, call.arguments))
         self._virtual_time += response.latency_s
         self._progress.observe(call.name, call.arguments, response)
         return self.tools[call.name].render(response), _summarize(call.name, response)
 
     def _info(self, tool: str | None, result: dict[str, Any] | None) -> dict[str, Any]:
-        assert self._task is not None
+        assert self._task is not None and self._progress is not None
         return {
             "task_id": self._task.task_id,
             "domain": self._task.domain,
@@ -233,7 +239,7 @@ class ToolUseEnv(gym.Env[str, str]):
         if self.candidates:
             from agentrl_envs.candidates import make_candidates
 
-            assert self._task is not None
+            assert self._task is not None and self._progress is not None
             info["candidates"] = make_candidates(
                 self._task, self._progress, self.oracle_action(), self.candidates, self.np_random, tuple(self.tools)
             )
@@ -249,15 +255,15 @@ class ToolUseEnv(gym.Env[str, str]):
         return self._backend
 
     def _clear_episode(self) -> None:
-        self._task: Task | None = None
-        self._episode_id: str | None = None
-        self._progress: Progress = None  # type: ignore[assignment]
+        self._task = None
+        self._episode_id = None
+        self._progress = None
         self._steps = 0
         self._max_steps = 0
         self._virtual_time = 0.0
         self._prev_tool = None
         self._done = False
-        self._transcript: list[str] = []
+        self._transcript = []
 
     def _close_episode(self) -> None:
         if self._episode_id is not None and self._backend is not None:
@@ -283,7 +289,7 @@ class ToolUseEnv(gym.Env[str, str]):
     def __del__(self) -> None:
         try:
             self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
+        except Exception:
             pass
 
 
@@ -308,7 +314,9 @@ def _summarize(tool: str, response: ToolResponse) -> dict[str, Any]:
     }
     r = response.result
     if response.ok and tool == "sql":
-        out.update(row_count=r.get("row_count"), columns=r.get("columns"), csv_path=r.get("csv_path"), truncated=r.get("truncated"))
+        out.update(
+            row_count=r.get("row_count"), columns=r.get("columns"), csv_path=r.get("csv_path"), truncated=r.get("truncated")
+        )
     elif response.ok and tool == "python":
         out["ok"] = r.get("exit_code") == 0 and not r.get("timed_out")
         out.update(

@@ -72,8 +72,8 @@ class UnicodeText(Text):
             state.pop(key, None)
         return state
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+    def __setstate__(self, state: Any) -> None:
+        self.__dict__.update(dict(state))
         self._share_tables()
 
 

@@ -7,9 +7,6 @@ served in process through an ``httpx.MockTransport`` or over real HTTP.
 This package never imports gymnasium, torch or agentrl_envs.
 """
 
-
-
-
 from simulators.app import SimulatorApp
 
 __all__ = ["SimulatorApp"]

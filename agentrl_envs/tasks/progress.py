@@ -53,7 +53,7 @@ class Progress:
         if tool == "sql":
             if response.ok and response.result.get("rows"):
                 rows = normalize_rows(response.result["rows"])
-                for i, (sub, st) in enumerate(zip(subs, self.states)):
+                for sub, st in zip(subs, self.states):
                     if sub.gold_rows is not None and rows == sub.gold_rows:
                         st.gold_csv = response.result.get("csv_path")
                 for i, (sub, st) in enumerate(zip(subs, self.states)):

@@ -98,33 +98,53 @@ def sql_count(c: Context) -> SubTask:
     params = c.check_split("sql.count", {"category": cat, "unit": unit})
     sql = f"SELECT COUNT(*) FROM {d.fact} WHERE {d.category} = {q(cat)} AND {d.unit} = {q(unit)}"
     value = c.scalar(sql)
-    return SubTask("sql.count", ("sql",), f"How many {d.fact_noun} rows have {d.category_noun} '{cat}' in the {d.unit_noun} '{unit}'?",
-                   gold_sql=sql, figures=(float(value),), answer=fmt(value), params=params)
+    return SubTask(
+        "sql.count",
+        ("sql",),
+        f"How many {d.fact_noun} rows have {d.category_noun} '{cat}' in the {d.unit_noun} '{unit}'?",
+        gold_sql=sql,
+        figures=(float(value),),
+        answer=fmt(value),
+        params=params,
+    )
 
 
 def sql_month_total(c: Context) -> SubTask:
     d = c.domain
     cat, month = c.choice(d.categories), c.choice(MONTHS)
     params = c.check_split("sql.month_total", {"category": cat, "month": month})
-    sql = (f"SELECT ROUND(SUM({d.measure}), 2) FROM {d.fact} WHERE {d.category} = {q(cat)} "
-           f"AND substr({d.date}, 1, 7) = {q(month)}")
+    sql = f"SELECT ROUND(SUM({d.measure}), 2) FROM {d.fact} WHERE {d.category} = {q(cat)} AND substr({d.date}, 1, 7) = {q(month)}"
     value = float(c.scalar(sql))
-    return SubTask("sql.month_total", ("sql",),
-                   f"What was the total {d.measure_noun} for {d.category_noun} '{cat}' in {month}? Round to 2 decimals.",
-                   gold_sql=sql, figures=(value,), answer=fmt(value), params=params)
+    return SubTask(
+        "sql.month_total",
+        ("sql",),
+        f"What was the total {d.measure_noun} for {d.category_noun} '{cat}' in {month}? Round to 2 decimals.",
+        gold_sql=sql,
+        figures=(value,),
+        answer=fmt(value),
+        params=params,
+    )
 
 
 def sql_top_entity(c: Context) -> SubTask:
     d = c.domain
     unit = c.choice(d.units)
     params = c.check_split("sql.top_entity", {"unit": unit})
-    sql = (f"SELECT e.name, ROUND(SUM(f.{d.measure}), 2) AS total FROM {d.fact} f JOIN {d.entity} e "
-           f"ON e.{d.entity_key} = f.{d.entity_key} WHERE f.{d.unit} = {q(unit)} "
-           f"GROUP BY e.{d.entity_key} ORDER BY total DESC, e.name LIMIT 1")
+    sql = (
+        f"SELECT e.name, ROUND(SUM(f.{d.measure}), 2) AS total FROM {d.fact} f JOIN {d.entity} e "
+        f"ON e.{d.entity_key} = f.{d.entity_key} WHERE f.{d.unit} = {q(unit)} "
+        f"GROUP BY e.{d.entity_key} ORDER BY total DESC, e.name LIMIT 1"
+    )
     name = str(c.scalar(sql))
-    return SubTask("sql.top_entity", ("sql",),
-                   f"Which {d.entity_noun} has the highest total {d.measure_noun} in the {d.unit_noun} '{unit}'? Answer with the name.",
-                   gold_sql=sql, names=(name,), answer=name, params=params)
+    return SubTask(
+        "sql.top_entity",
+        ("sql",),
+        f"Which {d.entity_noun} has the highest total {d.measure_noun} in the {d.unit_noun} '{unit}'? Answer with the name.",
+        gold_sql=sql,
+        names=(name,),
+        answer=name,
+        params=params,
+    )
 
 
 def sql_average(c: Context) -> SubTask:
@@ -133,9 +153,15 @@ def sql_average(c: Context) -> SubTask:
     params = c.check_split("sql.average", {"category": cat, "unit": unit})
     sql = f"SELECT ROUND(AVG({d.measure}), 2) FROM {d.fact} WHERE {d.category} = {q(cat)} AND {d.unit} = {q(unit)}"
     value = float(c.scalar(sql))
-    return SubTask("sql.average", ("sql",),
-                   f"What is the average {d.measure_noun} for {d.category_noun} '{cat}' in the {d.unit_noun} '{unit}'? Round to 2 decimals.",
-                   gold_sql=sql, figures=(value,), answer=fmt(value), params=params)
+    return SubTask(
+        "sql.average",
+        ("sql",),
+        f"What is the average {d.measure_noun} for {d.category_noun} '{cat}' in the {d.unit_noun} '{unit}'? Round to 2 decimals.",
+        gold_sql=sql,
+        figures=(value,),
+        answer=fmt(value),
+        params=params,
+    )
 
 
 def sql_distinct_over(c: Context) -> SubTask:
@@ -144,22 +170,23 @@ def sql_distinct_over(c: Context) -> SubTask:
     mult = c.choice((1, 2, 3))
     threshold = round(d.scale * mult)
     params = c.check_split("sql.distinct_over", {"unit": unit, "threshold": threshold})
-    sql = (f"SELECT COUNT(DISTINCT {d.entity_key}) FROM {d.fact} WHERE {d.unit} = {q(unit)} "
-           f"AND {d.measure} > {threshold}")
+    sql = f"SELECT COUNT(DISTINCT {d.entity_key}) FROM {d.fact} WHERE {d.unit} = {q(unit)} AND {d.measure} > {threshold}"
     value = c.scalar(sql)
-    return SubTask("sql.distinct_over", ("sql",),
-                   f"How many distinct {d.entity_noun}s have at least one {d.fact_noun} in the {d.unit_noun} '{unit}' "
-                   f"with {d.measure_noun} above {threshold}?",
-                   gold_sql=sql, figures=(float(value),), answer=fmt(value), params=params)
+    return SubTask(
+        "sql.distinct_over",
+        ("sql",),
+        f"How many distinct {d.entity_noun}s have at least one {d.fact_noun} in the {d.unit_noun} '{unit}' "
+        f"with {d.measure_noun} above {threshold}?",
+        gold_sql=sql,
+        figures=(float(value),),
+        answer=fmt(value),
+        params=params,
+    )
 
 
 # ---------------------------------------------------------------- Python: compute from a CSV file
 
-_READ = (
-    "import csv, statistics\n"
-    f"with open({CSV_PLACEHOLDER}, newline='') as f:\n"
-    "    rows = list(csv.DictReader(f))\n"
-)
+_READ = f"import csv, statistics\nwith open({CSV_PLACEHOLDER}, newline='') as f:\n    rows = list(csv.DictReader(f))\n"
 
 
 def _python_subtask(c: Context, template: str, params: dict[str, Any], text: str, body: str) -> SubTask:
@@ -172,36 +199,64 @@ def _python_subtask(c: Context, template: str, params: dict[str, Any], text: str
     except (ArithmeticError, ValueError, IndexError) as exc:  # statistics.StatisticsError is a ValueError
         raise Retry from exc
     figures = _figures(stdout)
-    return SubTask(template, ("python",), text, gold_code=code, data_path=f"data/{d.fact}.csv",
-                   figures=figures, answer=fmt(figures[0]), params=items)
+    return SubTask(
+        template,
+        ("python",),
+        text,
+        gold_code=code,
+        data_path=f"data/{d.fact}.csv",
+        figures=figures,
+        answer=fmt(figures[0]),
+        params=items,
+    )
 
 
 def python_median(c: Context) -> SubTask:
     d = c.domain
     cat = c.choice(d.categories)
-    body = (f"vals = [float(r[{d.measure!r}]) for r in rows if r[{d.category!r}] == {cat!r}]\n"
-            "print(round(statistics.median(vals), 2))\n")
-    return _python_subtask(c, "python.median", {"category": cat},
-                           f"What is the median {d.measure_noun} for {d.category_noun} '{cat}'? Round to 2 decimals.", body)
+    body = (
+        f"vals = [float(r[{d.measure!r}]) for r in rows if r[{d.category!r}] == {cat!r}]\n"
+        "print(round(statistics.median(vals), 2))\n"
+    )
+    return _python_subtask(
+        c,
+        "python.median",
+        {"category": cat},
+        f"What is the median {d.measure_noun} for {d.category_noun} '{cat}'? Round to 2 decimals.",
+        body,
+    )
 
 
 def python_stdev(c: Context) -> SubTask:
     d = c.domain
     unit = c.choice(d.units)
-    body = (f"vals = [float(r[{d.measure!r}]) for r in rows if r[{d.unit!r}] == {unit!r}]\n"
-            "print(round(statistics.pstdev(vals), 2))\n")
-    return _python_subtask(c, "python.stdev", {"unit": unit},
-                           f"What is the population standard deviation of {d.measure_noun} in the {d.unit_noun} '{unit}'? Round to 2 decimals.", body)
+    body = (
+        f"vals = [float(r[{d.measure!r}]) for r in rows if r[{d.unit!r}] == {unit!r}]\nprint(round(statistics.pstdev(vals), 2))\n"
+    )
+    return _python_subtask(
+        c,
+        "python.stdev",
+        {"unit": unit},
+        f"What is the population standard deviation of {d.measure_noun} in the {d.unit_noun} '{unit}'? Round to 2 decimals.",
+        body,
+    )
 
 
 def python_share(c: Context) -> SubTask:
     d = c.domain
     cat = c.choice(d.categories)
-    body = (f"total = sum(float(r[{d.measure!r}]) for r in rows)\n"
-            f"part = sum(float(r[{d.measure!r}]) for r in rows if r[{d.category!r}] == {cat!r})\n"
-            "print(round(100 * part / total, 2))\n")
-    return _python_subtask(c, "python.share", {"category": cat},
-                           f"What percentage of the total {d.measure_noun} comes from {d.category_noun} '{cat}'? Round to 2 decimals.", body)
+    body = (
+        f"total = sum(float(r[{d.measure!r}]) for r in rows)\n"
+        f"part = sum(float(r[{d.measure!r}]) for r in rows if r[{d.category!r}] == {cat!r})\n"
+        "print(round(100 * part / total, 2))\n"
+    )
+    return _python_subtask(
+        c,
+        "python.share",
+        {"category": cat},
+        f"What percentage of the total {d.measure_noun} comes from {d.category_noun} '{cat}'? Round to 2 decimals.",
+        body,
+    )
 
 
 def python_growth(c: Context) -> SubTask:
@@ -209,21 +264,34 @@ def python_growth(c: Context) -> SubTask:
     unit = c.choice(d.units)
     i = int(c.rng.integers(0, len(MONTHS) - 1))
     m1, m2 = MONTHS[i], MONTHS[i + 1]
-    body = (f"def total(m):\n    return sum(float(r[{d.measure!r}]) for r in rows if r[{d.unit!r}] == {unit!r} and r[{d.date!r}].startswith(m))\n"
-            f"a, b = total({m1!r}), total({m2!r})\n"
-            "print(round(100 * (b - a) / a, 2))\n")
-    return _python_subtask(c, "python.growth", {"unit": unit, "month": m1},
-                           f"By what percentage did the total {d.measure_noun} of the {d.unit_noun} '{unit}' change from {m1} to {m2}? "
-                           "Round to 2 decimals (negative for a decrease).", body)
+    body = (
+        f"def total(m):\n    return sum(float(r[{d.measure!r}]) for r in rows if r[{d.unit!r}] == {unit!r} and r[{d.date!r}].startswith(m))\n"
+        f"a, b = total({m1!r}), total({m2!r})\n"
+        "print(round(100 * (b - a) / a, 2))\n"
+    )
+    return _python_subtask(
+        c,
+        "python.growth",
+        {"unit": unit, "month": m1},
+        f"By what percentage did the total {d.measure_noun} of the {d.unit_noun} '{unit}' change from {m1} to {m2}? "
+        "Round to 2 decimals (negative for a decrease).",
+        body,
+    )
 
 
 def python_top5(c: Context) -> SubTask:
     d = c.domain
     cat = c.choice(d.categories)
-    body = (f"vals = sorted(float(r[{d.measure!r}]) for r in rows if r[{d.category!r}] == {cat!r})\n"
-            "print(round(sum(vals[-5:]), 2))\n")
-    return _python_subtask(c, "python.top5", {"category": cat},
-                           f"What is the sum of the five largest {d.measure_noun} values for {d.category_noun} '{cat}'? Round to 2 decimals.", body)
+    body = (
+        f"vals = sorted(float(r[{d.measure!r}]) for r in rows if r[{d.category!r}] == {cat!r})\nprint(round(sum(vals[-5:]), 2))\n"
+    )
+    return _python_subtask(
+        c,
+        "python.top5",
+        {"category": cat},
+        f"What is the sum of the five largest {d.measure_noun} values for {d.category_noun} '{cat}'? Round to 2 decimals.",
+        body,
+    )
 
 
 # ---------------------------------------------------------------- SMTP: send the right email
@@ -234,8 +302,18 @@ def _unit_total(c: Context, unit: str) -> float:
     return float(c.scalar(f"SELECT ROUND(SUM({d.measure}), 2) FROM {d.fact} WHERE {d.unit} = {q(unit)}"))
 
 
-def _mail(c: Context, template: str, params: dict[str, Any], text: str, to: list[Staff], cc: list[Staff],
-          subject: str, lines: list[str], figures: tuple[float, ...], files: tuple[tuple[str, str], ...] = ()) -> SubTask:
+def _mail(
+    c: Context,
+    template: str,
+    params: dict[str, Any],
+    text: str,
+    to: list[Staff],
+    cc: list[Staff],
+    subject: str,
+    lines: list[str],
+    figures: tuple[float, ...],
+    files: tuple[tuple[str, str], ...] = (),
+) -> SubTask:
     items = c.check_split(template, params)
     body = "Hello,\n\n" + "\n".join(lines) + "\n\nRegards,\nThe analytics agent"
     email = EmailSpec(tuple(s.email for s in to), tuple(s.email for s in cc), subject, body, tuple(p for p, _ in files))
@@ -246,28 +324,52 @@ def smtp_manager(c: Context) -> SubTask:
     d = c.domain
     unit = c.choice(d.units)
     total = _unit_total(c, unit)
-    return _mail(c, "smtp.manager", {"unit": unit},
-                 f"The total {d.measure_noun} of the {d.unit_noun} '{unit}' is {total:.2f}. Email this figure to the manager of '{unit}'.",
-                 [c.manager(unit)], [], f"Total {d.measure_noun} for {unit}", [f"The total {d.measure_noun} for {unit} is {total:.2f}."], (total,))
+    return _mail(
+        c,
+        "smtp.manager",
+        {"unit": unit},
+        f"The total {d.measure_noun} of the {d.unit_noun} '{unit}' is {total:.2f}. Email this figure to the manager of '{unit}'.",
+        [c.manager(unit)],
+        [],
+        f"Total {d.measure_noun} for {unit}",
+        [f"The total {d.measure_noun} for {unit} is {total:.2f}."],
+        (total,),
+    )
 
 
 def smtp_manager_cc(c: Context) -> SubTask:
     d = c.domain
     unit = c.choice(d.units)
     total = _unit_total(c, unit)
-    return _mail(c, "smtp.manager_cc", {"unit": unit},
-                 f"The total {d.measure_noun} of the {d.unit_noun} '{unit}' is {total:.2f}. Email it to the manager of '{unit}' "
-                 "and put the director in Cc.",
-                 [c.manager(unit)], [c.director()], f"{unit} {d.measure_noun}", [f"The total {d.measure_noun} for {unit} is {total:.2f}."], (total,))
+    return _mail(
+        c,
+        "smtp.manager_cc",
+        {"unit": unit},
+        f"The total {d.measure_noun} of the {d.unit_noun} '{unit}' is {total:.2f}. Email it to the manager of '{unit}' "
+        "and put the director in Cc.",
+        [c.manager(unit)],
+        [c.director()],
+        f"{unit} {d.measure_noun}",
+        [f"The total {d.measure_noun} for {unit} is {total:.2f}."],
+        (total,),
+    )
 
 
 def smtp_analysts(c: Context) -> SubTask:
     d = c.domain
     cat = c.choice(d.categories)
     value = float(c.scalar(f"SELECT ROUND(SUM({d.measure}), 2) FROM {d.fact} WHERE {d.category} = {q(cat)}"))
-    return _mail(c, "smtp.analysts", {"category": cat},
-                 f"The total {d.measure_noun} for {d.category_noun} '{cat}' is {value:.2f}. Send one email with this figure to all analysts.",
-                 c.analysts(), [], f"{cat} total", [f"The total {d.measure_noun} for {cat} is {value:.2f}."], (value,))
+    return _mail(
+        c,
+        "smtp.analysts",
+        {"category": cat},
+        f"The total {d.measure_noun} for {d.category_noun} '{cat}' is {value:.2f}. Send one email with this figure to all analysts.",
+        c.analysts(),
+        [],
+        f"{cat} total",
+        [f"The total {d.measure_noun} for {cat} is {value:.2f}."],
+        (value,),
+    )
 
 
 def smtp_attachment(c: Context) -> SubTask:
@@ -275,33 +377,61 @@ def smtp_attachment(c: Context) -> SubTask:
     unit = c.choice(d.units)
     total = _unit_total(c, unit)
     path = f"reports/{unit}_summary.csv"
-    report = c.runner.csv_of(c.database, f"SELECT {d.category}, COUNT(*) AS n, ROUND(SUM({d.measure}), 2) AS total "
-                                         f"FROM {d.fact} WHERE {d.unit} = {q(unit)} GROUP BY {d.category} ORDER BY {d.category}")
-    return _mail(c, "smtp.attachment", {"unit": unit},
-                 f"Email the report file {path} to the manager of '{unit}' as an attachment, and mention the total "
-                 f"{d.measure_noun} {total:.2f} in the body.",
-                 [c.manager(unit)], [], f"{unit} report", [f"Attached is the {unit} report. Total {d.measure_noun}: {total:.2f}."],
-                 (total,), ((path, report),))
+    report = c.runner.csv_of(
+        c.database,
+        f"SELECT {d.category}, COUNT(*) AS n, ROUND(SUM({d.measure}), 2) AS total "
+        f"FROM {d.fact} WHERE {d.unit} = {q(unit)} GROUP BY {d.category} ORDER BY {d.category}",
+    )
+    return _mail(
+        c,
+        "smtp.attachment",
+        {"unit": unit},
+        f"Email the report file {path} to the manager of '{unit}' as an attachment, and mention the total "
+        f"{d.measure_noun} {total:.2f} in the body.",
+        [c.manager(unit)],
+        [],
+        f"{unit} report",
+        [f"Attached is the {unit} report. Total {d.measure_noun}: {total:.2f}."],
+        (total,),
+        ((path, report),),
+    )
 
 
 def smtp_two_units(c: Context) -> SubTask:
     d = c.domain
     u1, u2 = (str(u) for u in c.rng.choice(d.units, size=2, replace=False))
     t1, t2 = _unit_total(c, u1), _unit_total(c, u2)
-    return _mail(c, "smtp.two_units", {"units": tuple(sorted((u1, u2)))},
-                 f"The total {d.measure_noun} is {t1:.2f} for '{u1}' and {t2:.2f} for '{u2}'. Send one email with both figures "
-                 f"to the managers of '{u1}' and '{u2}'.",
-                 [c.manager(u1), c.manager(u2)], [], f"{d.measure_noun}: {u1} and {u2}",
-                 [f"{u1}: {t1:.2f}", f"{u2}: {t2:.2f}"], (t1, t2))
+    return _mail(
+        c,
+        "smtp.two_units",
+        {"units": tuple(sorted((u1, u2)))},
+        f"The total {d.measure_noun} is {t1:.2f} for '{u1}' and {t2:.2f} for '{u2}'. Send one email with both figures "
+        f"to the managers of '{u1}' and '{u2}'.",
+        [c.manager(u1), c.manager(u2)],
+        [],
+        f"{d.measure_noun}: {u1} and {u2}",
+        [f"{u1}: {t1:.2f}", f"{u2}: {t2:.2f}"],
+        (t1, t2),
+    )
 
 
 # ---------------------------------------------------------------- pipeline: query -> compute -> email
 
 
-def _pipeline(c: Context, template: str, params: dict[str, Any], sql: str, body: str, text: str,
-              to: list[Staff], cc: list[Staff], subject: str, label: str) -> SubTask:
+def _pipeline(
+    c: Context,
+    template: str,
+    params: dict[str, Any],
+    sql: str,
+    body: str,
+    text: str,
+    to: list[Staff],
+    cc: list[Staff],
+    subject: str,
+    label: str,
+) -> SubTask:
     items = c.check_split(template, params)
-    columns, rows = c.runner.query(c.database, sql)
+    _columns, rows = c.runner.query(c.database, sql)
     if not rows:
         raise Retry
     code = _READ + body
@@ -311,10 +441,23 @@ def _pipeline(c: Context, template: str, params: dict[str, Any], sql: str, body:
         raise Retry from exc
     figures = _figures(stdout)
     lines = [f"{label}: {figures[0]:.2f}."]
-    email = EmailSpec(tuple(s.email for s in to), tuple(s.email for s in cc), subject,
-                      "Hello,\n\n" + "\n".join(lines) + "\n\nRegards,\nThe analytics agent")
-    return SubTask(template, ("sql", "python", "smtp"), text, gold_sql=sql, gold_rows=normalize_rows(rows),
-                   gold_code=code, figures=figures, email=email, params=items)
+    email = EmailSpec(
+        tuple(s.email for s in to),
+        tuple(s.email for s in cc),
+        subject,
+        "Hello,\n\n" + "\n".join(lines) + "\n\nRegards,\nThe analytics agent",
+    )
+    return SubTask(
+        template,
+        ("sql", "python", "smtp"),
+        text,
+        gold_sql=sql,
+        gold_rows=normalize_rows(rows),
+        gold_code=code,
+        figures=figures,
+        email=email,
+        params=items,
+    )
 
 
 def pipeline_median(c: Context) -> SubTask:
@@ -322,9 +465,18 @@ def pipeline_median(c: Context) -> SubTask:
     unit = c.choice(d.units)
     sql = f"SELECT {d.measure} FROM {d.fact} WHERE {d.unit} = {q(unit)}"
     body = f"vals = [float(r[{d.measure!r}]) for r in rows]\nprint(round(statistics.median(vals), 2))\n"
-    return _pipeline(c, "pipeline.median", {"unit": unit}, sql, body,
-                     f"Find the median {d.measure_noun} of the {d.unit_noun} '{unit}' and email it to the manager of '{unit}'.",
-                     [c.manager(unit)], [], f"Median {d.measure_noun} for {unit}", f"The median {d.measure_noun} for {unit} is")
+    return _pipeline(
+        c,
+        "pipeline.median",
+        {"unit": unit},
+        sql,
+        body,
+        f"Find the median {d.measure_noun} of the {d.unit_noun} '{unit}' and email it to the manager of '{unit}'.",
+        [c.manager(unit)],
+        [],
+        f"Median {d.measure_noun} for {unit}",
+        f"The median {d.measure_noun} for {unit} is",
+    )
 
 
 def pipeline_growth(c: Context) -> SubTask:
@@ -333,25 +485,47 @@ def pipeline_growth(c: Context) -> SubTask:
     i = int(c.rng.integers(0, len(MONTHS) - 1))
     m1, m2 = MONTHS[i], MONTHS[i + 1]
     sql = f"SELECT {d.date}, {d.measure} FROM {d.fact} WHERE {d.unit} = {q(unit)}"
-    body = (f"def total(m):\n    return sum(float(r[{d.measure!r}]) for r in rows if r[{d.date!r}].startswith(m))\n"
-            f"a, b = total({m1!r}), total({m2!r})\nprint(round(100 * (b - a) / a, 2))\n")
-    return _pipeline(c, "pipeline.growth", {"unit": unit, "month": m1}, sql, body,
-                     f"Compute the percentage change of total {d.measure_noun} in the {d.unit_noun} '{unit}' from {m1} to {m2} "
-                     f"(2 decimals) and email it to the director, with the manager of '{unit}' in Cc.",
-                     [c.director()], [c.manager(unit)], f"{unit} growth {m1} to {m2}", f"Change in {unit} from {m1} to {m2} (%)")
+    body = (
+        f"def total(m):\n    return sum(float(r[{d.measure!r}]) for r in rows if r[{d.date!r}].startswith(m))\n"
+        f"a, b = total({m1!r}), total({m2!r})\nprint(round(100 * (b - a) / a, 2))\n"
+    )
+    return _pipeline(
+        c,
+        "pipeline.growth",
+        {"unit": unit, "month": m1},
+        sql,
+        body,
+        f"Compute the percentage change of total {d.measure_noun} in the {d.unit_noun} '{unit}' from {m1} to {m2} "
+        f"(2 decimals) and email it to the director, with the manager of '{unit}' in Cc.",
+        [c.director()],
+        [c.manager(unit)],
+        f"{unit} growth {m1} to {m2}",
+        f"Change in {unit} from {m1} to {m2} (%)",
+    )
 
 
 def pipeline_share(c: Context) -> SubTask:
     d = c.domain
     cat = c.choice(d.categories)
     sql = f"SELECT {d.category}, {d.measure} FROM {d.fact}"
-    body = (f"total = sum(float(r[{d.measure!r}]) for r in rows)\n"
-            f"part = sum(float(r[{d.measure!r}]) for r in rows if r[{d.category!r}] == {cat!r})\n"
-            "print(round(100 * part / total, 2))\n")
-    return _pipeline(c, "pipeline.share", {"category": cat}, sql, body,
-                     f"Compute the share (in percent, 2 decimals) of total {d.measure_noun} that comes from {d.category_noun} "
-                     f"'{cat}' and send it in one email to all analysts.",
-                     c.analysts(), [], f"Share of {cat}", f"Share of {cat} in total {d.measure_noun} (%)")
+    body = (
+        f"total = sum(float(r[{d.measure!r}]) for r in rows)\n"
+        f"part = sum(float(r[{d.measure!r}]) for r in rows if r[{d.category!r}] == {cat!r})\n"
+        "print(round(100 * part / total, 2))\n"
+    )
+    return _pipeline(
+        c,
+        "pipeline.share",
+        {"category": cat},
+        sql,
+        body,
+        f"Compute the share (in percent, 2 decimals) of total {d.measure_noun} that comes from {d.category_noun} "
+        f"'{cat}' and send it in one email to all analysts.",
+        c.analysts(),
+        [],
+        f"Share of {cat}",
+        f"Share of {cat} in total {d.measure_noun} (%)",
+    )
 
 
 def pipeline_stdev(c: Context) -> SubTask:
@@ -359,10 +533,19 @@ def pipeline_stdev(c: Context) -> SubTask:
     cat, unit = c.choice(d.categories), c.choice(d.units)
     sql = f"SELECT {d.measure} FROM {d.fact} WHERE {d.category} = {q(cat)} AND {d.unit} = {q(unit)}"
     body = f"vals = [float(r[{d.measure!r}]) for r in rows]\nprint(round(statistics.pstdev(vals), 2))\n"
-    return _pipeline(c, "pipeline.stdev", {"category": cat, "unit": unit}, sql, body,
-                     f"Compute the population standard deviation (2 decimals) of {d.measure_noun} for {d.category_noun} '{cat}' "
-                     f"in the {d.unit_noun} '{unit}' and email it to the manager of '{unit}'.",
-                     [c.manager(unit)], [], f"Spread of {cat} in {unit}", f"Standard deviation of {cat} {d.measure_noun} in {unit}")
+    return _pipeline(
+        c,
+        "pipeline.stdev",
+        {"category": cat, "unit": unit},
+        sql,
+        body,
+        f"Compute the population standard deviation (2 decimals) of {d.measure_noun} for {d.category_noun} '{cat}' "
+        f"in the {d.unit_noun} '{unit}' and email it to the manager of '{unit}'.",
+        [c.manager(unit)],
+        [],
+        f"Spread of {cat} in {unit}",
+        f"Standard deviation of {cat} {d.measure_noun} in {unit}",
+    )
 
 
 def pipeline_mean_count(c: Context) -> SubTask:
@@ -370,10 +553,19 @@ def pipeline_mean_count(c: Context) -> SubTask:
     unit = c.choice(d.units)
     sql = f"SELECT {d.count} FROM {d.fact} WHERE {d.unit} = {q(unit)}"
     body = f"vals = [int(r[{d.count!r}]) for r in rows]\nprint(round(sum(vals) / len(vals), 2))\n"
-    return _pipeline(c, "pipeline.mean_count", {"unit": unit}, sql, body,
-                     f"Compute the mean {d.count_noun} ({d.count}) per {d.fact_noun} in the {d.unit_noun} '{unit}' (2 decimals) "
-                     f"and email it to the manager of '{unit}' with the director in Cc.",
-                     [c.manager(unit)], [c.director()], f"Mean {d.count_noun} in {unit}", f"Mean {d.count_noun} per {d.fact_noun} in {unit}")
+    return _pipeline(
+        c,
+        "pipeline.mean_count",
+        {"unit": unit},
+        sql,
+        body,
+        f"Compute the mean {d.count_noun} ({d.count}) per {d.fact_noun} in the {d.unit_noun} '{unit}' (2 decimals) "
+        f"and email it to the manager of '{unit}' with the director in Cc.",
+        [c.manager(unit)],
+        [c.director()],
+        f"Mean {d.count_noun} in {unit}",
+        f"Mean {d.count_noun} per {d.fact_noun} in {unit}",
+    )
 
 
 Template = Callable[[Context], SubTask]

@@ -64,9 +64,7 @@ def check_arguments(tool: str, parameters: dict[str, Any], arguments: dict[str, 
         kinds = allowed if isinstance(allowed, list) else [allowed]
         if not any(_matches(kind, spec, value) for kind in kinds):
             want = " or ".join(_describe(k, spec) for k in kinds)
-            raise ActionError(
-                "bad_arguments", f"{tool}: argument {key!r} must be {want}, got {type(value).__name__}"
-            )
+            raise ActionError("bad_arguments", f"{tool}: argument {key!r} must be {want}, got {type(value).__name__}")
     return arguments
 
 

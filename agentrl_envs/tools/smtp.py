@@ -17,8 +17,7 @@ class SMTPTool(Tool):
 
     name: ClassVar[str] = "smtp"
     description: ClassVar[str] = (
-        "Send one plain-text email. The sender is fixed by the environment. Attachments are paths "
-        "of files in the workspace."
+        "Send one plain-text email. The sender is fixed by the environment. Attachments are paths of files in the workspace."
     )
     parameters: ClassVar[dict[str, Any]] = {
         "type": "object",

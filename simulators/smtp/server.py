@@ -14,7 +14,6 @@ import mimetypes
 import os
 import re
 from dataclasses import dataclass, field
-from email.headerregistry import Address
 from email.message import EmailMessage
 from typing import Any
 
@@ -25,8 +24,10 @@ MAX_MESSAGE_BYTES = 2 << 20
 MAX_ATTACHMENTS = 5
 
 # A pragmatic addr-spec: dot-atom local part, a domain with at least one dot, ASCII only.
-_ADDRESS = re.compile(r"^[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*@"
-                      r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)+$")
+_ADDRESS = re.compile(
+    r"^[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+(\.[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+)*@"
+    r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)+$"
+)
 
 
 class SMTPError(Exception):
@@ -156,7 +157,7 @@ def _header_text(value: Any, field_name: str, limit: int) -> str:
         raise SMTPError("bad_header", f"{field_name}: expected a string, got {type(value).__name__}", 501)
     if "\r" in value or "\n" in value:
         raise SMTPError("header_injection", f"{field_name}: CR/LF in a header is refused", 501)
-    if any(ord(c) < 32 and c != "\t" or c == "\x7f" for c in value):
+    if any((ord(c) < 32 and c != "\t") or c == "\x7f" for c in value):
         raise SMTPError("bad_header", f"{field_name}: control characters are not allowed", 501)
     if len(value) > limit:
         raise SMTPError("too_large", f"{field_name}: {len(value)} characters; the limit is {limit}", 552)

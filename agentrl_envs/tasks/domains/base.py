@@ -160,7 +160,7 @@ def _stable(text: str) -> int:
 
 
 def _unique_names(rng: np.random.Generator, n: int) -> list[str]:
-    pairs = [f"{f} {l}" for f in FIRST for l in LAST]
+    pairs = [f"{first} {last}" for first in FIRST for last in LAST]
     idx = rng.permutation(len(pairs))[:n]
     return [pairs[i] for i in idx]
 
