@@ -128,18 +128,21 @@ def sql_month_total(c: Context) -> SubTask:
 
 def sql_top_entity(c: Context) -> SubTask:
     d = c.domain
-    unit = c.choice(d.units)
-    params = c.check_split("sql.top_entity", {"unit": unit})
+    unit, half = c.choice(d.units), c.choice((1, 2))
+    params = c.check_split("sql.top_entity", {"unit": unit, "half": half})
+    first, last = ("2025-01-01", "2025-06-30") if half == 1 else ("2025-07-01", "2025-12-31")
     sql = (
         f"SELECT e.name, ROUND(SUM(f.{d.measure}), 2) AS total FROM {d.fact} f JOIN {d.entity} e "
         f"ON e.{d.entity_key} = f.{d.entity_key} WHERE f.{d.unit} = {q(unit)} "
+        f"AND f.{d.date} BETWEEN {q(first)} AND {q(last)} "
         f"GROUP BY e.{d.entity_key} ORDER BY total DESC, e.name LIMIT 1"
     )
     name = str(c.scalar(sql))
     return SubTask(
         "sql.top_entity",
         ("sql",),
-        f"Which {d.entity_noun} has the highest total {d.measure_noun} in the {d.unit_noun} '{unit}'? Answer with the name.",
+        f"Which {d.entity_noun} has the highest total {d.measure_noun} in the {d.unit_noun} '{unit}' between {first} and "
+        f"{last}? Answer with the name.",
         gold_sql=sql,
         names=(name,),
         answer=name,
@@ -213,48 +216,52 @@ def _python_subtask(c: Context, template: str, params: dict[str, Any], text: str
 
 def python_median(c: Context) -> SubTask:
     d = c.domain
-    cat = c.choice(d.categories)
+    cat, unit = c.choice(d.categories), c.choice(d.units)
     body = (
-        f"vals = [float(r[{d.measure!r}]) for r in rows if r[{d.category!r}] == {cat!r}]\n"
+        f"vals = [float(r[{d.measure!r}]) for r in rows if r[{d.category!r}] == {cat!r} and r[{d.unit!r}] == {unit!r}]\n"
         "print(round(statistics.median(vals), 2))\n"
     )
     return _python_subtask(
         c,
         "python.median",
-        {"category": cat},
-        f"What is the median {d.measure_noun} for {d.category_noun} '{cat}'? Round to 2 decimals.",
+        {"category": cat, "unit": unit},
+        f"What is the median {d.measure_noun} for {d.category_noun} '{cat}' in the {d.unit_noun} '{unit}'? Round to 2 decimals.",
         body,
     )
 
 
 def python_stdev(c: Context) -> SubTask:
     d = c.domain
-    unit = c.choice(d.units)
+    unit, cat = c.choice(d.units), c.choice(d.categories)
     body = (
-        f"vals = [float(r[{d.measure!r}]) for r in rows if r[{d.unit!r}] == {unit!r}]\nprint(round(statistics.pstdev(vals), 2))\n"
+        f"vals = [float(r[{d.measure!r}]) for r in rows if r[{d.unit!r}] == {unit!r} and r[{d.category!r}] == {cat!r}]\n"
+        "print(round(statistics.pstdev(vals), 2))\n"
     )
     return _python_subtask(
         c,
         "python.stdev",
-        {"unit": unit},
-        f"What is the population standard deviation of {d.measure_noun} in the {d.unit_noun} '{unit}'? Round to 2 decimals.",
+        {"unit": unit, "category": cat},
+        f"What is the population standard deviation of {d.measure_noun} for {d.category_noun} '{cat}' in the "
+        f"{d.unit_noun} '{unit}'? Round to 2 decimals.",
         body,
     )
 
 
 def python_share(c: Context) -> SubTask:
     d = c.domain
-    cat = c.choice(d.categories)
+    cat, unit = c.choice(d.categories), c.choice(d.units)
     body = (
-        f"total = sum(float(r[{d.measure!r}]) for r in rows)\n"
-        f"part = sum(float(r[{d.measure!r}]) for r in rows if r[{d.category!r}] == {cat!r})\n"
+        f"mine = [r for r in rows if r[{d.unit!r}] == {unit!r}]\n"
+        f"total = sum(float(r[{d.measure!r}]) for r in mine)\n"
+        f"part = sum(float(r[{d.measure!r}]) for r in mine if r[{d.category!r}] == {cat!r})\n"
         "print(round(100 * part / total, 2))\n"
     )
     return _python_subtask(
         c,
         "python.share",
-        {"category": cat},
-        f"What percentage of the total {d.measure_noun} comes from {d.category_noun} '{cat}'? Round to 2 decimals.",
+        {"category": cat, "unit": unit},
+        f"In the {d.unit_noun} '{unit}', what percentage of the total {d.measure_noun} comes from {d.category_noun} "
+        f"'{cat}'? Round to 2 decimals.",
         body,
     )
 
@@ -281,15 +288,16 @@ def python_growth(c: Context) -> SubTask:
 
 def python_top5(c: Context) -> SubTask:
     d = c.domain
-    cat = c.choice(d.categories)
+    cat, k = c.choice(d.categories), c.choice((3, 4, 5, 6, 7, 8))
     body = (
-        f"vals = sorted(float(r[{d.measure!r}]) for r in rows if r[{d.category!r}] == {cat!r})\nprint(round(sum(vals[-5:]), 2))\n"
+        f"vals = sorted(float(r[{d.measure!r}]) for r in rows if r[{d.category!r}] == {cat!r})\n"
+        f"print(round(sum(vals[-{k}:]), 2))\n"
     )
     return _python_subtask(
         c,
         "python.top5",
-        {"category": cat},
-        f"What is the sum of the five largest {d.measure_noun} values for {d.category_noun} '{cat}'? Round to 2 decimals.",
+        {"category": cat, "k": k},
+        f"What is the sum of the {k} largest {d.measure_noun} values for {d.category_noun} '{cat}'? Round to 2 decimals.",
         body,
     )
 
@@ -297,9 +305,13 @@ def python_top5(c: Context) -> SubTask:
 # ---------------------------------------------------------------- SMTP: send the right email
 
 
-def _unit_total(c: Context, unit: str) -> float:
+def _unit_total(c: Context, unit: str, month: str) -> float:
     d = c.domain
-    return float(c.scalar(f"SELECT ROUND(SUM({d.measure}), 2) FROM {d.fact} WHERE {d.unit} = {q(unit)}"))
+    return float(
+        c.scalar(
+            f"SELECT ROUND(SUM({d.measure}), 2) FROM {d.fact} WHERE {d.unit} = {q(unit)} AND substr({d.date}, 1, 7) = {q(month)}"
+        )
+    )
 
 
 def _mail(
@@ -322,70 +334,77 @@ def _mail(
 
 def smtp_manager(c: Context) -> SubTask:
     d = c.domain
-    unit = c.choice(d.units)
-    total = _unit_total(c, unit)
+    unit, month = c.choice(d.units), c.choice(MONTHS)
+    total = _unit_total(c, unit, month)
     return _mail(
         c,
         "smtp.manager",
-        {"unit": unit},
-        f"The total {d.measure_noun} of the {d.unit_noun} '{unit}' is {total:.2f}. Email this figure to the manager of '{unit}'.",
+        {"unit": unit, "month": month},
+        f"The total {d.measure_noun} of the {d.unit_noun} '{unit}' in {month} is {total:.2f}. Email this figure to the "
+        f"manager of '{unit}'.",
         [c.manager(unit)],
         [],
-        f"Total {d.measure_noun} for {unit}",
-        [f"The total {d.measure_noun} for {unit} is {total:.2f}."],
+        f"Total {d.measure_noun} for {unit}, {month}",
+        [f"The total {d.measure_noun} for {unit} in {month} is {total:.2f}."],
         (total,),
     )
 
 
 def smtp_manager_cc(c: Context) -> SubTask:
     d = c.domain
-    unit = c.choice(d.units)
-    total = _unit_total(c, unit)
+    unit, month = c.choice(d.units), c.choice(MONTHS)
+    total = _unit_total(c, unit, month)
     return _mail(
         c,
         "smtp.manager_cc",
-        {"unit": unit},
-        f"The total {d.measure_noun} of the {d.unit_noun} '{unit}' is {total:.2f}. Email it to the manager of '{unit}' "
-        "and put the director in Cc.",
+        {"unit": unit, "month": month},
+        f"The total {d.measure_noun} of the {d.unit_noun} '{unit}' in {month} is {total:.2f}. Email it to the manager of "
+        f"'{unit}' and put the director in Cc.",
         [c.manager(unit)],
         [c.director()],
-        f"{unit} {d.measure_noun}",
-        [f"The total {d.measure_noun} for {unit} is {total:.2f}."],
+        f"{unit} {d.measure_noun}, {month}",
+        [f"The total {d.measure_noun} for {unit} in {month} is {total:.2f}."],
         (total,),
     )
 
 
 def smtp_analysts(c: Context) -> SubTask:
     d = c.domain
-    cat = c.choice(d.categories)
-    value = float(c.scalar(f"SELECT ROUND(SUM({d.measure}), 2) FROM {d.fact} WHERE {d.category} = {q(cat)}"))
+    cat, month = c.choice(d.categories), c.choice(MONTHS)
+    value = float(
+        c.scalar(
+            f"SELECT ROUND(SUM({d.measure}), 2) FROM {d.fact} WHERE {d.category} = {q(cat)} "
+            f"AND substr({d.date}, 1, 7) = {q(month)}"
+        )
+    )
     return _mail(
         c,
         "smtp.analysts",
-        {"category": cat},
-        f"The total {d.measure_noun} for {d.category_noun} '{cat}' is {value:.2f}. Send one email with this figure to all analysts.",
+        {"category": cat, "month": month},
+        f"The total {d.measure_noun} for {d.category_noun} '{cat}' in {month} is {value:.2f}. Send one email with this "
+        "figure to all analysts.",
         c.analysts(),
         [],
-        f"{cat} total",
-        [f"The total {d.measure_noun} for {cat} is {value:.2f}."],
+        f"{cat} total, {month}",
+        [f"The total {d.measure_noun} for {cat} in {month} is {value:.2f}."],
         (value,),
     )
 
 
 def smtp_attachment(c: Context) -> SubTask:
     d = c.domain
-    unit = c.choice(d.units)
-    total = _unit_total(c, unit)
-    path = f"reports/{unit}_summary.csv"
+    unit, month = c.choice(d.units), c.choice(MONTHS)
+    total = _unit_total(c, unit, month)
+    path = f"reports/{unit}_{month}.csv"
     report = c.runner.csv_of(
         c.database,
-        f"SELECT {d.category}, COUNT(*) AS n, ROUND(SUM({d.measure}), 2) AS total "
-        f"FROM {d.fact} WHERE {d.unit} = {q(unit)} GROUP BY {d.category} ORDER BY {d.category}",
+        f"SELECT {d.category}, COUNT(*) AS n, ROUND(SUM({d.measure}), 2) AS total FROM {d.fact} "
+        f"WHERE {d.unit} = {q(unit)} AND substr({d.date}, 1, 7) = {q(month)} GROUP BY {d.category} ORDER BY {d.category}",
     )
     return _mail(
         c,
         "smtp.attachment",
-        {"unit": unit},
+        {"unit": unit, "month": month},
         f"Email the report file {path} to the manager of '{unit}' as an attachment, and mention the total "
         f"{d.measure_noun} {total:.2f} in the body.",
         [c.manager(unit)],
@@ -400,13 +419,14 @@ def smtp_attachment(c: Context) -> SubTask:
 def smtp_two_units(c: Context) -> SubTask:
     d = c.domain
     u1, u2 = (str(u) for u in c.rng.choice(d.units, size=2, replace=False))
-    t1, t2 = _unit_total(c, u1), _unit_total(c, u2)
+    month = c.choice(MONTHS)
+    t1, t2 = _unit_total(c, u1, month), _unit_total(c, u2, month)
     return _mail(
         c,
         "smtp.two_units",
-        {"units": tuple(sorted((u1, u2)))},
-        f"The total {d.measure_noun} is {t1:.2f} for '{u1}' and {t2:.2f} for '{u2}'. Send one email with both figures "
-        f"to the managers of '{u1}' and '{u2}'.",
+        {"units": tuple(sorted((u1, u2))), "month": month},
+        f"In {month} the total {d.measure_noun} was {t1:.2f} for '{u1}' and {t2:.2f} for '{u2}'. Send one email with "
+        f"both figures to the managers of '{u1}' and '{u2}'.",
         [c.manager(u1), c.manager(u2)],
         [],
         f"{d.measure_noun}: {u1} and {u2}",
@@ -462,20 +482,21 @@ def _pipeline(
 
 def pipeline_median(c: Context) -> SubTask:
     d = c.domain
-    unit = c.choice(d.units)
-    sql = f"SELECT {d.measure} FROM {d.fact} WHERE {d.unit} = {q(unit)}"
+    unit, cat = c.choice(d.units), c.choice(d.categories)
+    sql = f"SELECT {d.measure} FROM {d.fact} WHERE {d.unit} = {q(unit)} AND {d.category} = {q(cat)}"
     body = f"vals = [float(r[{d.measure!r}]) for r in rows]\nprint(round(statistics.median(vals), 2))\n"
     return _pipeline(
         c,
         "pipeline.median",
-        {"unit": unit},
+        {"unit": unit, "category": cat},
         sql,
         body,
-        f"Find the median {d.measure_noun} of the {d.unit_noun} '{unit}' and email it to the manager of '{unit}'.",
+        f"Find the median {d.measure_noun} for {d.category_noun} '{cat}' in the {d.unit_noun} '{unit}' and email it to "
+        f"the manager of '{unit}'.",
         [c.manager(unit)],
         [],
-        f"Median {d.measure_noun} for {unit}",
-        f"The median {d.measure_noun} for {unit} is",
+        f"Median {cat} {d.measure_noun} for {unit}",
+        f"The median {d.measure_noun} for {cat} in {unit} is",
     )
 
 
@@ -506,8 +527,8 @@ def pipeline_growth(c: Context) -> SubTask:
 
 def pipeline_share(c: Context) -> SubTask:
     d = c.domain
-    cat = c.choice(d.categories)
-    sql = f"SELECT {d.category}, {d.measure} FROM {d.fact}"
+    cat, unit = c.choice(d.categories), c.choice(d.units)
+    sql = f"SELECT {d.category}, {d.measure} FROM {d.fact} WHERE {d.unit} = {q(unit)}"
     body = (
         f"total = sum(float(r[{d.measure!r}]) for r in rows)\n"
         f"part = sum(float(r[{d.measure!r}]) for r in rows if r[{d.category!r}] == {cat!r})\n"
@@ -516,15 +537,15 @@ def pipeline_share(c: Context) -> SubTask:
     return _pipeline(
         c,
         "pipeline.share",
-        {"category": cat},
+        {"category": cat, "unit": unit},
         sql,
         body,
-        f"Compute the share (in percent, 2 decimals) of total {d.measure_noun} that comes from {d.category_noun} "
-        f"'{cat}' and send it in one email to all analysts.",
+        f"Compute the share (in percent, 2 decimals) of the {d.unit_noun} '{unit}' total {d.measure_noun} that comes "
+        f"from {d.category_noun} '{cat}' and send it in one email to all analysts.",
         c.analysts(),
         [],
-        f"Share of {cat}",
-        f"Share of {cat} in total {d.measure_noun} (%)",
+        f"Share of {cat} in {unit}",
+        f"Share of {cat} in the {unit} total {d.measure_noun} (%)",
     )
 
 
@@ -550,16 +571,17 @@ def pipeline_stdev(c: Context) -> SubTask:
 
 def pipeline_mean_count(c: Context) -> SubTask:
     d = c.domain
-    unit = c.choice(d.units)
-    sql = f"SELECT {d.count} FROM {d.fact} WHERE {d.unit} = {q(unit)}"
+    unit, cat = c.choice(d.units), c.choice(d.categories)
+    sql = f"SELECT {d.count} FROM {d.fact} WHERE {d.unit} = {q(unit)} AND {d.category} = {q(cat)}"
     body = f"vals = [int(r[{d.count!r}]) for r in rows]\nprint(round(sum(vals) / len(vals), 2))\n"
     return _pipeline(
         c,
         "pipeline.mean_count",
-        {"unit": unit},
+        {"unit": unit, "category": cat},
         sql,
         body,
-        f"Compute the mean {d.count_noun} ({d.count}) per {d.fact_noun} in the {d.unit_noun} '{unit}' (2 decimals) "
+        f"Compute the mean {d.count_noun} ({d.count}) per {d.fact_noun} of {d.category_noun} '{cat}' in the "
+        f"{d.unit_noun} '{unit}' (2 decimals) "
         f"and email it to the manager of '{unit}' with the director in Cc.",
         [c.manager(unit)],
         [c.director()],

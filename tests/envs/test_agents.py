@@ -1,0 +1,108 @@
+"""Oracle and random agents over many seeds; the oracle recovers from candidate-induced states."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+from agentrl_envs.agents import OracleAgent, RandomAgent
+from tests.conftest import ENV_IDS, SPLITS
+
+SEEDS = 200
+
+
+def success_rate(env_id: str, split: str, agent_name: str, n: int = SEEDS) -> float:
+    env = gym.make(env_id, split=split)
+    agent = OracleAgent(env) if agent_name == "oracle" else RandomAgent(env, seed=1234)
+    wins = 0
+    for seed in range(n):
+        obs, info = env.reset(seed=seed)
+        done = False
+        while not done:
+            obs, _, terminated, truncated, info = env.step(agent.act(obs, info))
+            done = terminated or truncated
+        wins += bool(info["success"])
+    env.close()
+    return wins / n
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("split", SPLITS)
+@pytest.mark.parametrize("env_id", ENV_IDS)
+def test_oracle_solves_at_least_99_percent(env_id: str, split: str) -> None:
+    assert success_rate(env_id, split, "oracle") >= 0.99
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("split", SPLITS)
+@pytest.mark.parametrize("env_id", ENV_IDS)
+def test_random_solves_under_5_percent(env_id: str, split: str) -> None:
+    assert success_rate(env_id, split, "random") < 0.05
+
+
+@pytest.mark.parametrize("env_id", ENV_IDS)
+def test_candidates_hold_the_oracle_action_once(env_id: str) -> None:
+    env = gym.make(env_id, candidates=4)
+    obs, info = env.reset(seed=0)
+    done = False
+    while not done:
+        cands = info["candidates"]
+        oracle = env.unwrapped.oracle_action()
+        assert len(cands) == 4 and len(set(cands)) == 4 and cands.count(oracle) == 1
+        obs, _, terminated, truncated, info = env.step(oracle)
+        done = terminated or truncated
+    assert info["success"] and "candidates" not in info
+    env.close()
+
+
+def test_candidate_order_depends_on_seed() -> None:
+    env = gym.make("AgentRL/SQLPythonSMTP-v0", candidates=5)
+    positions = set()
+    for seed in range(20):
+        _, info = env.reset(seed=seed)
+        positions.add(info["candidates"].index(env.unwrapped.oracle_action()))
+    assert len(positions) >= 3
+    env.close()
+
+
+@pytest.mark.parametrize("env_id", ENV_IDS)
+def test_oracle_recovers_from_wrong_candidates(env_id: str) -> None:
+    """Take a wrong non-finish candidate half the time; the oracle still solves every episode."""
+    env = gym.make(env_id, candidates=4, max_steps=60)
+    rng = np.random.default_rng(0)
+    wrong_taken = 0
+    for seed in range(25):
+        obs, info = env.reset(seed=seed)
+        done = False
+        while not done:
+            oracle = env.unwrapped.oracle_action()
+            wrong = [c for c in info["candidates"] if c != oracle and '"name": "finish"' not in c]
+            if wrong and rng.random() < 0.5:
+                action = wrong[int(rng.integers(len(wrong)))]
+                wrong_taken += 1
+            else:
+                action = oracle
+            obs, _, terminated, truncated, info = env.step(action)
+            done = terminated or truncated
+        assert info["success"], (seed, info["task_components"])
+    assert wrong_taken > 10
+    env.close()
+
+
+def test_wrong_candidates_really_are_wrong() -> None:
+    """Following only wrong candidates (never the oracle) does not solve tasks."""
+    env = gym.make("AgentRL/SQLPythonSMTP-v0", candidates=4)
+    rng = np.random.default_rng(1)
+    wins = 0
+    for seed in range(30):
+        obs, info = env.reset(seed=seed)
+        done = False
+        while not done:
+            oracle = env.unwrapped.oracle_action()
+            wrong = [c for c in info["candidates"] if c != oracle]
+            obs, _, terminated, truncated, info = env.step(wrong[int(rng.integers(len(wrong)))])
+            done = terminated or truncated
+        wins += info["success"]
+    assert wins == 0
+    env.close()

@@ -1,0 +1,38 @@
+"""Import hygiene: the env side never pulls in torch; simulators never pull in gymnasium."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+
+def _modules_after(code: str) -> set[str]:
+    out = subprocess.run(
+        [sys.executable, "-c", code + "\nimport sys\nprint('\\n'.join(sys.modules))"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return set(out.stdout.split())
+
+
+def test_agentrl_envs_does_not_import_torch() -> None:
+    mods = _modules_after(
+        "import agentrl_envs, agentrl_envs.agents, agentrl_envs.cli, agentrl_envs.candidates\n"
+        "import gymnasium as gym\nenv = gym.make('AgentRL/SQLPythonSMTP-v0')\nenv.reset(seed=0)\nenv.close()"
+    )
+    assert "agentrl_envs" in mods
+    assert not {"torch", "transformers", "peft"} & mods
+
+
+def test_simulators_do_not_import_gymnasium_or_envs() -> None:
+    mods = _modules_after("import simulators, simulators.sql, simulators.python, simulators.smtp")
+    assert "simulators.app" in mods
+    assert not {m for m in mods if m.split(".")[0] in ("gymnasium", "agentrl_envs", "torch")}
+
+
+def test_error_profiles_ship_with_the_package() -> None:
+    from agentrl_envs import error_profiles
+
+    assert "none" in error_profiles.available()
+    assert "name: none" in error_profiles.read_text("none")

@@ -1,0 +1,56 @@
+"""A non-editable install into a fresh venv works from another directory."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SCRIPT = """
+import os, gymnasium as gym, agentrl_envs
+from agentrl_envs.agents import OracleAgent
+assert 'site-packages' in agentrl_envs.__file__, agentrl_envs.__file__
+from agentrl_envs import error_profiles
+assert 'none' in error_profiles.available()
+for env_id in agentrl_envs.ENV_IDS:
+    env = gym.make(env_id)
+    obs, info = env.reset(seed=1)
+    agent = OracleAgent(env)
+    done = False
+    while not done:
+        obs, r, term, trunc, info = env.step(agent.act(obs, info))
+        done = term or trunc
+    assert info['success'], env_id
+    env.close()
+print('INSTALL-OK')
+"""
+
+
+@pytest.mark.slow
+def test_non_editable_install_from_another_directory(tmp_path: Path) -> None:
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    py = env_dir / "bin" / "python"
+    subprocess.run(
+        [str(py), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(ROOT)],
+        check=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([str(py), "-c", SCRIPT], cwd=elsewhere, capture_output=True, text=True, timeout=300, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "INSTALL-OK" in out.stdout
+    cli = subprocess.run(
+        [str(env_dir / "bin" / "agentrl-envs"), "list"], cwd=elsewhere, capture_output=True, text=True, timeout=120, env=env
+    )
+    assert cli.returncode == 0 and "AgentRL/SQLPythonSMTP-v0" in cli.stdout
+    assert sys.executable  # the test venv is untouched
