@@ -1,0 +1,30 @@
+"""The README's Python examples run as written."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_readme_python_blocks_run(capsys) -> None:  # type: ignore[no-untyped-def]
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+    assert blocks
+    for block in blocks:
+        namespace: dict[str, object] = {}
+        exec(compile(block, str(README), "exec"), namespace)
+        env = namespace.get("env")
+        if env is not None:
+            env.close()  # type: ignore[attr-defined]
+    out = capsys.readouterr().out
+    assert "sql ok: 1 row(s) x 1 column(s), saved to results/q1.csv" in out
+    assert "True {'queried': True, 'computed': True, 'emailed': True}" in out
+
+
+def test_readme_starts_with_the_two_commands() -> None:
+    text = README.read_text()
+    first_block = re.search(r"```bash\n(.*?)```", text, re.S)
+    assert first_block is not None
+    assert first_block.group(1).splitlines()[0].startswith("make demo")
+    assert first_block.group(1).splitlines()[1].startswith("make test")
