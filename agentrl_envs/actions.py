@@ -12,7 +12,6 @@ that says what was wrong; nothing else escapes.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +24,6 @@ __all__ = ["MAX_ACTION_CHARS", "ToolCall", "format_call", "parse_action"]
 MAX_ACTION_CHARS = 200_000
 
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
-_FENCE = re.compile(r"^```[a-zA-Z]*\s*\n?(.*?)\n?```$", re.S)
 
 
 @dataclass(frozen=True)
@@ -38,7 +36,11 @@ class ToolCall:
 
 def format_call(name: str, arguments: Mapping[str, Any]) -> str:
     """The canonical text of a call, as the oracle and the candidates write it."""
-    return _OPEN + json.dumps({"name": name, "arguments": dict(arguments)}, ensure_ascii=False) + _CLOSE
+    text = json.dumps({"name": name, "arguments": dict(arguments)}, ensure_ascii=False)
+    # The markers can only occur inside JSON strings; escaping their '<' keeps a '<tool_call>' in an
+    # argument from being read as a second call.
+    text = text.replace(_OPEN, "\\u003c" + _OPEN[1:]).replace(_CLOSE, "\\u003c" + _CLOSE[1:])
+    return _OPEN + text + _CLOSE
 
 
 def parse_action(action: str, tools: Mapping[str, Tool] | None = None) -> ToolCall:
@@ -88,10 +90,7 @@ def _extract(action: str) -> str:
         return action[start:] if end < 0 else action[start:end]
     if _CLOSE in action:
         raise ActionError("no_call", "found </tool_call> without <tool_call>")
-    text = action.strip()
-    fenced = _FENCE.match(text)
-    if fenced:
-        text = fenced.group(1).strip()
+    text = _unfence(action.strip())
     if not text:
         raise ActionError("no_call", "the action is empty; send one tool call")
     if not text.startswith("{"):
@@ -99,6 +98,17 @@ def _extract(action: str) -> str:
             "no_call",
             'no tool call found; write <tool_call>{"name": "...", "arguments": {...}}</tool_call> or a bare JSON object',
         )
+    return text
+
+
+def _unfence(text: str) -> str:
+    """The inside of a Markdown code fence (```json ... ```), or the text as it is. Linear time."""
+    if len(text) >= 6 and text.startswith("```") and text.endswith("```"):
+        inner = text[3:-3]
+        first, newline, rest = inner.partition("\n")
+        if newline and (not first.strip() or first.strip().isalnum()):
+            inner = rest
+        return inner.strip()
     return text
 
 

@@ -172,7 +172,7 @@ class ToolUseEnv(gym.Env[str, str]):
         info["reward_components"] = components
         if tool_name is not None:
             self._prev_tool = tool_name
-        self._transcript.append(f"> {clip(printable(action), 2000)}\n{observation}")
+        self._transcript.append(f"> {printable(clip(action, 2000))}\n{observation}")
         return self._observe(observation), float(sum(components.values())), terminated, truncated, info
 
     def render(self) -> str | None:

@@ -20,7 +20,7 @@ import numpy as np
 from gymnasium.spaces import Text
 from gymnasium.vector.utils import shared_memory as _shm
 
-__all__ = ["UnicodeText", "charset"]
+__all__ = ["UnicodeText", "charset", "charset_set"]
 
 _EXTRA_RANGES = ((0x1F000, 0x1FAFF),)  # emoji and pictographs
 
@@ -38,6 +38,11 @@ def _tables() -> tuple[str, frozenset[str], tuple[str, ...], dict[str, np.int32]
     chars.sort()
     text = "".join(chars)
     return text, frozenset(chars), tuple(chars), {c: np.int32(i) for i, c in enumerate(chars)}
+
+
+def charset_set() -> frozenset[str]:
+    """The characters :class:`UnicodeText` admits, as a set."""
+    return _tables()[1]
 
 
 def charset() -> str:

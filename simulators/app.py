@@ -122,8 +122,11 @@ class SimulatorApp:
 
     def _open_episode(self, payload: dict[str, Any]) -> httpx.Response:
         episode_id = payload.get("episode_id")
-        if not isinstance(episode_id, str) or not _EPISODE_ID.match(episode_id):
+        if not isinstance(episode_id, str) or not _EPISODE_ID.fullmatch(episode_id):
             return _error(400, "bad_request", "episode_id must match [A-Za-z0-9_.-]{1,64}")
+        files = payload.get("files") or {}
+        if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+            return _error(400, "bad_request", "files must be an object of {relative path: text}")
         fingerprint = payload.get("database")
         database = None
         if fingerprint is not None:
@@ -132,16 +135,20 @@ class SimulatorApp:
                 return _error(409, "unknown_database", f"no template database {str(fingerprint)[:64]!r}; PUT it first")
             database = ReadOnlyDatabase(image, deadline_s=self.sql_deadline_s)
         workspace = tempfile.mkdtemp(prefix="agentrl-ws-", dir=self.workspace_root)
-        os.makedirs(os.path.join(workspace, "results"))
-        files = payload.get("files") or {}
-        for rel, text in files.items():
-            full = os.path.realpath(os.path.join(workspace, rel))
-            if not full.startswith(os.path.realpath(workspace) + os.sep):
-                shutil.rmtree(workspace, ignore_errors=True)
-                return _error(400, "bad_request", f"file {rel[:64]!r} is outside the workspace")
-            os.makedirs(os.path.dirname(full), exist_ok=True)
-            with open(full, "w", encoding="utf-8", newline="") as f:
-                f.write(text)
+        try:
+            os.makedirs(os.path.join(workspace, "results"))
+            for rel, text in files.items():
+                full = os.path.realpath(os.path.join(workspace, rel))
+                if not rel or "\x00" in rel or not full.startswith(os.path.realpath(workspace) + os.sep):
+                    raise ValueError(f"file {rel[:64]!r} is outside the workspace")
+                os.makedirs(os.path.dirname(full), exist_ok=True)
+                with open(full, "w", encoding="utf-8", newline="") as f:
+                    f.write(text)
+        except (OSError, ValueError, UnicodeError) as exc:
+            shutil.rmtree(workspace, ignore_errors=True)
+            if database is not None:
+                database.close()
+            return _error(400, "bad_request", f"could not set up the workspace: {exc}")
         sender = str(payload.get("sender") or "agent@agentrl.example")
         with self._lock:
             self.close_episode(episode_id)

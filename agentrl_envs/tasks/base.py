@@ -124,8 +124,9 @@ class GoldRunner:
     by the templates) runs in process on the same CSV text the sql tool would save.
     """
 
-    def __init__(self, max_databases: int = 16) -> None:
+    def __init__(self, max_databases: int = 64) -> None:
         self._dbs: collections.OrderedDict[str, ReadOnlyDatabase] = collections.OrderedDict()
+        self._csv: collections.OrderedDict[tuple[str, str], str] = collections.OrderedDict()
         self._max = max_databases
         self._tmp = tempfile.mkdtemp(prefix="agentrl-gold-")
 
@@ -143,8 +144,17 @@ class GoldRunner:
         return result.columns, result.rows
 
     def csv_of(self, database: DatabaseSpec, sql: str) -> str:
-        columns, rows = self.query(database, sql)
-        return format_rows(columns, rows)
+        """The CSV text the sql tool would save for ``sql`` (cached: templates ask for it often)."""
+        key = (database.fingerprint, sql)
+        text = self._csv.get(key)
+        if text is None:
+            columns, rows = self.query(database, sql)
+            text = format_rows(columns, rows)
+            self._csv[key] = text
+            while len(self._csv) > 256:
+                self._csv.popitem(last=False)
+        self._csv.move_to_end(key)
+        return text
 
     def run_code(self, code: str, csv_text: str) -> str:
         """Run gold code with its input file holding ``csv_text``; return what it printed."""

@@ -60,12 +60,29 @@ def check_arguments(tool: str, parameters: dict[str, Any], arguments: dict[str, 
         raise ActionError("bad_arguments", f"{tool}: missing required argument(s) {missing}")
     for key, value in arguments.items():
         spec = props[key]
+        if _has_surrogate(value):
+            raise ActionError(
+                "bad_arguments",
+                f"{tool}: argument {key!r} holds a lone surrogate (\\ud800-\\udfff), which is not valid Unicode text",
+            )
         allowed = spec.get("type")
         kinds = allowed if isinstance(allowed, list) else [allowed]
         if not any(_matches(kind, spec, value) for kind in kinds):
             want = " or ".join(_describe(k, spec) for k in kinds)
             raise ActionError("bad_arguments", f"{tool}: argument {key!r} must be {want}, got {type(value).__name__}")
     return arguments
+
+
+def _has_surrogate(value: Any) -> bool:
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if isinstance(value, list):
+        return any(_has_surrogate(v) for v in value)
+    return False
 
 
 def _matches(kind: str, spec: dict[str, Any], value: Any) -> bool:

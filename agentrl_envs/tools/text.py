@@ -10,12 +10,20 @@ _ESCAPES = {"\r": "\\r", "\x1b": "\\x1b"}
 
 
 def printable(text: str) -> str:
-    """Escape control characters (except newline and tab) and lone surrogates, so observations stay
-    printable text whatever the services or the agent put in them."""
+    """Escape every character outside the observation charset (control characters other than
+    newline and tab, lone surrogates, rare astral characters), so observations stay inside
+    :class:`~agentrl_envs.spaces.UnicodeText` whatever the services or the agent put in them."""
+    from agentrl_envs.spaces import charset_set
+
+    allowed = charset_set()
+    if all(ch in allowed for ch in text):
+        return text
     out = []
     for ch in text:
-        if ch == "\n" or ch == "\t" or (ch.isprintable() and not 0xD800 <= ord(ch) <= 0xDFFF):
+        if ch in allowed:
             out.append(ch)
+        elif ord(ch) > 0xFFFF:
+            out.append(f"\\U{ord(ch):08x}")
         else:
             out.append(_ESCAPES.get(ch) or f"\\u{ord(ch):04x}")
     return "".join(out)

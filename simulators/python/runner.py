@@ -10,8 +10,8 @@ Landlock, a warm zygote) plugs in behind the same :class:`PythonRunner` interfac
 from __future__ import annotations
 
 import os
-import resource
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,25 +21,55 @@ from dataclasses import dataclass
 
 MAX_CODE_CHARS = 100_000
 
-# Runs the agent's file as __main__ with the filename "<agent>", so tracebacks never show
-# host paths and are the same on every machine.
-_BOOTSTRAP = (
-    "import sys, traceback\n"
-    "p = sys.argv[1]\n"
-    "with open(p, 'rb') as f: src = f.read()\n"
-    "sys.argv = ['<agent>']\n"
-    "g = {'__name__': '__main__', '__builtins__': __builtins__}\n"
-    "try:\n"
-    "    exec(compile(src, '<agent>', 'exec'), g)\n"
-    "except SystemExit:\n"
-    "    raise\n"
-    "except BaseException as e:\n"
-    "    tb = e.__traceback__\n"
-    "    while tb is not None and tb.tb_frame.f_code.co_filename != '<agent>':\n"
-    "        tb = tb.tb_next\n"
-    "    traceback.print_exception(type(e), e, tb)\n"
-    "    sys.exit(1)\n"
-)
+# Applies the rlimits (argv[2:8]), then runs the agent's file as __main__ with the filename
+# "<agent>", so tracebacks never show host paths and are the same on every machine. The limits are
+# set by the child itself rather than through preexec_fn, so subprocess can use vfork/posix_spawn
+# (a preexec_fn forces a full fork of the parent, which grows with the parent's memory).
+_BOOTSTRAP = """\
+def _run():
+    import os, resource, sys
+    status_fd = int(sys.argv[8])
+    if status_fd >= 0:
+        # pid 1 of a new pid namespace: run the program as our child, so it gets ordinary signal
+        # semantics, reap every orphan, report the program's status, and exit, which makes the
+        # kernel kill whatever is left in the namespace.
+        pid = os.fork()
+        if pid:
+            while True:
+                try:
+                    done, st = os.wait()
+                except ChildProcessError:
+                    os._exit(0)
+                if done == pid:
+                    os.write(status_fd, str(os.waitstatus_to_exitcode(st)).encode())
+                    os._exit(0)
+        os.close(status_fd)
+    a = [int(x) for x in sys.argv[2:8]]
+    for k, v in ((resource.RLIMIT_AS, a[0]), (resource.RLIMIT_FSIZE, a[2]), (resource.RLIMIT_NOFILE, a[3]),
+                 (resource.RLIMIT_CORE, 0)):
+        resource.setrlimit(k, (v, v))
+    resource.setrlimit(resource.RLIMIT_CPU, (a[1], a[1] + 1))
+    if a[5]:
+        resource.setrlimit(resource.RLIMIT_NPROC, (a[4], a[4]))
+    with open(sys.argv[1], 'rb') as f:
+        src = f.read()
+    sys.argv = ['<agent>']
+    main = sys.modules['__main__']
+    for k in [k for k in vars(main) if k not in ('__name__', '__builtins__', '__doc__', '__spec__', '__loader__')]:
+        delattr(main, k)
+    try:
+        exec(compile(src, '<agent>', 'exec'), vars(main))
+    except SystemExit:
+        raise
+    except BaseException as e:
+        import traceback
+        tb = e.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename != '<agent>':
+            tb = tb.tb_next
+        traceback.print_exception(type(e), e, tb)
+        sys.exit(1)
+_run()
+"""
 
 
 @dataclass(frozen=True)
@@ -83,6 +113,7 @@ class PythonRunner:
     def __init__(self, limits: RunLimits | None = None) -> None:
         self.limits = limits or RunLimits()
         self._scratch = tempfile.mkdtemp(prefix="agentrl-py-")
+        self.isolation = _probe_pid_namespace()
 
     def run(self, code: str, workspace: str, limits: RunLimits | None = None) -> PythonResult:
         """Run ``code`` with ``workspace`` as the working directory."""
@@ -112,20 +143,33 @@ class PythonRunner:
             "MKL_NUM_THREADS": "1",
         }
         start = time.perf_counter()
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _BOOTSTRAP, path],
-            cwd=workspace,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            close_fds=True,
-            preexec_fn=_limiter(lim),
-        )
-        out, err, timed_out, truncated = _collect(proc, lim, start)
+        limits = [lim.memory_bytes, lim.cpu_s, lim.file_bytes, lim.open_files, lim.processes, int(os.geteuid() != 0)]
+        status_r, status_w = os.pipe() if self.isolation else (-1, -1)
+        try:
+            proc = subprocess.Popen(
+                [*self.isolation, sys.executable, "-I", "-S", "-c", _BOOTSTRAP, path, *map(str, limits), str(status_w)],
+                cwd=workspace,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                close_fds=True,
+                pass_fds=(status_w,) if status_w >= 0 else (),
+            )
+        finally:
+            if status_w >= 0:
+                os.close(status_w)
+        try:
+            out, err, timed_out, truncated = _collect(proc, lim, start)
+            exit_code = proc.returncode
+            if status_r >= 0 and not timed_out and not truncated:
+                exit_code = _read_status(status_r, exit_code)
+        finally:
+            if status_r >= 0:
+                os.close(status_r)
         return PythonResult(
-            exit_code=proc.returncode,
+            exit_code=exit_code,
             stdout=_decode(out, truncated and len(out) >= lim.output_bytes),
             stderr=_decode(err, truncated and len(err) >= lim.output_bytes),
             timed_out=timed_out,
@@ -134,22 +178,41 @@ class PythonRunner:
         )
 
     def close(self) -> None:
-        import shutil
-
         shutil.rmtree(self._scratch, ignore_errors=True)
 
 
-def _limiter(lim: RunLimits):  # type: ignore[no-untyped-def]
-    def apply() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (lim.memory_bytes, lim.memory_bytes))
-        resource.setrlimit(resource.RLIMIT_CPU, (lim.cpu_s, lim.cpu_s + 1))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (lim.file_bytes, lim.file_bytes))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (lim.open_files, lim.open_files))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if os.geteuid() != 0:
-            resource.setrlimit(resource.RLIMIT_NPROC, (lim.processes, lim.processes))
+def _read_status(fd: int, fallback: int) -> int:
+    """The program's exit status as reported by the namespace's pid 1 (the fallback if it said nothing)."""
+    os.set_blocking(fd, False)
+    try:
+        data = os.read(fd, 64)
+    except BlockingIOError:
+        return fallback
+    try:
+        return int(data.decode())
+    except ValueError:
+        return fallback
 
-    return apply
+
+def _probe_pid_namespace() -> list[str]:
+    """A command prefix that runs the program as pid 1 of a new pid namespace, or [] if unavailable.
+
+    When pid 1 of a namespace dies the kernel kills every process in it, so nothing the program
+    started (double-forked daemons included) outlives the run. Root can unshare directly; other
+    users need an unprivileged user namespace.
+    """
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return []
+    for extra in ([], ["--user", "--map-root-user"]):
+        cmd = [unshare, *extra, "--fork", "--pid", "--kill-child"]
+        try:
+            ok = subprocess.run([*cmd, "true"], capture_output=True, timeout=10).returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            ok = False
+        if ok:
+            return cmd
+    return []
 
 
 def _collect(proc: subprocess.Popen[bytes], lim: RunLimits, start: float) -> tuple[bytes, bytes, bool, bool]:

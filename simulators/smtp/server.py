@@ -116,6 +116,21 @@ class Mailbox:
         body_text = _body_text(body)
         files = _attachments(workspace, attachments)
 
+        try:
+            msg, meta = self._build(to_list, cc_list, subject_text, body_text, files)
+            wire = msg.as_bytes()
+        except (ValueError, TypeError, UnicodeError) as exc:
+            # The checks above should catch everything; the email package has the last word.
+            raise SMTPError("bad_message", f"message could not be built: {exc}", 554) from None
+        if len(wire) > MAX_MESSAGE_BYTES:
+            raise SMTPError("too_large", f"message is {len(wire)} bytes; the limit is {MAX_MESSAGE_BYTES}", 552)
+        delivery = Delivery(str(msg["Message-ID"]), self.sender, to_list, cc_list, subject_text, body_text, meta, len(wire))
+        self.deliveries.append(delivery)
+        return delivery
+
+    def _build(
+        self, to_list: list[str], cc_list: list[str], subject_text: str, body_text: str, files: list[tuple[str, bytes]]
+    ) -> tuple[EmailMessage, list[dict[str, Any]]]:
         msg = EmailMessage(policy=email.policy.default)
         msg["From"] = self.sender
         msg["To"] = ", ".join(to_list)
@@ -131,15 +146,7 @@ class Mailbox:
             maintype, subtype = (ctype or "application/octet-stream").split("/", 1)
             msg.add_attachment(data, maintype=maintype, subtype=subtype, filename=os.path.basename(name))
             meta.append({"path": name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()})
-        try:
-            wire = msg.as_bytes()
-        except (ValueError, TypeError, UnicodeError) as exc:
-            raise SMTPError("bad_message", f"message could not be encoded: {exc}", 554) from None
-        if len(wire) > MAX_MESSAGE_BYTES:
-            raise SMTPError("too_large", f"message is {len(wire)} bytes; the limit is {MAX_MESSAGE_BYTES}", 552)
-        delivery = Delivery(message_id, self.sender, to_list, cc_list, subject_text, body_text, meta, len(wire))
-        self.deliveries.append(delivery)
-        return delivery
+        return msg, meta
 
 
 def _address_list(value: Any, field_name: str) -> list[str]:
@@ -157,8 +164,10 @@ def _header_text(value: Any, field_name: str, limit: int) -> str:
         raise SMTPError("bad_header", f"{field_name}: expected a string, got {type(value).__name__}", 501)
     if "\r" in value or "\n" in value:
         raise SMTPError("header_injection", f"{field_name}: CR/LF in a header is refused", 501)
-    if any((ord(c) < 32 and c != "\t") or c == "\x7f" for c in value):
+    if any((ord(c) < 32 and c != "\t") or c == "\x7f" or 0xD800 <= ord(c) <= 0xDFFF for c in value):
         raise SMTPError("bad_header", f"{field_name}: control characters are not allowed", 501)
+    if len(value.splitlines()) > 1:
+        raise SMTPError("header_injection", f"{field_name}: Unicode line breaks in a header are refused", 501)
     if len(value) > limit:
         raise SMTPError("too_large", f"{field_name}: {len(value)} characters; the limit is {limit}", 552)
     return value
@@ -184,6 +193,14 @@ def _body_text(value: Any) -> str:
     return value
 
 
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _attachments(workspace: str, value: Any) -> list[tuple[str, bytes]]:
     if value is None:
         return []
@@ -194,7 +211,7 @@ def _attachments(workspace: str, value: Any) -> list[tuple[str, bytes]]:
     root = os.path.realpath(workspace)
     files = []
     for name in value:
-        if not name or "\x00" in name or len(name) > 255:
+        if not name or "\x00" in name or len(name) > 255 or not _encodable(name):
             raise SMTPError("bad_attachment", f"attachment path {name[:80]!r} is not valid", 501)
         full = os.path.realpath(os.path.join(root, name))
         if os.path.commonpath([root, full]) != root or full == root:

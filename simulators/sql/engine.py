@@ -69,9 +69,16 @@ def build_database(tables: dict[str, dict[str, Any]]) -> bytes:
 
     Returns the serialized database, ready to be copied per episode.
     """
+    if not isinstance(tables, dict) or not tables:
+        raise ValueError("a database needs at least one table")
     conn = sqlite3.connect(":memory:")
     try:
         for name, table in tables.items():
+            _check_identifier(name)
+            if name.lower().startswith("sqlite_"):
+                raise ValueError(f"table name {name!r} is reserved by SQLite")
+            if not isinstance(table, dict) or not table.get("columns"):
+                raise ValueError(f"table {name!r}: expected {{'columns': [[name, type], ...], 'rows': [...]}} with columns")
             _check_identifier(name)
             cols = table["columns"]
             for col_name, col_type in cols:
@@ -81,9 +88,11 @@ def build_database(tables: dict[str, dict[str, Any]]) -> bytes:
             ddl = ", ".join(f'"{c}" {t}' for c, t in cols)
             conn.execute(f'CREATE TABLE "{name}" ({ddl})')
             marks = ", ".join("?" for _ in cols)
-            conn.executemany(f'INSERT INTO "{name}" VALUES ({marks})', table["rows"])
+            conn.executemany(f'INSERT INTO "{name}" VALUES ({marks})', table.get("rows", []))
         conn.commit()
         return conn.serialize()
+    except (sqlite3.Error, TypeError) as exc:
+        raise ValueError(f"could not build the database: {exc}") from None
     finally:
         conn.close()
 
@@ -223,7 +232,7 @@ def _translate(exc: BaseException | None, elapsed: float, deadline: float) -> SQ
             "denied",
             f"{message}: only read-only SELECT statements and common functions are allowed",
         )
-    if "syntax error" in lowered or "incomplete input" in lowered:
+    if "syntax error" in lowered or "incomplete input" in lowered or "unrecognized token" in lowered:
         return SQLError("syntax", message)
     if "no such" in lowered:
         return SQLError("unknown_name", message)

@@ -50,7 +50,7 @@ def test_candidates_hold_the_oracle_action_once(env_id: str) -> None:
         cands = info["candidates"]
         oracle = env.unwrapped.oracle_action()
         assert len(cands) == 4 and len(set(cands)) == 4 and cands.count(oracle) == 1
-        obs, _, terminated, truncated, info = env.step(oracle)
+        _obs, _, terminated, truncated, info = env.step(oracle)
         done = terminated or truncated
     assert info["success"] and "candidates" not in info
     env.close()
@@ -83,7 +83,7 @@ def test_oracle_recovers_from_wrong_candidates(env_id: str) -> None:
                 wrong_taken += 1
             else:
                 action = oracle
-            obs, _, terminated, truncated, info = env.step(action)
+            _obs, _, terminated, truncated, info = env.step(action)
             done = terminated or truncated
         assert info["success"], (seed, info["task_components"])
     assert wrong_taken > 10
@@ -101,7 +101,7 @@ def test_wrong_candidates_really_are_wrong() -> None:
         while not done:
             oracle = env.unwrapped.oracle_action()
             wrong = [c for c in info["candidates"] if c != oracle]
-            obs, _, terminated, truncated, info = env.step(wrong[int(rng.integers(len(wrong)))])
+            _obs, _, terminated, truncated, info = env.step(wrong[int(rng.integers(len(wrong)))])
             done = terminated or truncated
         wins += info["success"]
     assert wins == 0

@@ -34,10 +34,12 @@ def test_eval_table(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_eval_json(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(["eval", "AgentRL/SMTP-v0", "--agent", "random", "--episodes", "4", "--split", "test", "--json", "--no-progress"], capsys)
+    code, out, _ = run(
+        ["eval", "AgentRL/SMTP-v0", "--agent", "random", "--episodes", "4", "--split", "test", "--json", "--no-progress"], capsys
+    )
     assert code == 0
     rows = json.loads(out)
-    total = [r for r in rows if r["split"] == "all"][0]
+    total = next(r for r in rows if r["split"] == "all")
     assert total["episodes"] == 4 and total["success_rate"] < 0.5
 
 
@@ -58,7 +60,9 @@ def test_bad_arguments_exit_2_with_a_message(argv: list[str], capsys: pytest.Cap
     assert "error:" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("argv", [["eval", "AgentRL/SQL-v0", "--episodes", "0"], ["eval", "AgentRL/SQL-v0", "--episodes", "ten"], ["frobnicate"], []])
+@pytest.mark.parametrize(
+    "argv", [["eval", "AgentRL/SQL-v0", "--episodes", "0"], ["eval", "AgentRL/SQL-v0", "--episodes", "ten"], ["frobnicate"], []]
+)
 def test_argparse_errors(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         main(argv)
@@ -90,7 +94,20 @@ def test_play_by_picking_candidates() -> None:
 
 
 def test_play_shorthand_and_garbage() -> None:
-    garbage = ["", "   ", "\x00\x01", "\x1b[2J", "{" * 5000, "🙂" * 1000, "sql", "python", "smtp {not json", "99", ":help", ":render"]
+    garbage = [
+        "",
+        "   ",
+        "\x00\x01",
+        "\x1b[2J",
+        "{" * 5000,
+        "🙂" * 1000,
+        "sql",
+        "python",
+        "smtp {not json",
+        "99",
+        ":help",
+        ":render",
+    ]
     text = play([*garbage, "finish 42"])
     assert text.count("action error") >= 7
     assert "NOT SOLVED" in text

@@ -60,7 +60,15 @@ def test_check_env(env_id: str) -> None:
 
 def test_env_card(env_id: str) -> None:
     cls = type(gym.make(env_id).unwrapped)
-    for heading in ("## Description", "## Action Space", "## Observation Space", "## Rewards", "## Episode End", "## Arguments", "## Version History"):
+    for heading in (
+        "## Description",
+        "## Action Space",
+        "## Observation Space",
+        "## Rewards",
+        "## Episode End",
+        "## Arguments",
+        "## Version History",
+    ):
         assert heading in (cls.__doc__ or ""), heading
 
 
@@ -130,7 +138,7 @@ def test_vector_envs_return_real_observations(mode: str) -> None:
     for _ in range(6):
         actions = venv.call("oracle_action")
         prev = tuple(obs)
-        obs, rewards, terminated, truncated, info = venv.step(actions)
+        obs, rewards, terminated, _truncated, _info = venv.step(actions)
         assert tuple(obs) != prev
         assert all(isinstance(o, str) and o for o in obs)
         assert not any(o.strip("0") == "" for o in obs), "stale shared-memory observation"

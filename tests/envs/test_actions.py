@@ -1,0 +1,329 @@
+"""parse_action: the accepted forms, every ActionError code, and properties over arbitrary text."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from agentrl_envs.actions import MAX_ACTION_CHARS, ToolCall, format_call, parse_action
+from agentrl_envs.errors import ActionError
+from agentrl_envs.tools import TOOLS
+
+SQL_CALL = '{"name": "sql", "arguments": {"query": "SELECT 1"}}'
+SQL = ToolCall("sql", {"query": "SELECT 1"})
+
+
+def _code(action: str, **kw: Any) -> str:
+    with pytest.raises(ActionError) as info:
+        parse_action(action, **kw)
+    assert isinstance(info.value.message, str) and info.value.message
+    assert str(info.value) == info.value.message
+    return info.value.code
+
+
+# -- accepted forms --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "action",
+    [
+        f"<tool_call>{SQL_CALL}</tool_call>",
+        f"I will query the table.\n<tool_call>\n{SQL_CALL}\n</tool_call>\nThen I will look at it.",
+        f"<think>plan: count rows</think><tool_call>{SQL_CALL}</tool_call>",
+        f"text <tool_call>{SQL_CALL}",  # unterminated block: the rest of the text is the call
+        SQL_CALL,
+        f"  \n{SQL_CALL}\n\t",
+        f"```json\n{SQL_CALL}\n```",
+        f"```\n{SQL_CALL}\n```",
+        f"```{SQL_CALL}```",
+        f"  ```JSON\n{SQL_CALL}\n```  ",
+        '{"name": "sql", "arguments": "{\\"query\\": \\"SELECT 1\\"}"}',
+        '<tool_call>{"name": "sql", "arguments": "{\\"query\\": \\"SELECT 1\\"}"}</tool_call>',
+        '{"name": "sql", "arguments": {"query": "SELECT 1"}, "id": "call_1", "type": "function"}',
+    ],
+)
+def test_accepted_forms(action: str) -> None:
+    assert parse_action(action) == SQL
+
+
+def test_every_tool_parses() -> None:
+    assert parse_action(format_call("python", {"code": "print(1)"})) == ToolCall("python", {"code": "print(1)"})
+    assert parse_action(format_call("finish", {"answer": "42"})) == ToolCall("finish", {"answer": "42"})
+    smtp = {"to": ["a@example.com"], "subject": "s", "body": "b", "cc": ["c@example.com"], "attachments": ["results/q1.csv"]}
+    assert parse_action(format_call("smtp", smtp)) == ToolCall("smtp", smtp)
+    assert (
+        parse_action(format_call("smtp", {"to": "a@example.com", "subject": "s", "body": "b"})).arguments["to"] == "a@example.com"
+    )
+
+
+def test_missing_arguments_means_empty_object() -> None:
+    assert _code('{"name": "finish"}') == "bad_arguments"  # 'answer' is required
+    assert _code('{"name": "finish", "arguments": ""}') == "bad_arguments"
+    assert _code('{"name": "finish", "arguments": "   "}') == "bad_arguments"
+
+
+def test_format_call_is_hermes_json() -> None:
+    text = format_call("finish", {"answer": "Chloé 👋"})
+    assert text.startswith("<tool_call>") and text.endswith("</tool_call>")
+    assert json.loads(text[len("<tool_call>") : -len("</tool_call>")]) == {"name": "finish", "arguments": {"answer": "Chloé 👋"}}
+    assert "Chloé 👋" in text  # not ASCII-escaped
+
+
+def test_tools_mapping_restricts_the_available_tools() -> None:
+    only_sql = {"sql": TOOLS["sql"]}
+    assert parse_action(SQL_CALL, only_sql) == SQL
+    assert _code(format_call("finish", {"answer": "x"}), tools=only_sql) == "unknown_tool"
+    assert _code(SQL_CALL, tools={}) == "unknown_tool"
+
+
+# -- every ActionError code ------------------------------------------------------------------------
+
+
+def test_too_long() -> None:
+    assert _code("x" * (MAX_ACTION_CHARS + 1)) == "too_long"
+    padded = SQL_CALL + " " * (MAX_ACTION_CHARS - len(SQL_CALL))
+    assert len(padded) == MAX_ACTION_CHARS
+    assert parse_action(padded) == SQL
+
+
+@pytest.mark.parametrize(
+    "action",
+    [
+        f"<tool_call>{SQL_CALL}</tool_call><tool_call>{SQL_CALL}</tool_call>",
+        f"<tool_call>{SQL_CALL}</tool_call> and <tool_call>",
+        f"{SQL_CALL} {SQL_CALL}",
+        f"<tool_call>{SQL_CALL} {SQL_CALL}</tool_call>",
+        f"{SQL_CALL} trailing words",
+    ],
+)
+def test_multiple_calls(action: str) -> None:
+    assert _code(action) == "multiple_calls"
+
+
+@pytest.mark.parametrize(
+    "action",
+    ["", "   \n\t", "I am done.", "SELECT 1", f"</tool_call>{SQL_CALL}", f"{SQL_CALL}</tool_call>", "```\n```", "[1, 2]"],
+)
+def test_no_call(action: str) -> None:
+    assert _code(action) == "no_call"
+
+
+@pytest.mark.parametrize(
+    "action",
+    [
+        "<tool_call></tool_call>",
+        '<tool_call>{"name": "sql", "arguments": </tool_call>',
+        "{'name': 'sql', 'arguments': {}}",
+        '{"name": "sql", "arguments": {"query": "SELECT 1"}',
+        '{"name": "sql", "arguments": {"query": "SELECT 1",}}',
+        '{"name": "sql", "arguments": "{not json"}',
+        '<tool_call>{"name": "finish", "arguments": {"answer": ' + "9" * 5000 + "}}</tool_call>",
+    ],
+)
+def test_bad_json(action: str) -> None:
+    assert _code(action) == "bad_json"
+
+
+@pytest.mark.parametrize(
+    "action",
+    [
+        "<tool_call>" + "[" * 5000 + "]" * 5000 + "</tool_call>",
+        '<tool_call>{"name": "sql", "arguments": ' + '{"a": ' * 5000 + "1" + "}" * 5001 + "</tool_call>",
+        '{"name": "sql", "arguments": "' + "[" * 5000 + "]" * 5000 + '"}',
+    ],
+)
+def test_too_deep(action: str) -> None:
+    assert _code(action) == "too_deep"
+
+
+@pytest.mark.parametrize("payload", ["[1]", '"sql"', "1", "null", "true", '["sql", {}]'])
+def test_not_an_object(payload: str) -> None:
+    assert _code(f"<tool_call>{payload}</tool_call>") == "not_an_object"
+
+
+@pytest.mark.parametrize(
+    "action",
+    [
+        '{"name": "sql", "arguments": {"query": "SELECT 1"}, "extra": 1}',
+        '{"tool": "sql", "arguments": {}}',
+        '{"arguments": {"query": "SELECT 1"}}',
+        '{"name": 5, "arguments": {}}',
+        '{"name": null, "arguments": {}}',
+        '{"name": ["sql"], "arguments": {}}',
+        "{}",
+    ],
+)
+def test_bad_call(action: str) -> None:
+    assert _code(action) == "bad_call"
+
+
+@pytest.mark.parametrize("name", ["rm", "SQL", "sql ", "", "bash", "x" * 500])
+def test_unknown_tool(name: str) -> None:
+    err_code = _code(json.dumps({"name": name, "arguments": {}}))
+    assert err_code == "unknown_tool"
+
+
+@pytest.mark.parametrize(
+    "action",
+    [
+        '{"name": "sql", "arguments": [1]}',
+        '{"name": "sql", "arguments": 5}',
+        '{"name": "sql", "arguments": null}',
+        '{"name": "sql", "arguments": "[1]"}',
+        '{"name": "sql", "arguments": "\\"SELECT 1\\""}',
+        '{"name": "sql", "arguments": {}}',
+        '{"name": "sql", "arguments": {"query": 1}}',
+        '{"name": "sql", "arguments": {"query": null}}',
+        '{"name": "sql", "arguments": {"query": "SELECT 1", "limit": 5}}',
+        '{"name": "sql", "arguments": {"sql": "SELECT 1"}}',
+        '{"name": "smtp", "arguments": {"to": [1], "subject": "s", "body": "b"}}',
+        '{"name": "smtp", "arguments": {"to": "a@example.com", "subject": "s"}}',
+        '{"name": "smtp", "arguments": {"to": "a@example.com", "subject": "s", "body": "b", "cc": "c@example.com"}}',
+        '{"name": "smtp", "arguments": {"to": "a@example.com", "subject": "s", "body": "b", "bcc": []}}',
+        '{"name": "python", "arguments": {"code": ["print(1)"]}}',
+        '{"name": "finish", "arguments": {"answer": 42}}',
+    ],
+)
+def test_bad_arguments(action: str) -> None:
+    assert _code(action) == "bad_arguments"
+
+
+@pytest.mark.parametrize("action", [None, b"<tool_call>{}</tool_call>", 5, ["x"], {"name": "sql"}])
+def test_non_str_is_a_type_error(action: Any) -> None:
+    with pytest.raises(TypeError):
+        parse_action(action)
+
+
+def test_action_error_pickles() -> None:
+    import pickle
+
+    err = pickle.loads(pickle.dumps(ActionError("bad_json", "invalid JSON")))
+    assert (err.code, err.message) == ("bad_json", "invalid JSON")
+
+
+def test_unterminated_code_fence_is_parsed_in_linear_time() -> None:
+    action = "```" + "a" * 16_000
+    start = time.perf_counter()
+    assert _code(action) == "no_call"
+    assert time.perf_counter() - start < 0.3
+
+
+@pytest.mark.parametrize("answer", ["<tool_call>", "see </tool_call> here"])
+def test_round_trip_with_tool_call_markers_in_arguments(answer: str) -> None:
+    assert parse_action(format_call("finish", {"answer": answer})) == ToolCall("finish", {"answer": answer})
+
+
+# -- properties ------------------------------------------------------------------------------------
+
+# Any code point, lone surrogates included.
+_ANY_CHAR = st.one_of(
+    st.characters(codec=None, exclude_categories=()),
+    st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF, exclude_categories=()),
+)
+_FRAGMENTS = st.sampled_from(
+    [
+        "<tool_call>",
+        "</tool_call>",
+        "```",
+        "```json\n",
+        "{",
+        "}",
+        "[",
+        "]",
+        '"name"',
+        '"arguments"',
+        '"sql"',
+        '"finish"',
+        '"smtp"',
+        '"query"',
+        '"answer"',
+        '"to"',
+        ":",
+        ",",
+        '"',
+        "\\",
+        "\\u",
+        "\\ud800",
+        "null",
+        "1e999",
+        "NaN",
+        " ",
+        "\n",
+    ]
+)
+_ACTION_TEXT = st.one_of(
+    st.text(_ANY_CHAR, max_size=200),
+    st.lists(st.one_of(_FRAGMENTS, st.text(_ANY_CHAR, max_size=5)), max_size=30).map("".join),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_ACTION_TEXT)
+@example("\ud800")
+@example('{"name": "finish", "arguments": {"answer": "\\ud800"}}')
+@example('<tool_call>{"name": "sql", "arguments": "{\\"query\\": 1e999}"}</tool_call>')
+@example("```json\n```")
+def test_arbitrary_text_parses_or_raises_action_error(action: str) -> None:
+    try:
+        call = parse_action(action)
+    except ActionError as exc:
+        assert isinstance(exc.code, str) and exc.code
+        assert isinstance(exc.message, str)
+        return
+    assert isinstance(call, ToolCall)
+    assert call.name in TOOLS
+    assert isinstance(call.arguments, dict)
+
+
+# Argument text: any valid Unicode text, the tool-call markers included (format_call escapes them).
+# Lone surrogates are not text: the tools refuse them (see test_lone_surrogate_arguments_are_refused).
+_ARG_TEXT = st.one_of(
+    st.text(st.characters(codec="utf-8"), max_size=40),
+    st.sampled_from(["<tool_call>", "</tool_call>", "a <tool_call>{}</tool_call> b"]),
+)
+_ADDRESSES = st.lists(_ARG_TEXT, max_size=3)
+
+
+@st.composite
+def _valid_calls(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
+    name = draw(st.sampled_from(sorted(TOOLS)))
+    if name == "sql":
+        return name, {"query": draw(_ARG_TEXT)}
+    if name == "python":
+        return name, {"code": draw(_ARG_TEXT)}
+    if name == "finish":
+        return name, {"answer": draw(_ARG_TEXT)}
+    args: dict[str, Any] = {
+        "to": draw(st.one_of(_ARG_TEXT, _ADDRESSES)),
+        "subject": draw(_ARG_TEXT),
+        "body": draw(_ARG_TEXT),
+    }
+    if draw(st.booleans()):
+        args["cc"] = draw(_ADDRESSES)
+    if draw(st.booleans()):
+        args["attachments"] = draw(_ADDRESSES)
+    return name, args
+
+
+@settings(max_examples=300, deadline=None)
+@given(_valid_calls())
+@example(("finish", {"answer": ""}))
+@example(("finish", {"answer": "\U0001f600 \x00 \u2028 ```"}))
+@example(("smtp", {"to": [], "subject": "", "body": "", "cc": [], "attachments": []}))
+def test_format_call_round_trips(call: tuple[str, dict[str, Any]]) -> None:
+    name, arguments = call
+    assert parse_action(format_call(name, arguments)) == ToolCall(name, arguments)
+
+
+@pytest.mark.parametrize("value", ["\ud800", "ok \udfff", ["a@b.example", "\udc80"]])
+def test_lone_surrogate_arguments_are_refused(value: object) -> None:
+    key = "to" if isinstance(value, list) else "query"
+    name = "smtp" if key == "to" else "sql"
+    args: dict[str, Any] = {key: value} if name == "sql" else {"to": value, "subject": "s", "body": "b"}
+    with pytest.raises(ActionError, match="surrogate"):
+        parse_action(format_call(name, args))

@@ -1,0 +1,379 @@
+"""The simulator's REST API through ``httpx.MockTransport``: routes, status codes, JSON errors, workspaces."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from simulators import SimulatorApp
+from simulators.python import RunLimits
+from simulators.sql import build_database, format_rows
+
+TABLES: dict[str, Any] = {
+    "sales": {
+        "columns": [["id", "INTEGER"], ["region", "TEXT"], ["amount", "REAL"], ["note", "TEXT"]],
+        "rows": [
+            [1, "north", 120.5, "plain"],
+            [2, "south", 99.99, 'has "quotes", commas'],
+            [3, "north", 1000.0, None],
+            [4, "east", 7.25, "multi\nline"],
+        ],
+    }
+}
+
+
+@pytest.fixture
+def ws_root(tmp_path: Path) -> Path:
+    root = tmp_path / "workspaces"
+    root.mkdir()
+    return root
+
+
+@pytest.fixture
+def app(ws_root: Path):
+    a = SimulatorApp(sql_deadline_s=0.5, python_limits=RunLimits(wall_s=3.0, cpu_s=3), workspace_root=str(ws_root))
+    yield a
+    a.close()
+
+
+@pytest.fixture
+def client(app: SimulatorApp):
+    with httpx.Client(transport=httpx.MockTransport(app.handle), base_url="http://agentrl.sim") as c:
+        yield c
+
+
+@pytest.fixture
+def episode(client: httpx.Client) -> str:
+    assert client.put("/v1/databases/fp-sales", json={"tables": TABLES}).status_code == 204
+    r = client.post("/v1/episodes", json={"episode_id": "ep-1", "database": "fp-sales"})
+    assert r.status_code == 201, r.text
+    return "ep-1"
+
+
+def _error(r: httpx.Response, status: int, kind: str | None = None) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert body["ok"] is False
+    assert isinstance(body["error"]["message"], str)
+    if kind is not None:
+        assert body["error"]["type"] == kind, body
+    return body["error"]
+
+
+def _workspace(app: SimulatorApp, episode_id: str) -> Path:
+    return Path(app._episodes[episode_id].workspace)
+
+
+# -- databases and episodes ------------------------------------------------------------------------
+
+
+def test_put_database_then_open_episode(client: httpx.Client, app: SimulatorApp) -> None:
+    r = client.put("/v1/databases/fp1", json={"tables": TABLES})
+    assert r.status_code == 204
+    assert "fp1" in app.templates
+    r = client.post("/v1/episodes", json={"episode_id": "e1", "database": "fp1", "sender": "bot@agentrl.example"})
+    assert r.status_code == 201
+    assert r.json() == {"ok": True, "result": {"episode_id": "e1"}}
+    r = client.post("/v1/episodes/e1/sql", json={"query": "SELECT count(*) AS n FROM sales"})
+    assert r.status_code == 200
+    result = r.json()["result"]
+    assert result["columns"] == ["n"]
+    assert result["rows"] == [[4]]
+    assert result["truncated"] is False
+    assert client.get("/health").json() == {"ok": True, "result": {"episodes": 1}}
+
+
+def test_unknown_database_is_409(client: httpx.Client, ws_root: Path) -> None:
+    _error(client.post("/v1/episodes", json={"episode_id": "e1", "database": "never-put"}), 409, "unknown_database")
+    assert os.listdir(ws_root) == []
+
+
+def test_episode_without_database(client: httpx.Client) -> None:
+    assert client.post("/v1/episodes", json={"episode_id": "e1"}).status_code == 201
+    _error(client.post("/v1/episodes/e1/sql", json={"query": "SELECT 1"}), 404, "no_database")
+    r = client.post("/v1/episodes/e1/python", json={"code": "print('hi')"})
+    assert r.status_code == 200 and r.json()["result"]["stdout"] == "hi\n"
+
+
+@pytest.mark.parametrize(
+    "tables",
+    [None, [], "x", {"1bad": {"columns": [["a", "TEXT"]], "rows": []}}, {"t": {"columns": [["a", "BLOB"]], "rows": []}}],
+)
+def test_bad_database_is_400(client: httpx.Client, tables: Any) -> None:
+    r = client.put("/v1/databases/bad", json={"tables": tables})
+    assert r.status_code == 400, r.text
+    assert r.json()["ok"] is False
+
+
+@pytest.mark.parametrize(
+    "tables",
+    [{"t": {"columns": [["a", "TEXT"]], "rows": [["x", "y"]]}}, {}],
+    ids=["row-arity", "no-tables"],
+)
+def test_unbuildable_database_is_400(client: httpx.Client, tables: Any) -> None:
+    _error(client.put("/v1/databases/bad", json={"tables": tables}), 400, "bad_database")
+
+
+def test_files_are_written_into_the_workspace(client: httpx.Client, app: SimulatorApp) -> None:
+    files = {"data/notes.txt": "héllo\r\nworld", "top.csv": "a,b\n1,2\n"}
+    assert client.post("/v1/episodes", json={"episode_id": "e1", "files": files}).status_code == 201
+    ws = _workspace(app, "e1")
+    assert (ws / "data" / "notes.txt").read_bytes() == "héllo\r\nworld".encode()
+    assert (ws / "top.csv").read_text() == "a,b\n1,2\n"
+    assert (ws / "results").is_dir()
+
+
+@pytest.mark.parametrize("rel", ["../escape.txt", "data/../../escape.txt", "/tmp/agentrl-abs.txt", ""])
+def test_files_outside_the_workspace_are_refused(client: httpx.Client, ws_root: Path, rel: str) -> None:
+    r = client.post("/v1/episodes", json={"episode_id": "e1", "files": {rel: "x"}})
+    _error(r, 400, "bad_request")
+    assert os.listdir(ws_root) == []
+    assert not (ws_root.parent / "escape.txt").exists()
+    assert not os.path.exists("/tmp/agentrl-abs.txt")
+
+
+@pytest.mark.parametrize("files", [["a.txt"], {"a.txt": 5}, {"a.txt": None}], ids=["list", "int", "null"])
+def test_malformed_files_are_400_and_leave_nothing_behind(client: httpx.Client, ws_root: Path, files: Any) -> None:
+    r = client.post("/v1/episodes", json={"episode_id": "e1", "files": files})
+    assert r.status_code == 400, r.text
+    assert os.listdir(ws_root) == []
+
+
+def test_reopening_an_episode_replaces_it(client: httpx.Client, app: SimulatorApp, episode: str) -> None:
+    old = _workspace(app, episode)
+    assert client.post("/v1/episodes", json={"episode_id": episode}).status_code == 201
+    assert not old.exists()
+    assert _workspace(app, episode) != old
+
+
+# -- 404s ------------------------------------------------------------------------------------------
+
+
+def test_unknown_episode_is_404(client: httpx.Client, episode: str) -> None:
+    for tool, body in (("sql", {"query": "SELECT 1"}), ("python", {"code": "print(1)"}), ("smtp", {})):
+        _error(client.post(f"/v1/episodes/nope/{tool}", json=body), 404, "unknown_episode")
+
+
+def test_unknown_tool_is_404(client: httpx.Client, episode: str) -> None:
+    err = _error(client.post(f"/v1/episodes/{episode}/ftp", json={}), 404, "unknown_tool")
+    assert "ftp" in err["message"]
+
+
+@pytest.mark.parametrize(
+    "method, path",
+    [
+        ("GET", "/"),
+        ("GET", "/v2/episodes"),
+        ("GET", "/v1/episodes"),
+        ("PUT", "/v1/episodes"),
+        ("GET", "/v1/databases/fp"),
+        ("POST", "/v1/databases/fp"),
+        ("POST", "/v1/episodes/ep-1/sql/extra"),
+        ("GET", "/v1/episodes/ep-1/sql"),
+    ],
+)
+def test_unknown_route_is_404(client: httpx.Client, episode: str, method: str, path: str) -> None:
+    _error(client.request(method, path, json={}), 404, "not_found")
+
+
+def test_delete_is_idempotent(client: httpx.Client) -> None:
+    assert client.delete("/v1/episodes/never-opened").status_code == 204
+
+
+# -- malformed bodies ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"{not json", b'{"query": ', b"\xff\xfe\x00", b"{'single': 'quotes'}", b'{"a": 1} {"b": 2}', b"\x00"],
+)
+def test_malformed_json_is_400(client: httpx.Client, episode: str, content: bytes) -> None:
+    r = client.post(f"/v1/episodes/{episode}/sql", content=content, headers={"content-type": "application/json"})
+    _error(r, 400, "bad_request")
+
+
+@pytest.mark.parametrize("content", [b"[1, 2]", b'"SELECT 1"', b"5", b"null", b"true", b"[]"])
+def test_non_object_body_is_400(client: httpx.Client, episode: str, content: bytes) -> None:
+    err = _error(client.post(f"/v1/episodes/{episode}/sql", content=content), 400, "bad_request")
+    assert "object" in err["message"]
+
+
+@pytest.mark.parametrize("opener, closer", [(b"[", b"]"), (b'{"a":', b"}")])
+def test_deeply_nested_json_is_400(client: httpx.Client, episode: str, opener: bytes, closer: bytes) -> None:
+    depth = 100_000
+    content = opener * depth + b"1" * (opener == b'{"a":') + closer * depth
+    _error(client.post(f"/v1/episodes/{episode}/sql", content=content), 400, "bad_request")
+    # The server is still healthy afterwards.
+    assert client.post(f"/v1/episodes/{episode}/sql", json={"query": "SELECT 1"}).status_code == 200
+
+
+def test_empty_body_is_an_empty_object(client: httpx.Client, episode: str) -> None:
+    _error(client.post(f"/v1/episodes/{episode}/sql", content=b""), 422, "bad_arguments")
+    _error(client.post("/v1/episodes", content=b""), 400, "bad_request")
+
+
+@pytest.mark.parametrize("query", [None, 5, ["SELECT 1"], {"q": 1}])
+def test_sql_query_must_be_a_string(client: httpx.Client, episode: str, query: Any) -> None:
+    _error(client.post(f"/v1/episodes/{episode}/sql", json={"query": query}), 422, "bad_arguments")
+
+
+# -- tools -----------------------------------------------------------------------------------------
+
+
+def test_sql_saves_results_csv_like_format_rows(client: httpx.Client, app: SimulatorApp, episode: str) -> None:
+    ws = _workspace(app, episode)
+    queries = [
+        "SELECT id, region, amount, note FROM sales ORDER BY id",
+        "SELECT region, round(sum(amount), 2) AS total FROM sales GROUP BY region ORDER BY total DESC",
+        "SELECT * FROM sales WHERE 0",
+    ]
+    for n, query in enumerate(queries, start=1):
+        r = client.post(f"/v1/episodes/{episode}/sql", json={"query": query})
+        assert r.status_code == 200, r.text
+        result = r.json()["result"]
+        assert result["csv_path"] == f"results/q{n}.csv"
+        assert result["row_count"] == len(result["rows"])
+        text = (ws / "results" / f"q{n}.csv").read_text(encoding="utf-8")
+        assert text == format_rows(result["columns"], result["rows"])
+    # The saved CSV parses back to the rows (NULL as an empty field).
+    first = list(csv.reader(io.StringIO((ws / "results" / "q1.csv").read_text(encoding="utf-8"))))
+    assert first[0] == ["id", "region", "amount", "note"]
+    assert first[2] == ["2", "south", "99.99", 'has "quotes", commas']
+    assert first[3][3] == ""
+    assert first[4][3] == "multi\nline"
+    assert (ws / "results" / "q3.csv").read_text() == "id,region,amount,note\n"
+
+
+def test_failed_sql_does_not_save_or_count(client: httpx.Client, app: SimulatorApp, episode: str) -> None:
+    ws = _workspace(app, episode)
+    _error(client.post(f"/v1/episodes/{episode}/sql", json={"query": "DELETE FROM sales"}), 403, "denied")
+    _error(client.post(f"/v1/episodes/{episode}/sql", json={"query": "SELEC 1"}), 400, "syntax")
+    _error(client.post(f"/v1/episodes/{episode}/sql", json={"query": "SELECT * FROM nope"}), 400, "unknown_name")
+    _error(client.post(f"/v1/episodes/{episode}/sql", json={"query": "x" * 20_001}), 413, "too_large")
+    assert os.listdir(ws / "results") == []
+    r = client.post(f"/v1/episodes/{episode}/sql", json={"query": "SELECT 1"})
+    assert r.json()["result"]["csv_path"] == "results/q1.csv"
+
+
+def test_sql_timeout_is_408(client: httpx.Client, episode: str) -> None:
+    query = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
+    _error(client.post(f"/v1/episodes/{episode}/sql", json={"query": query}), 408, "timeout")
+
+
+def test_python_reads_the_sql_csv(client: httpx.Client, episode: str) -> None:
+    client.post(f"/v1/episodes/{episode}/sql", json={"query": "SELECT amount FROM sales"})
+    code = (
+        "import csv\nrows = list(csv.DictReader(open('results/q1.csv')))\nprint(round(sum(float(r['amount']) for r in rows), 2))"
+    )
+    r = client.post(f"/v1/episodes/{episode}/python", json={"code": code})
+    assert r.status_code == 200
+    assert r.json()["result"] == {
+        "exit_code": 0,
+        "stdout": "1227.74\n",
+        "stderr": "",
+        "timed_out": False,
+        "output_truncated": False,
+    }
+
+
+@pytest.mark.parametrize(
+    "body, status, kind",
+    [
+        ({"code": 5}, 422, "bad_arguments"),
+        ({"code": "x" * 100_001}, 413, "too_large"),
+        ({"code": "print(1)\x00"}, 400, "bad_request"),
+    ],
+)
+def test_python_argument_errors(client: httpx.Client, episode: str, body: dict[str, Any], status: int, kind: str) -> None:
+    _error(client.post(f"/v1/episodes/{episode}/python", json=body), status, kind)
+
+
+def test_smtp_delivery_and_errors(client: httpx.Client, app: SimulatorApp, episode: str) -> None:
+    client.post(f"/v1/episodes/{episode}/sql", json={"query": "SELECT region FROM sales"})
+    r = client.post(
+        f"/v1/episodes/{episode}/smtp",
+        json={"to": ["bob@example.com"], "subject": "Totals", "body": "See attached.", "attachments": ["results/q1.csv"]},
+    )
+    assert r.status_code == 200, r.text
+    result = r.json()["result"]
+    assert result["to"] == ["bob@example.com"]
+    assert result["attachments"][0]["path"] == "results/q1.csv"
+    assert len(app._episodes[episode].mailbox.deliveries) == 1
+    err = _error(
+        client.post(f"/v1/episodes/{episode}/smtp", json={"to": "a@b.com\r\nBcc: e@v.com", "subject": "s", "body": "b"}),
+        422,
+        "header_injection",
+    )
+    assert err["smtp_code"] == 501
+    err = _error(client.post(f"/v1/episodes/{episode}/smtp", json={"to": "a@b.com", "subject": "s", "body": "b", "bcc": []}), 422)
+    assert err["type"] == "bad_arguments"
+
+
+# -- closing ---------------------------------------------------------------------------------------
+
+
+def test_closing_an_episode_removes_its_workspace(client: httpx.Client, app: SimulatorApp, ws_root: Path, episode: str) -> None:
+    ws = _workspace(app, episode)
+    client.post(f"/v1/episodes/{episode}/sql", json={"query": "SELECT 1"})
+    client.post(f"/v1/episodes/{episode}/python", json={"code": "open('mine.txt', 'w').write('x')"})
+    assert (ws / "results" / "q1.csv").exists() and (ws / "mine.txt").exists()
+    assert client.delete(f"/v1/episodes/{episode}").status_code == 204
+    assert not ws.exists()
+    assert os.listdir(ws_root) == []
+    _error(client.post(f"/v1/episodes/{episode}/sql", json={"query": "SELECT 1"}), 404, "unknown_episode")
+    assert client.get("/health").json()["result"]["episodes"] == 0
+
+
+def test_app_close_removes_every_workspace(ws_root: Path) -> None:
+    app = SimulatorApp(workspace_root=str(ws_root))
+    client = httpx.Client(transport=httpx.MockTransport(app.handle), base_url="http://agentrl.sim")
+    for i in range(3):
+        assert client.post("/v1/episodes", json={"episode_id": f"e{i}"}).status_code == 201
+    assert len(os.listdir(ws_root)) == 3
+    app.close()
+    client.close()
+    assert os.listdir(ws_root) == []
+
+
+def test_episode_databases_are_isolated(client: httpx.Client, app: SimulatorApp) -> None:
+    client.put("/v1/databases/fp", json={"tables": TABLES})
+    for eid in ("a", "b"):
+        assert client.post("/v1/episodes", json={"episode_id": eid, "database": "fp"}).status_code == 201
+    db_a, db_b = app._episodes["a"].database, app._episodes["b"].database
+    assert db_a is not None and db_b is not None and db_a is not db_b
+    assert _workspace(app, "a") != _workspace(app, "b")
+    client.delete("/v1/episodes/a")
+    r = client.post("/v1/episodes/b/sql", json={"query": "SELECT count(*) FROM sales"})
+    assert r.json()["result"]["rows"] == [[4]]
+
+
+# -- episode ids -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("episode_id", ["a", "Ep-1_2.x", "x" * 64, "..."])
+def test_valid_episode_ids(client: httpx.Client, episode_id: str) -> None:
+    assert client.post("/v1/episodes", json={"episode_id": episode_id}).status_code == 201
+
+
+@pytest.mark.parametrize(
+    "episode_id",
+    ["", "x" * 65, "../etc", "a/b", "a b", "é", "a\x00", "a;b", 5, None, ["a"], {"id": "a"}],
+)
+def test_invalid_episode_ids_are_400(client: httpx.Client, ws_root: Path, episode_id: Any) -> None:
+    _error(client.post("/v1/episodes", json={"episode_id": episode_id}), 400, "bad_request")
+    assert os.listdir(ws_root) == []
+
+
+def test_episode_id_with_trailing_newline_is_400(client: httpx.Client) -> None:
+    _error(client.post("/v1/episodes", json={"episode_id": "ep\n"}), 400, "bad_request")
+
+
+def test_build_database_image_matches_put(app: SimulatorApp, client: httpx.Client) -> None:
+    client.put("/v1/databases/fp", json={"tables": TABLES})
+    assert app.templates.get("fp") == build_database(TABLES)
