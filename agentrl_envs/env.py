@@ -8,7 +8,9 @@ It does not know whether the backend is simulated or real.
 
 from __future__ import annotations
 
+import time
 import uuid
+from pathlib import Path
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -16,6 +18,9 @@ import gymnasium as gym
 from agentrl_envs.actions import ToolCall, format_call, parse_action
 from agentrl_envs.backends import Backend, EpisodeSetup, ToolRequest, ToolResponse, make_backend
 from agentrl_envs.errors import ActionError, ConfigError, EpisodeError
+from agentrl_envs.faults import ErrorProfile, load_profile
+from agentrl_envs.faults.injector import FaultInjectingBackend
+from agentrl_envs.faults.stats import FaultStats, classify, penalized
 from agentrl_envs.rewards import RewardConfig, zero_components
 from agentrl_envs.spaces import UnicodeText
 from agentrl_envs.tasks import TaskSampler
@@ -41,7 +46,7 @@ class ToolUseEnv(gym.Env[str, str]):
         self,
         split: str = "train",
         domain: str | None = None,
-        error_profile: str = "none",
+        error_profile: str | Path | ErrorProfile = "none",
         backend: Any = "sim",
         max_steps: int | None = None,
         time_budget_s: float | None = None,
@@ -52,13 +57,10 @@ class ToolUseEnv(gym.Env[str, str]):
         format_penalty: float = -0.1,
         python_timeout_s: float = 5.0,
         sql_deadline_s: float = 2.0,
+        realtime: bool = False,
     ) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ConfigError(f"render_mode={render_mode!r}: use 'ansi' or None")
-        if error_profile != "none":
-            raise ConfigError(
-                f"error_profile={error_profile!r} is not available yet: only 'none' (fault profiles arrive with issue #3)"
-            )
         if aux_reward is not None:
             raise ConfigError("aux_reward schedules are not available yet (issue #5); leave aux_reward=None")
         if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
@@ -72,6 +74,8 @@ class ToolUseEnv(gym.Env[str, str]):
         self.split = split
         self.domain = domain
         self.error_profile = error_profile
+        self.profile = load_profile(error_profile)
+        self.realtime = bool(realtime)
         self.backend_spec = backend
         self.max_steps_arg = max_steps
         self.time_budget_s = time_budget_s
@@ -86,6 +90,7 @@ class ToolUseEnv(gym.Env[str, str]):
         self.observation_space = UnicodeText(OBSERVATION_MAX_CHARS)
         self._sampler = TaskSampler(self.kind, split, domain, long_horizon)  # validates split/domain
         self._backend: Backend | None = None
+        self._fault_stats = FaultStats()
         self._task: Task | None = None
         self._episode_id: str | None = None
         self._progress: Progress | None = None
@@ -106,9 +111,12 @@ class ToolUseEnv(gym.Env[str, str]):
         elif not isinstance(task_seed, int) or isinstance(task_seed, bool) or task_seed < 0:
             raise ConfigError(f"options['task_seed']={task_seed!r}: use a non-negative int")
         task = self._sampler.sample(task_seed)
+        fault_seed = int(self.np_random.integers(0, 2**31 - 1))
         backend = self._get_backend()
         episode_id = "ep-" + uuid.uuid4().hex[:20]
-        backend.open_episode(EpisodeSetup(episode_id, task.database, task.files, sender=f"agent@{_mail_domain(task)}"))
+        sender = f"agent@{_mail_domain(task)}"
+        backend.open_episode(EpisodeSetup(episode_id, task.database, task.files, sender=sender, seed=fault_seed))
+        self._fault_stats = FaultStats()
         self._task, self._episode_id = task, episode_id
         self._progress = Progress(task)
         self._steps = 0
@@ -133,9 +141,11 @@ class ToolUseEnv(gym.Env[str, str]):
         if self._done:
             raise EpisodeError("the episode has ended; call reset() to start a new one")
         self._steps += 1
+        self._virtual_time += self.profile.think_time_s
         components = zero_components()
         terminated = False
         tool_name: str | None = None
+        fault: dict[str, Any] | None = None
         try:
             call = parse_action(action, self.tools)
         except ActionError as exc:
@@ -150,13 +160,18 @@ class ToolUseEnv(gym.Env[str, str]):
                 result = {"tool": "finish", "ok": True, "status": 200, "error_type": None, "error": None}
                 terminated = True
             else:
-                observation, result = self._call_tool(call)
+                observation, result, fault = self._call_tool(call)
+                if penalized(fault):
+                    assert fault is not None
+                    components["fault"] = self.profile.penalty(fault["type"])
         truncated = not terminated and (
             self._steps >= self._max_steps or (self.time_budget_s is not None and self._virtual_time >= self.time_budget_s)
         )
         info = self._info(tool=tool_name, result=result)
+        info["fault"] = fault
         if terminated or truncated:
             self._done = True
+            info["fault_stats"] = self._fault_stats.summary()
             task_components = self._progress.components()
             success = terminated and all(task_components.values())
             components["task"] = self.rewards.success if success else 0.0
@@ -212,12 +227,18 @@ class ToolUseEnv(gym.Env[str, str]):
 
     # -- internals -------------------------------------------------------------------------------
 
-    def _call_tool(self, call: ToolCall) -> tuple[str, dict[str, Any]]:
+    def _call_tool(self, call: ToolCall) -> tuple[str, dict[str, Any], dict[str, Any] | None]:
         assert self._episode_id is not None and self._progress is not None
-        response = self._get_backend().handle(ToolRequest(self._episode_id, call.name, call.arguments))
+        request = ToolRequest(self._episode_id, call.name, call.arguments, at_s=self._virtual_time)
+        response = self._get_backend().handle(request)
         self._virtual_time += response.latency_s
+        if self.realtime and response.latency_s > 0:
+            time.sleep(response.latency_s)
         self._progress.observe(call.name, call.arguments, response)
-        return self.tools[call.name].render(response), _summarize(call.name, response)
+        fault = classify(response)
+        summary = _summarize(call.name, response)
+        self._fault_stats.record(call.name, bool(summary["ok"]), fault)
+        return self.tools[call.name].render(response), summary, fault
 
     def _info(self, tool: str | None, result: dict[str, Any] | None) -> dict[str, Any]:
         assert self._task is not None and self._progress is not None
@@ -249,9 +270,8 @@ class ToolUseEnv(gym.Env[str, str]):
 
     def _get_backend(self) -> Backend:
         if self._backend is None:
-            self._backend = make_backend(
-                self.backend_spec, sql_deadline_s=self.sql_deadline_s, python_timeout_s=self.python_timeout_s
-            )
+            backend = make_backend(self.backend_spec, sql_deadline_s=self.sql_deadline_s, python_timeout_s=self.python_timeout_s)
+            self._backend = FaultInjectingBackend(backend, self.profile) if self.profile.injects else backend
         return self._backend
 
     def _clear_episode(self) -> None:

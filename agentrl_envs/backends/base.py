@@ -36,21 +36,26 @@ class EpisodeSetup:
         database: the episode's data, or None for tools without a database.
         files: text files to place in the workspace, by relative path.
         sender: the From address of mail the agent sends (the env, not the agent, chooses it).
+        seed: the episode's seed; backends that draw random numbers (fault injection) derive
+            their generator from it, so the same seed gives the same faults.
     """
 
     episode_id: str
     database: DatabaseSpec | None
     files: dict[str, str] = field(default_factory=dict, repr=False)
     sender: str = "agent@agentrl.example"
+    seed: int = 0
 
 
 @dataclass(frozen=True)
 class ToolRequest:
-    """One tool call: ``tool`` is ``sql``, ``python`` or ``smtp``; ``arguments`` its JSON arguments."""
+    """One tool call: ``tool`` is ``sql``, ``python`` or ``smtp``; ``arguments`` its JSON arguments;
+    ``at_s`` the episode's virtual time when the call goes out (the env owns the clock)."""
 
     episode_id: str
     tool: str
     arguments: dict[str, Any]
+    at_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,10 @@ class ToolResponse:
         error_type: short machine-readable reason on failure (``syntax``, ``timeout``, ...).
         error: human-readable message on failure.
         latency_s: time the call took, in (virtual) seconds.
+        fault: set when the call failed because of a fault rather than the call itself:
+            ``{"type", "status", "origin"}`` with origin ``injected`` (an error profile),
+            ``service`` (a real service answered 5xx/401/403/429) or ``agent`` (the agent's own
+            work ran past the timeout); ``retry_after_s`` for 429s.
     """
 
     ok: bool
@@ -72,6 +81,7 @@ class ToolResponse:
     error_type: str | None = None
     error: str | None = None
     latency_s: float = 0.0
+    fault: dict[str, Any] | None = None
 
 
 @runtime_checkable

@@ -242,7 +242,12 @@ def test_hostile_action(env: gym.Env[str, str], action: str, expect: str, marker
         assert info["tool"] is None and result["status"] == 400
         assert obs.startswith("action error [")
     elif expect == REFUSED:
-        assert components["format"] == 0.0 and reward == 0.0, components
+        # The agent's own runaway work is a timeout, which carries the profile's timeout penalty;
+        # every other refusal is free of reward terms (the task reward is what it loses).
+        timed_out = result.get("error_type") == "timeout" or result.get("timed_out")
+        expected_fault = env.unwrapped.profile.penalty("timeout") if timed_out else 0.0
+        assert components["format"] == 0.0 and components["fault"] == expected_fault, components
+        assert info["fault"] is not None and info["fault"]["origin"] == "agent"
         assert info["tool"] in ("sql", "python", "smtp")
         assert obs.startswith(f"{info['tool']} error")
     else:

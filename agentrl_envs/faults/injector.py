@@ -1,0 +1,150 @@
+"""``FaultInjectingBackend``: wraps any backend and makes its tools fail the way real APIs do.
+
+Per call and tool, in this order, always consuming the same number of draws from the episode's
+generator (so the same seed replays the same faults whatever the agent does):
+
+1. still inside a 429's Retry-After window: 429 again (no draw, no call);
+2. step the tool's two-state burst chain (one draw);
+3. draw a fault from the current state's rates (one draw) and a latency (one draw), plus the
+   Retry-After of a would-be 429 (one draw);
+4. no fault: call the inner backend, add the work-derived latency (SQLite VM steps), and turn the
+   call into a timeout when the total passes the tool's ``timeout_s`` (origin ``agent`` when the
+   agent's own work alone passed it);
+5. a fault: answer it without calling the inner backend. A timeout takes ``timeout_s``.
+
+Latencies are virtual: nothing sleeps here. The env adds them to its clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from agentrl_envs.backends.base import Backend, EpisodeSetup, ToolRequest, ToolResponse
+from agentrl_envs.faults.profile import FAULT_STATUS, ErrorProfile, ToolFaults
+
+__all__ = ["FaultInjectingBackend"]
+
+_MESSAGES = {
+    "http_500": "Internal Server Error: the service failed while handling the call",
+    "http_502": "Bad Gateway: an upstream service did not answer properly",
+    "http_503": "Service Unavailable: the service is temporarily unavailable",
+    "http_401": "Unauthorized: the credentials were rejected or have expired",
+    "http_403": "Forbidden: the credentials do not allow this call",
+    "http_429": "Too Many Requests: rate limited",
+    "timeout": "Timeout: no answer within the client timeout",
+    "connection_reset": "Connection reset by peer",
+}
+
+
+@dataclass
+class _EpisodeFaults:
+    rng: np.random.Generator
+    in_burst: dict[str, bool] = field(default_factory=dict)
+    retry_until: dict[str, float] = field(default_factory=dict)
+
+
+class FaultInjectingBackend:
+    """Injects a profile's faults and latencies in front of ``inner``.
+
+    Args:
+        inner: the backend that really carries out calls (simulated or real).
+        profile: the error profile.
+    """
+
+    def __init__(self, inner: Backend, profile: ErrorProfile) -> None:
+        self.inner = inner
+        self.profile = profile
+        self._tools = {t: profile.for_tool(t) for t in ("sql", "python", "smtp")}
+        self._episodes: dict[str, _EpisodeFaults] = {}
+
+    def open_episode(self, setup: EpisodeSetup) -> None:
+        self.inner.open_episode(setup)
+        self._episodes[setup.episode_id] = _EpisodeFaults(np.random.default_rng([setup.seed, 0xFA17]))
+
+    def close_episode(self, episode_id: str) -> None:
+        self._episodes.pop(episode_id, None)
+        self.inner.close_episode(episode_id)
+
+    def close(self) -> None:
+        self._episodes.clear()
+        self.inner.close()
+
+    def __getattr__(self, name: str) -> Any:
+        # Optional capabilities of the inner backend (workspace files, ...) pass through.
+        return getattr(self.inner, name)
+
+    def handle(self, request: ToolRequest) -> ToolResponse:
+        state = self._episodes.get(request.episode_id)
+        cfg = self._tools.get(request.tool)
+        if state is None or cfg is None:
+            return self.inner.handle(request)
+        tool = request.tool
+        until = state.retry_until.get(tool, float("-inf"))
+        if request.at_s < until:
+            wait = until - request.at_s
+            return _fault(tool, "http_429", "injected", 0.0, retry_after_s=wait, detail=f"retry after {wait:.1f} s")
+
+        burst = self._step_burst(state, tool, cfg)
+        rates = cfg.burst.rates if (burst and cfg.burst is not None) else cfg.rates
+        u = float(state.rng.random())
+        latency = cfg.latency.sample_s(state.rng)
+        retry_after = float(state.rng.uniform(*cfg.retry_after_s))
+        kind = _pick(rates, u)
+
+        if kind is None:
+            response = self.inner.handle(request)
+            work = _work_latency(tool, response, cfg)
+            total = latency + work + response.latency_s
+            if total > cfg.timeout_s:
+                origin = "agent" if work > cfg.timeout_s else "injected"
+                detail = f"the call needed {total:.1f} s; the client timeout is {cfg.timeout_s:g} s"
+                return _fault(tool, "timeout", origin, cfg.timeout_s, detail=detail)
+            return replace(response, latency_s=total)
+        if kind == "timeout":
+            return _fault(tool, kind, "injected", cfg.timeout_s)
+        if kind == "http_429":
+            state.retry_until[tool] = request.at_s + latency + retry_after
+            return _fault(tool, kind, "injected", latency, retry_after_s=retry_after)
+        return _fault(tool, kind, "injected", latency)
+
+    def _step_burst(self, state: _EpisodeFaults, tool: str, cfg: ToolFaults) -> bool:
+        u = float(state.rng.random())
+        now = state.in_burst.get(tool, False)
+        if cfg.burst is not None:
+            now = (u >= cfg.burst.exit_p) if now else (u < cfg.burst.enter_p)
+            state.in_burst[tool] = now
+        return now
+
+
+def _pick(rates: dict[str, float], u: float) -> str | None:
+    acc = 0.0
+    for kind, p in rates.items():
+        acc += p
+        if u < acc:
+            return kind
+    return None
+
+
+def _work_latency(tool: str, response: ToolResponse, cfg: ToolFaults) -> float:
+    if tool == "sql":
+        steps = response.result.get("vm_steps") if response.ok else None
+        if isinstance(steps, (int, float)):
+            return float(steps) / 1e6 * cfg.sql_s_per_mstep
+    return 0.0
+
+
+def _fault(
+    tool: str, kind: str, origin: str, latency: float, retry_after_s: float | None = None, detail: str = ""
+) -> ToolResponse:
+    status = FAULT_STATUS[kind]
+    message = _MESSAGES[kind] + (f" ({detail})" if detail else "")
+    fault: dict[str, Any] = {"type": kind, "status": status, "origin": origin}
+    result: dict[str, Any] = {}
+    if retry_after_s is not None:
+        fault["retry_after_s"] = round(retry_after_s, 3)
+        result["retry_after_s"] = round(retry_after_s, 3)
+        message += f"; Retry-After: {retry_after_s:.1f} s"
+    return ToolResponse(ok=False, status=status, result=result, error_type=kind, error=message, latency_s=latency, fault=fault)
