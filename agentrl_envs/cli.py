@@ -5,6 +5,8 @@
     agentrl-envs list
     agentrl-envs play AgentRL/SQL-v0 [--seed N] [--candidates K]
     agentrl-envs eval AgentRL/SQLPythonSMTP-v0 --agent oracle --episodes 50
+    agentrl-envs serve --host 127.0.0.1 --port 8765 [--profile realistic]
+    agentrl-envs fit-profile access.log api.jsonl -o profile.yaml
 """
 
 from __future__ import annotations
@@ -70,6 +72,22 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("serve", help="serve the simulator API over HTTP (see GET /openapi.json)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=_port, default=8765, help="port (default 8765; 0 picks a free one)")
+    p.add_argument("--profile", default="none", help="fault profile injected server-side (a name or a YAML path)")
+    p.add_argument("--sql-deadline-s", type=float, default=2.0)
+    p.add_argument("--python-timeout-s", type=float, default=5.0)
+    p.set_defaults(func=cmd_serve)
+
+    try:
+        from agentrl_envs.faults import fit
+    except ImportError:  # TEMP until fit.py lands in this session
+        return parser
+    p = sub.add_parser("fit-profile", help="fit an error profile to real API logs (JSON lines or combined access logs)")
+    fit.add_arguments(p)
+    p.set_defaults(func=fit.cmd_fit_profile)
     return parser
 
 
@@ -93,6 +111,13 @@ def _non_negative(text: str) -> int:
     value = _int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = _int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port in 0-65535, got {text!r}")
     return value
 
 
@@ -212,6 +237,32 @@ def _shorthand(line: str, candidates: list[str] | None) -> str:
         if isinstance(arguments, dict):
             return format_call("smtp", arguments)
     return line
+
+
+# ---------------------------------------------------------------------------------------- serve
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import socket
+
+    from agentrl_envs.faults import load_profile
+    from agentrl_envs.server import serve
+
+    profile = load_profile(args.profile)
+    if args.sql_deadline_s <= 0 or args.python_timeout_s <= 0:
+        raise agentrl_envs.ConfigError("--sql-deadline-s and --python-timeout-s must be positive")
+    port = args.port
+    try:
+        with socket.create_server((args.host, port)) as probe:
+            port = probe.getsockname()[1]
+    except OSError as exc:
+        raise agentrl_envs.ConfigError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
+    print(
+        f"agentrl simulator on http://{args.host}:{port} (profile {profile.name}); OpenAPI at /openapi.json; Ctrl-C stops it",
+        flush=True,
+    )
+    serve(args.host, port, profile, sql_deadline_s=args.sql_deadline_s, python_timeout_s=args.python_timeout_s)
+    return 0
 
 
 # ---------------------------------------------------------------------------------------- eval

@@ -1,20 +1,27 @@
-"""The simulator's REST API: one handler from ``httpx.Request`` to ``httpx.Response``.
+"""The simulator's REST API, served in process (``httpx.MockTransport``) or over HTTP.
 
-Routes (JSON bodies; every error is ``{"ok": false, "error": {"type", "message"}}``)::
+Routes (JSON bodies; every error is ``{"ok": false, "error": {"type", "message"}}``; the full
+OpenAPI document is served at ``GET /openapi.json``)::
 
-    PUT    /v1/databases/{fingerprint}      {"tables": {...}}            store a template database
-    POST   /v1/episodes                     {"episode_id", "database", "files", "sender"}
+    GET    /openapi.json                                  the OpenAPI 3.1 document
+    GET    /health                                        {"ok": true, "result": {"episodes": n}}
+    PUT    /v1/databases/{fingerprint}                    {"tables": {...}}: store a template database
+    POST   /v1/episodes                                   {"episode_id", "database", "files", "sender"}
     DELETE /v1/episodes/{episode_id}
-    POST   /v1/episodes/{episode_id}/sql    {"query"}
-    POST   /v1/episodes/{episode_id}/python {"code"}
-    POST   /v1/episodes/{episode_id}/smtp   {"to", "subject", "body", "cc"?, "attachments"?}
+    POST   /v1/episodes/{episode_id}/sql                  {"query"}
+    POST   /v1/episodes/{episode_id}/python               {"code"}
+    POST   /v1/episodes/{episode_id}/smtp                 {"to", "subject", "body", "cc"?, "attachments"?}
+    PUT    /v1/episodes/{episode_id}/files/{path}         {"text"} or {"b64"}: write a workspace file
+    GET    /v1/episodes/{episode_id}/files/{path}         {"ok": true, "result": {"path", "b64"}}
 
-``backend="sim"`` calls :meth:`SimulatorApp.handle` through ``httpx.MockTransport``, so the wire
-format is exercised even in process.
+:class:`SimulatorApp` has the same operations as Python methods (``open_episode``, ``tool``, ...)
+for callers that skip the wire, and :meth:`SimulatorApp.handle` / :meth:`handle_bytes` for those
+that speak it.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -31,6 +38,10 @@ from simulators.smtp import Mailbox, SMTPError
 from simulators.sql import ReadOnlyDatabase, SQLError, TemplateCache, format_rows
 
 MAX_REQUEST_BYTES = 8 << 20
+MAX_FILE_BYTES = 2 << 20
+
+#: (HTTP status, JSON body or None for an empty body)
+Reply = tuple[int, "dict[str, Any] | None"]
 _EPISODE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 _SQL_STATUS = {"timeout": 408, "denied": 403, "too_large": 413, "syntax": 400, "unknown_name": 400}
@@ -69,70 +80,131 @@ class SimulatorApp:
     # -- HTTP surface -------------------------------------------------------------------------
 
     def handle(self, request: httpx.Request) -> httpx.Response:
-        """Serve one request. Never raises: every failure is a JSON error response."""
-        try:
-            body = request.read()
-            if len(body) > MAX_REQUEST_BYTES:
-                return _error(413, "too_large", f"request body over {MAX_REQUEST_BYTES} bytes")
-            payload = json.loads(body) if body else {}
-            if not isinstance(payload, dict):
-                return _error(400, "bad_request", "the request body must be a JSON object")
-            return self._route(request.method, request.url.path, payload)
-        except (ValueError, RecursionError) as exc:
-            return _error(400, "bad_request", f"malformed JSON body: {type(exc).__name__}")
-        except Exception as exc:
-            return _error(500, "internal", f"{type(exc).__name__}: {exc}")
+        """Serve one ``httpx`` request (the ``MockTransport`` handler). Never raises."""
+        status, body, headers = self.handle_bytes(request.method, request.url.path, request.read())
+        return httpx.Response(status, content=body, headers=headers)
 
-    def _route(self, method: str, path: str, payload: dict[str, Any]) -> httpx.Response:
+    def handle_bytes(self, method: str, path: str, body: bytes) -> tuple[int, bytes, dict[str, str]]:
+        """Serve one request given as bytes; answer (status, JSON bytes, headers). Never raises."""
+        try:
+            if len(body) > MAX_REQUEST_BYTES:
+                status, reply = _err(413, "too_large", f"request body over {MAX_REQUEST_BYTES} bytes")
+            else:
+                payload = json.loads(body) if body else {}
+                if not isinstance(payload, dict):
+                    status, reply = _err(400, "bad_request", "the request body must be a JSON object")
+                else:
+                    status, reply = self.call(method, path, payload)
+        except (ValueError, RecursionError) as exc:
+            status, reply = _err(400, "bad_request", f"malformed JSON body: {type(exc).__name__}")
+        except Exception as exc:  # a server answers 500, it does not crash
+            status, reply = _err(500, "internal", f"{type(exc).__name__}: {exc}")
+        if reply is None:
+            return status, b"", {}
+        return status, json.dumps(reply, separators=(",", ":")).encode(), {"content-type": "application/json"}
+
+    def call(self, method: str, path: str, payload: dict[str, Any]) -> Reply:
+        """Route one request already decoded from JSON; answer (status, JSON object or None)."""
         parts = [p for p in path.split("/") if p]
+        if parts == ["openapi.json"] and method == "GET":
+            from simulators.openapi import OPENAPI
+
+            return 200, OPENAPI
+        if parts == ["health"] and method == "GET":
+            return _okr({"episodes": len(self._episodes)})
         if len(parts) == 3 and parts[:2] == ["v1", "databases"] and method == "PUT":
-            return self._put_database(parts[2], payload)
+            return self.put_database(parts[2], payload)
         if parts == ["v1", "episodes"] and method == "POST":
-            return self._open_episode(payload)
+            return self.open_episode(payload)
         if len(parts) == 3 and parts[:2] == ["v1", "episodes"] and method == "DELETE":
             self.close_episode(parts[2])
-            return httpx.Response(204)
+            return 204, None
+        if len(parts) >= 5 and parts[:2] == ["v1", "episodes"] and parts[3] == "files" and method in ("PUT", "GET"):
+            rel = "/".join(parts[4:])
+            return self.put_file(parts[2], rel, payload) if method == "PUT" else self.get_file(parts[2], rel)
         if len(parts) == 4 and parts[:2] == ["v1", "episodes"] and method == "POST":
-            episode = self._episodes.get(parts[2])
-            if episode is None:
-                return _error(404, "unknown_episode", f"no open episode {parts[2][:64]!r}")
-            tool = parts[3]
-            if tool == "sql":
-                return self._sql(episode, payload)
-            if tool == "python":
-                return self._python(episode, payload)
-            if tool == "smtp":
-                return self._smtp(episode, payload)
-            return _error(404, "unknown_tool", f"no tool {tool[:64]!r}; tools are sql, python, smtp")
-        if parts == ["health"]:
-            return _ok({"episodes": len(self._episodes)})
-        return _error(404, "not_found", f"no route {method} {path[:100]}")
+            return self.tool(parts[2], parts[3], payload)
+        return _err(404, "not_found", f"no route {method} {path[:100]}")
+
+    def tool(self, episode_id: str, tool: str, payload: dict[str, Any]) -> Reply:
+        """Carry out one tool call of an open episode."""
+        episode = self._episodes.get(episode_id)
+        if episode is None:
+            return _err(404, "unknown_episode", f"no open episode {episode_id[:64]!r}")
+        if tool == "sql":
+            return self._sql(episode, payload)
+        if tool == "python":
+            return self._python(episode, payload)
+        if tool == "smtp":
+            return self._smtp(episode, payload)
+        return _err(404, "unknown_tool", f"no tool {tool[:64]!r}; tools are sql, python, smtp")
+
+    # -- workspace files ----------------------------------------------------------------------
+
+    def put_file(self, episode_id: str, rel: str, payload: dict[str, Any]) -> Reply:
+        """Write a file into an episode's workspace (``{"text": ...}`` or ``{"b64": ...}``)."""
+        episode = self._episodes.get(episode_id)
+        if episode is None:
+            return _err(404, "unknown_episode", f"no open episode {episode_id[:64]!r}")
+        full = _inside(episode.workspace, rel)
+        if full is None:
+            return _err(400, "bad_request", f"file {rel[:64]!r} is outside the workspace")
+        try:
+            if isinstance(payload.get("text"), str):
+                data = payload["text"].encode("utf-8")
+            elif isinstance(payload.get("b64"), str):
+                data = base64.b64decode(payload["b64"], validate=True)
+            else:
+                return _err(400, "bad_request", "expected {'text': str} or {'b64': str}")
+            if len(data) > MAX_FILE_BYTES:
+                return _err(413, "too_large", f"file over {MAX_FILE_BYTES} bytes")
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            with open(full, "wb") as f:
+                f.write(data)
+        except (OSError, ValueError) as exc:
+            return _err(400, "bad_request", f"could not write {rel[:64]!r}: {exc}")
+        return 204, None
+
+    def get_file(self, episode_id: str, rel: str) -> Reply:
+        """Read a workspace file as ``{"b64": ...}`` (at most ``MAX_FILE_BYTES``)."""
+        episode = self._episodes.get(episode_id)
+        if episode is None:
+            return _err(404, "unknown_episode", f"no open episode {episode_id[:64]!r}")
+        full = _inside(episode.workspace, rel)
+        if full is None:
+            return _err(400, "bad_request", f"file {rel[:64]!r} is outside the workspace")
+        if not os.path.isfile(full):
+            return _err(404, "no_such_file", f"no file {rel[:64]!r} in the workspace")
+        if os.path.getsize(full) > MAX_FILE_BYTES:
+            return _err(413, "too_large", f"file {rel[:64]!r} is larger than {MAX_FILE_BYTES} bytes")
+        with open(full, "rb") as f:
+            return _okr({"path": rel, "b64": base64.b64encode(f.read()).decode()})
 
     # -- episodes -----------------------------------------------------------------------------
 
-    def _put_database(self, fingerprint: str, payload: dict[str, Any]) -> httpx.Response:
+    def put_database(self, fingerprint: str, payload: dict[str, Any]) -> Reply:
         tables = payload.get("tables")
         if not isinstance(tables, dict):
-            return _error(400, "bad_request", "expected {'tables': {name: {columns, rows}}}")
+            return _err(400, "bad_request", "expected {'tables': {name: {columns, rows}}}")
         try:
             self.templates.put(fingerprint, tables)
         except (ValueError, KeyError, TypeError) as exc:
-            return _error(400, "bad_database", str(exc))
-        return httpx.Response(204)
+            return _err(400, "bad_database", str(exc))
+        return 204, None
 
-    def _open_episode(self, payload: dict[str, Any]) -> httpx.Response:
+    def open_episode(self, payload: dict[str, Any]) -> Reply:
         episode_id = payload.get("episode_id")
         if not isinstance(episode_id, str) or not _EPISODE_ID.fullmatch(episode_id):
-            return _error(400, "bad_request", "episode_id must match [A-Za-z0-9_.-]{1,64}")
+            return _err(400, "bad_request", "episode_id must match [A-Za-z0-9_.-]{1,64}")
         files = payload.get("files") or {}
         if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
-            return _error(400, "bad_request", "files must be an object of {relative path: text}")
+            return _err(400, "bad_request", "files must be an object of {relative path: text}")
         fingerprint = payload.get("database")
         database = None
         if fingerprint is not None:
             image = self.templates.get(str(fingerprint))
             if image is None:
-                return _error(409, "unknown_database", f"no template database {str(fingerprint)[:64]!r}; PUT it first")
+                return _err(409, "unknown_database", f"no template database {str(fingerprint)[:64]!r}; PUT it first")
             database = ReadOnlyDatabase(image, deadline_s=self.sql_deadline_s)
         workspace = tempfile.mkdtemp(prefix="agentrl-ws-", dir=self.workspace_root)
         try:
@@ -148,12 +220,12 @@ class SimulatorApp:
             shutil.rmtree(workspace, ignore_errors=True)
             if database is not None:
                 database.close()
-            return _error(400, "bad_request", f"could not set up the workspace: {exc}")
+            return _err(400, "bad_request", f"could not set up the workspace: {exc}")
         sender = str(payload.get("sender") or "agent@agentrl.example")
         with self._lock:
             self.close_episode(episode_id)
             self._episodes[episode_id] = _Episode(workspace, database, Mailbox(sender, "msg"))
-        return _ok({"episode_id": episode_id}, status=201)
+        return _okr({"episode_id": episode_id}, status=201)
 
     def close_episode(self, episode_id: str) -> None:
         """Drop an episode's database, workspace and mailbox (no error if it is not open)."""
@@ -171,21 +243,21 @@ class SimulatorApp:
 
     # -- tools --------------------------------------------------------------------------------
 
-    def _sql(self, episode: _Episode, payload: dict[str, Any]) -> httpx.Response:
+    def _sql(self, episode: _Episode, payload: dict[str, Any]) -> Reply:
         if episode.database is None:
-            return _error(404, "no_database", "this episode has no database")
+            return _err(404, "no_database", "this episode has no database")
         query = payload.get("query")
         if not isinstance(query, str):
-            return _error(422, "bad_arguments", "'query' must be a string")
+            return _err(422, "bad_arguments", "'query' must be a string")
         try:
             result = episode.database.query(query)
         except SQLError as exc:
-            return _error(_SQL_STATUS.get(exc.kind, 400), exc.kind, exc.message)
+            return _err(_SQL_STATUS.get(exc.kind, 400), exc.kind, exc.message)
         episode.queries += 1
         csv_path = f"results/q{episode.queries}.csv"
         with open(os.path.join(episode.workspace, csv_path), "w", encoding="utf-8", newline="") as f:
             f.write(format_rows(result.columns, result.rows))
-        return _ok(
+        return _okr(
             {
                 "columns": result.columns,
                 "rows": [list(r) for r in result.rows],
@@ -196,16 +268,16 @@ class SimulatorApp:
             }
         )
 
-    def _python(self, episode: _Episode, payload: dict[str, Any]) -> httpx.Response:
+    def _python(self, episode: _Episode, payload: dict[str, Any]) -> Reply:
         code = payload.get("code")
         if not isinstance(code, str):
-            return _error(422, "bad_arguments", "'code' must be a string")
+            return _err(422, "bad_arguments", "'code' must be a string")
         if len(code) > 100_000:
-            return _error(413, "too_large", f"code is {len(code)} characters; the limit is 100000")
+            return _err(413, "too_large", f"code is {len(code)} characters; the limit is 100000")
         if "\x00" in code:
-            return _error(400, "bad_request", "code contains a NUL character")
+            return _err(400, "bad_request", "code contains a NUL character")
         result = self.runner.run(code, episode.workspace)
-        return _ok(
+        return _okr(
             {
                 "exit_code": result.exit_code,
                 "stdout": result.stdout,
@@ -215,10 +287,10 @@ class SimulatorApp:
             }
         )
 
-    def _smtp(self, episode: _Episode, payload: dict[str, Any]) -> httpx.Response:
+    def _smtp(self, episode: _Episode, payload: dict[str, Any]) -> Reply:
         unknown = set(payload) - {"to", "subject", "body", "cc", "attachments"}
         if unknown:
-            return _error(422, "bad_arguments", f"unknown fields {sorted(unknown)}")
+            return _err(422, "bad_arguments", f"unknown fields {sorted(unknown)}")
         try:
             delivery = episode.mailbox.send(
                 episode.workspace,
@@ -229,13 +301,22 @@ class SimulatorApp:
                 attachments=payload.get("attachments"),
             )
         except SMTPError as exc:
-            return _error(422, exc.kind, exc.message, smtp_code=exc.code)
-        return _ok(delivery.as_dict())
+            return _err(422, exc.kind, exc.message, smtp_code=exc.code)
+        return _okr(delivery.as_dict())
 
 
-def _ok(result: dict[str, Any], status: int = 200) -> httpx.Response:
-    return httpx.Response(status, json={"ok": True, "result": result})
+def _okr(result: dict[str, Any], status: int = 200) -> Reply:
+    return status, {"ok": True, "result": result}
 
 
-def _error(status: int, kind: str, message: str, **extra: Any) -> httpx.Response:
-    return httpx.Response(status, json={"ok": False, "error": {"type": kind, "message": message, **extra}})
+def _err(status: int, kind: str, message: str, **extra: Any) -> Reply:
+    return status, {"ok": False, "error": {"type": kind, "message": message, **extra}}
+
+
+def _inside(workspace: str, rel: str) -> str | None:
+    """The absolute path of ``rel`` if it stays inside ``workspace`` (symlinks resolved), else None."""
+    if not rel or "\x00" in rel or len(rel) > 255:
+        return None
+    root = os.path.realpath(workspace)
+    full = os.path.realpath(os.path.join(root, rel))
+    return full if full.startswith(root + os.sep) else None

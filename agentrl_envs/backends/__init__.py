@@ -14,16 +14,37 @@ def make_backend(spec: Any = "sim", **options: Any) -> Backend:
     """Build a backend from a ``backend=`` value.
 
     Args:
-        spec: ``"sim"`` (default), or an object that already implements :class:`Backend`.
-        options: passed to the backend (``sql_deadline_s``, ``python_timeout_s``).
+        spec: ``"sim"`` (default: in process, over the JSON wire), ``"direct"`` (in process, no
+            wire), ``"http://host:port"`` (the simulator API over HTTP), a dict of per-tool
+            backends (see :func:`~agentrl_envs.backends.mounts.make_mounted`), or an object that
+            already implements :class:`Backend`.
+        options: passed to the backends (``sql_deadline_s``, ``python_timeout_s``).
     """
-    if isinstance(spec, str) and spec == "sim":
+    if isinstance(spec, dict):
+        from agentrl_envs.backends.mounts import make_mounted
+
+        return make_mounted(spec, **options)
+    if isinstance(spec, str):
+        return _single(spec, **options)
+    if isinstance(spec, Backend):
+        return spec
+    raise ConfigError(f"backend={spec!r}: use 'sim', 'direct', 'http://host:port', a dict of per-tool backends, or a Backend")
+
+
+def _single(spec: str, **options: Any) -> Backend:
+    if spec == "sim":
         from agentrl_envs.backends.sim import SimBackend
 
         return SimBackend(**options)
-    if not isinstance(spec, str) and isinstance(spec, Backend):
-        return spec
+    if spec == "direct":
+        from agentrl_envs.backends.direct import DirectBackend
+
+        return DirectBackend(**options)
+    if spec.startswith(("http://", "https://")):
+        from agentrl_envs.backends.http import HTTPBackend
+
+        return HTTPBackend(spec, python_timeout_s=options.get("python_timeout_s", 5.0))
     raise ConfigError(
-        f"backend={spec!r} is not available: use 'sim' or a Backend instance "
-        "(HTTP, PostgreSQL and SMTP backends are added by the simulator-to-real-APIs issue #3)"
+        f"backend={spec[:200]!r}: use 'sim', 'direct' or 'http://host:port' for all tools, or a dict such as "
+        "{'default': 'sim', 'sql': 'postgresql://user@host:port/db', 'smtp': 'smtp://host:port'}"
     )

@@ -50,12 +50,15 @@ class EpisodeSetup:
 @dataclass(frozen=True)
 class ToolRequest:
     """One tool call: ``tool`` is ``sql``, ``python`` or ``smtp``; ``arguments`` its JSON arguments;
-    ``at_s`` the episode's virtual time when the call goes out (the env owns the clock)."""
+    ``at_s`` the episode's virtual time when the call goes out (the env owns the clock);
+    ``files`` workspace files the call needs, when the backend does not hold the workspace
+    itself (attachments of an ``smtp`` call to a real mail server)."""
 
     episode_id: str
     tool: str
     arguments: dict[str, Any]
     at_s: float = 0.0
+    files: dict[str, bytes] | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)

@@ -6,20 +6,69 @@ Requests and responses are real ``httpx`` objects with JSON bodies, the same wir
 
 from __future__ import annotations
 
-import json
-from typing import Any
+import base64
 
 import httpx
 
 from agentrl_envs.backends.base import EpisodeSetup, ToolRequest, ToolResponse
+from agentrl_envs.backends.wire import AT_HEADER, episode_body, to_response, tool_path
 from agentrl_envs.errors import PermanentError
 from simulators import SimulatorApp
 from simulators.python import RunLimits
 
-__all__ = ["SimBackend"]
+__all__ = ["SimBackend", "WireClient"]
 
 
-class SimBackend:
+class WireClient:
+    """A backend that speaks the simulator API through an ``httpx.Client`` (in process or HTTP)."""
+
+    def __init__(self, client: httpx.Client) -> None:
+        self._client = client
+
+    def open_episode(self, setup: EpisodeSetup) -> None:
+        body = episode_body(setup)
+        response = self._send("POST", "/v1/episodes", json=body)
+        if response.status_code == 409 and setup.database is not None:
+            put = self._send("PUT", f"/v1/databases/{setup.database.fingerprint}", json={"tables": setup.database.tables})
+            if put.status_code != 204:
+                raise PermanentError(f"the simulator refused the episode database: {put.text[:500]}")
+            response = self._send("POST", "/v1/episodes", json=body)
+        if response.status_code != 201:
+            raise PermanentError(f"the simulator refused to open the episode: HTTP {response.status_code} {response.text[:500]}")
+
+    def handle(self, request: ToolRequest) -> ToolResponse:
+        response = self._client.post(tool_path(request), json=request.arguments, headers={AT_HEADER: repr(request.at_s)})
+        try:
+            payload = response.json()
+        except ValueError:
+            payload = None
+        return to_response(response.status_code, payload)
+
+    def close_episode(self, episode_id: str) -> None:
+        self._send("DELETE", f"/v1/episodes/{episode_id}")
+
+    def close(self) -> None:
+        self._client.close()
+
+    def put_file(self, episode_id: str, path: str, data: bytes) -> None:
+        response = self._send("PUT", f"/v1/episodes/{episode_id}/files/{path}", json={"b64": base64.b64encode(data).decode()})
+        if response.status_code != 204:
+            raise PermanentError(f"could not write {path!r} to the workspace: HTTP {response.status_code} {response.text[:300]}")
+
+    def get_file(self, episode_id: str, path: str) -> bytes | None:
+        response = self._send("GET", f"/v1/episodes/{episode_id}/files/{path}")
+        if response.status_code != 200:
+            return None
+        try:
+            return base64.b64decode(response.json()["result"]["b64"])
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def _send(self, method: str, path: str, **kwargs: object) -> httpx.Response:
+        return self._client.request(method, path, **kwargs)  # type: ignore[arg-type]
+
+
+class SimBackend(WireClient):
     """In-process simulator backend.
 
     Args:
@@ -30,53 +79,8 @@ class SimBackend:
     def __init__(self, sql_deadline_s: float = 2.0, python_timeout_s: float = 5.0) -> None:
         limits = RunLimits(wall_s=python_timeout_s, cpu_s=max(1, int(python_timeout_s + 0.999)))
         self.app = SimulatorApp(sql_deadline_s=sql_deadline_s, python_limits=limits)
-        self._client = httpx.Client(transport=httpx.MockTransport(self.app.handle), base_url="http://agentrl.sim")
-
-    def open_episode(self, setup: EpisodeSetup) -> None:
-        body: dict[str, Any] = {
-            "episode_id": setup.episode_id,
-            "database": setup.database.fingerprint if setup.database else None,
-            "files": setup.files,
-            "sender": setup.sender,
-        }
-        response = self._client.post("/v1/episodes", json=body)
-        if response.status_code == 409 and setup.database is not None:
-            put = self._client.put(f"/v1/databases/{setup.database.fingerprint}", json={"tables": setup.database.tables})
-            if put.status_code != 204:
-                raise PermanentError(f"the simulator refused the episode database: {put.text[:500]}")
-            response = self._client.post("/v1/episodes", json=body)
-        if response.status_code != 201:
-            raise PermanentError(f"the simulator refused to open the episode: {response.text[:500]}")
-
-    def handle(self, request: ToolRequest) -> ToolResponse:
-        response = self._client.post(f"/v1/episodes/{request.episode_id}/{request.tool}", json=request.arguments)
-        return parse_response(response)
-
-    def close_episode(self, episode_id: str) -> None:
-        self._client.delete(f"/v1/episodes/{episode_id}")
+        super().__init__(httpx.Client(transport=httpx.MockTransport(self.app.handle), base_url="http://agentrl.sim"))
 
     def close(self) -> None:
-        self._client.close()
+        super().close()
         self.app.close()
-
-
-def parse_response(response: httpx.Response) -> ToolResponse:
-    """Turn a wire response into a :class:`ToolResponse` (a malformed body is a 502)."""
-    try:
-        payload = response.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        payload = None
-    if not isinstance(payload, dict) or "ok" not in payload:
-        return ToolResponse(
-            ok=False, status=502, error_type="bad_gateway", error=f"malformed response (HTTP {response.status_code})"
-        )
-    if payload["ok"]:
-        return ToolResponse(ok=True, status=response.status_code, result=payload.get("result") or {})
-    err = payload.get("error") or {}
-    return ToolResponse(
-        ok=False,
-        status=response.status_code,
-        result={k: v for k, v in err.items() if k not in ("type", "message")},
-        error_type=str(err.get("type", "error")),
-        error=str(err.get("message", "")),
-    )

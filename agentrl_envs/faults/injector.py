@@ -62,10 +62,17 @@ class FaultInjectingBackend:
 
     def open_episode(self, setup: EpisodeSetup) -> None:
         self.inner.open_episode(setup)
-        self._episodes[setup.episode_id] = _EpisodeFaults(np.random.default_rng([setup.seed, 0xFA17]))
+        self.start(setup.episode_id, setup.seed)
+
+    def start(self, episode_id: str, seed: int) -> None:
+        """Begin injecting into an episode the inner backend already opened."""
+        self._episodes[episode_id] = _EpisodeFaults(np.random.default_rng([int(seed), 0xFA17]))
+
+    def forget(self, episode_id: str) -> None:
+        self._episodes.pop(episode_id, None)
 
     def close_episode(self, episode_id: str) -> None:
-        self._episodes.pop(episode_id, None)
+        self.forget(episode_id)
         self.inner.close_episode(episode_id)
 
     def close(self) -> None:

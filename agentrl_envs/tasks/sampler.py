@@ -81,7 +81,7 @@ class TaskSampler:
             subtasks = (self._draw(ctx, templates),)
         files: dict[str, str] = {}
         if self.kind == "python":
-            files[f"data/{domain.fact}.csv"] = self.runner.csv_of(database, f"SELECT * FROM {domain.fact}")
+            files[f"data/{domain.fact}.csv"] = self.runner.csv_of(database, f"SELECT * FROM {domain.fact} ORDER BY id")
         for sub in subtasks:
             files.update(dict(sub.files))
         name = {"sql": "SQL", "python": "Python", "smtp": "SMTP", "pipeline": "SQLPythonSMTP"}[self.kind]

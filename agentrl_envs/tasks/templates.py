@@ -78,6 +78,12 @@ def fmt(value: Any) -> str:
     return f"{value:.2f}" if isinstance(value, float) else str(value)
 
 
+def _round(expr: str) -> str:
+    """``expr`` rounded to 2 decimals in SQL that SQLite and PostgreSQL both accept (PostgreSQL has
+    no ``round(double precision, int)``)."""
+    return f"ROUND(CAST({expr} AS NUMERIC), 2)"
+
+
 def q(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
@@ -96,7 +102,7 @@ def sql_count(c: Context) -> SubTask:
     d = c.domain
     cat, unit = c.choice(d.categories), c.choice(d.units)
     params = c.check_split("sql.count", {"category": cat, "unit": unit})
-    sql = f"SELECT COUNT(*) FROM {d.fact} WHERE {d.category} = {q(cat)} AND {d.unit} = {q(unit)}"
+    sql = f"SELECT COUNT(*) AS n FROM {d.fact} WHERE {d.category} = {q(cat)} AND {d.unit} = {q(unit)}"
     value = c.scalar(sql)
     return SubTask(
         "sql.count",
@@ -113,7 +119,7 @@ def sql_month_total(c: Context) -> SubTask:
     d = c.domain
     cat, month = c.choice(d.categories), c.choice(MONTHS)
     params = c.check_split("sql.month_total", {"category": cat, "month": month})
-    sql = f"SELECT ROUND(SUM({d.measure}), 2) FROM {d.fact} WHERE {d.category} = {q(cat)} AND substr({d.date}, 1, 7) = {q(month)}"
+    sql = f"SELECT {_round(f'SUM({d.measure})')} AS total FROM {d.fact} WHERE {d.category} = {q(cat)} AND substr({d.date}, 1, 7) = {q(month)}"
     value = float(c.scalar(sql))
     return SubTask(
         "sql.month_total",
@@ -132,10 +138,10 @@ def sql_top_entity(c: Context) -> SubTask:
     params = c.check_split("sql.top_entity", {"unit": unit, "half": half})
     first, last = ("2025-01-01", "2025-06-30") if half == 1 else ("2025-07-01", "2025-12-31")
     sql = (
-        f"SELECT e.name, ROUND(SUM(f.{d.measure}), 2) AS total FROM {d.fact} f JOIN {d.entity} e "
+        f"SELECT e.name, {_round(f'SUM(f.{d.measure})')} AS total FROM {d.fact} f JOIN {d.entity} e "
         f"ON e.{d.entity_key} = f.{d.entity_key} WHERE f.{d.unit} = {q(unit)} "
         f"AND f.{d.date} BETWEEN {q(first)} AND {q(last)} "
-        f"GROUP BY e.{d.entity_key} ORDER BY total DESC, e.name LIMIT 1"
+        f"GROUP BY e.{d.entity_key}, e.name ORDER BY total DESC, e.name LIMIT 1"
     )
     name = str(c.scalar(sql))
     return SubTask(
@@ -154,7 +160,7 @@ def sql_average(c: Context) -> SubTask:
     d = c.domain
     cat, unit = c.choice(d.categories), c.choice(d.units)
     params = c.check_split("sql.average", {"category": cat, "unit": unit})
-    sql = f"SELECT ROUND(AVG({d.measure}), 2) FROM {d.fact} WHERE {d.category} = {q(cat)} AND {d.unit} = {q(unit)}"
+    sql = f"SELECT {_round(f'AVG({d.measure})')} AS average FROM {d.fact} WHERE {d.category} = {q(cat)} AND {d.unit} = {q(unit)}"
     value = float(c.scalar(sql))
     return SubTask(
         "sql.average",
@@ -173,7 +179,7 @@ def sql_distinct_over(c: Context) -> SubTask:
     mult = c.choice((1, 2, 3))
     threshold = round(d.scale * mult)
     params = c.check_split("sql.distinct_over", {"unit": unit, "threshold": threshold})
-    sql = f"SELECT COUNT(DISTINCT {d.entity_key}) FROM {d.fact} WHERE {d.unit} = {q(unit)} AND {d.measure} > {threshold}"
+    sql = f"SELECT COUNT(DISTINCT {d.entity_key}) AS n FROM {d.fact} WHERE {d.unit} = {q(unit)} AND {d.measure} > {threshold}"
     value = c.scalar(sql)
     return SubTask(
         "sql.distinct_over",
@@ -196,7 +202,7 @@ def _python_subtask(c: Context, template: str, params: dict[str, Any], text: str
     d = c.domain
     items = c.check_split(template, params)
     code = _READ + body
-    data_sql = f"SELECT * FROM {d.fact}"
+    data_sql = f"SELECT * FROM {d.fact} ORDER BY id"
     try:
         stdout = c.runner.run_code(code, c.runner.csv_of(c.database, data_sql))
     except (ArithmeticError, ValueError, IndexError) as exc:  # statistics.StatisticsError is a ValueError
@@ -483,7 +489,7 @@ def _pipeline(
 def pipeline_median(c: Context) -> SubTask:
     d = c.domain
     unit, cat = c.choice(d.units), c.choice(d.categories)
-    sql = f"SELECT {d.measure} FROM {d.fact} WHERE {d.unit} = {q(unit)} AND {d.category} = {q(cat)}"
+    sql = f"SELECT {d.measure} FROM {d.fact} WHERE {d.unit} = {q(unit)} AND {d.category} = {q(cat)} ORDER BY id"
     body = f"vals = [float(r[{d.measure!r}]) for r in rows]\nprint(round(statistics.median(vals), 2))\n"
     return _pipeline(
         c,
@@ -505,7 +511,7 @@ def pipeline_growth(c: Context) -> SubTask:
     unit = c.choice(d.units)
     i = int(c.rng.integers(0, len(MONTHS) - 1))
     m1, m2 = MONTHS[i], MONTHS[i + 1]
-    sql = f"SELECT {d.date}, {d.measure} FROM {d.fact} WHERE {d.unit} = {q(unit)}"
+    sql = f"SELECT {d.date}, {d.measure} FROM {d.fact} WHERE {d.unit} = {q(unit)} ORDER BY id"
     body = (
         f"def total(m):\n    return sum(float(r[{d.measure!r}]) for r in rows if r[{d.date!r}].startswith(m))\n"
         f"a, b = total({m1!r}), total({m2!r})\nprint(round(100 * (b - a) / a, 2))\n"
@@ -528,7 +534,7 @@ def pipeline_growth(c: Context) -> SubTask:
 def pipeline_share(c: Context) -> SubTask:
     d = c.domain
     cat, unit = c.choice(d.categories), c.choice(d.units)
-    sql = f"SELECT {d.category}, {d.measure} FROM {d.fact} WHERE {d.unit} = {q(unit)}"
+    sql = f"SELECT {d.category}, {d.measure} FROM {d.fact} WHERE {d.unit} = {q(unit)} ORDER BY id"
     body = (
         f"total = sum(float(r[{d.measure!r}]) for r in rows)\n"
         f"part = sum(float(r[{d.measure!r}]) for r in rows if r[{d.category!r}] == {cat!r})\n"
@@ -552,7 +558,7 @@ def pipeline_share(c: Context) -> SubTask:
 def pipeline_stdev(c: Context) -> SubTask:
     d = c.domain
     cat, unit = c.choice(d.categories), c.choice(d.units)
-    sql = f"SELECT {d.measure} FROM {d.fact} WHERE {d.category} = {q(cat)} AND {d.unit} = {q(unit)}"
+    sql = f"SELECT {d.measure} FROM {d.fact} WHERE {d.category} = {q(cat)} AND {d.unit} = {q(unit)} ORDER BY id"
     body = f"vals = [float(r[{d.measure!r}]) for r in rows]\nprint(round(statistics.pstdev(vals), 2))\n"
     return _pipeline(
         c,
@@ -572,7 +578,7 @@ def pipeline_stdev(c: Context) -> SubTask:
 def pipeline_mean_count(c: Context) -> SubTask:
     d = c.domain
     unit, cat = c.choice(d.units), c.choice(d.categories)
-    sql = f"SELECT {d.count} FROM {d.fact} WHERE {d.unit} = {q(unit)} AND {d.category} = {q(cat)}"
+    sql = f"SELECT {d.count} FROM {d.fact} WHERE {d.unit} = {q(unit)} AND {d.category} = {q(cat)} ORDER BY id"
     body = f"vals = [int(r[{d.count!r}]) for r in rows]\nprint(round(sum(vals) / len(vals), 2))\n"
     return _pipeline(
         c,

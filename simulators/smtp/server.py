@@ -13,6 +13,7 @@ import hashlib
 import mimetypes
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from email.message import EmailMessage
 from typing import Any
@@ -87,11 +88,19 @@ def validate_address(value: Any, field_name: str) -> str:
 
 @dataclass
 class Mailbox:
-    """The server's record of one episode: accepted messages, in order."""
+    """The server's record of one episode: accepted messages, in order.
+
+    Args:
+        sender: the From address (chosen by the env).
+        message_prefix: the first part of generated Message-IDs.
+        deliver: called with each validated message before it is recorded; a real SMTP backend
+            sends it there (and raises :class:`SMTPError` if the server refuses it).
+    """
 
     sender: str
     message_prefix: str
     deliveries: list[Delivery] = field(default_factory=list)
+    deliver: Callable[[EmailMessage, list[str]], None] | None = None
 
     def send(
         self,
@@ -101,8 +110,13 @@ class Mailbox:
         body: Any,
         cc: Any = None,
         attachments: Any = None,
+        files: dict[str, bytes] | None = None,
     ) -> Delivery:
-        """Validate and accept one message, or raise :class:`SMTPError`."""
+        """Validate and accept one message, or raise :class:`SMTPError`.
+
+        Attachments are read from ``workspace``, or taken from ``files`` (by workspace path)
+        when the workspace lives elsewhere.
+        """
         to_list = _address_list(to, "to")
         cc_list = _address_list(cc, "cc") if cc is not None else []
         if not to_list:
@@ -114,16 +128,18 @@ class Mailbox:
             raise SMTPError("bad_address", "a recipient is listed twice", 501)
         subject_text = _header_text(subject, "subject", MAX_SUBJECT_CHARS)
         body_text = _body_text(body)
-        files = _attachments(workspace, attachments)
+        files_data = _attachments(workspace, attachments) if files is None else _given_attachments(files, attachments)
 
         try:
-            msg, meta = self._build(to_list, cc_list, subject_text, body_text, files)
+            msg, meta = self._build(to_list, cc_list, subject_text, body_text, files_data)
             wire = msg.as_bytes()
         except (ValueError, TypeError, UnicodeError) as exc:
             # The checks above should catch everything; the email package has the last word.
             raise SMTPError("bad_message", f"message could not be built: {exc}", 554) from None
         if len(wire) > MAX_MESSAGE_BYTES:
             raise SMTPError("too_large", f"message is {len(wire)} bytes; the limit is {MAX_MESSAGE_BYTES}", 552)
+        if self.deliver is not None:
+            self.deliver(msg, to_list + cc_list)
         delivery = Delivery(str(msg["Message-ID"]), self.sender, to_list, cc_list, subject_text, body_text, meta, len(wire))
         self.deliveries.append(delivery)
         return delivery
@@ -199,6 +215,26 @@ def _encodable(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def _given_attachments(files: dict[str, bytes], value: Any) -> list[tuple[str, bytes]]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise SMTPError("bad_attachment", "attachments: expected a list of workspace paths", 501)
+    if len(value) > MAX_ATTACHMENTS:
+        raise SMTPError("too_large", f"{len(value)} attachments; the limit is {MAX_ATTACHMENTS}", 552)
+    out = []
+    for name in value:
+        norm = os.path.normpath(name) if name and "\x00" not in name else ""
+        if not norm or norm.startswith("..") or os.path.isabs(norm) or not _encodable(name):
+            raise SMTPError("bad_attachment", f"attachment {name[:80]!r} is outside the workspace", 550)
+        if name not in files:
+            raise SMTPError("bad_attachment", f"attachment {name[:80]!r} does not exist in the workspace", 550)
+        if len(files[name]) > MAX_MESSAGE_BYTES:
+            raise SMTPError("too_large", f"attachment {name[:80]!r} is larger than {MAX_MESSAGE_BYTES} bytes", 552)
+        out.append((norm, files[name]))
+    return out
 
 
 def _attachments(workspace: str, value: Any) -> list[tuple[str, bytes]]:

@@ -1,0 +1,73 @@
+"""``backend="direct"``: the simulator called in process with no wire at all.
+
+The fastest path, for benchmarks and for the server behind ``agentrl-envs serve``. The default
+``sim`` backend speaks the JSON wire through ``httpx.MockTransport`` instead, so that what works
+in process works over HTTP too.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+from agentrl_envs.backends.base import EpisodeSetup, ToolRequest, ToolResponse
+from agentrl_envs.backends.wire import episode_body, to_response
+from agentrl_envs.errors import PermanentError
+from simulators import SimulatorApp
+from simulators.python import RunLimits
+
+__all__ = ["DirectBackend"]
+
+
+class DirectBackend:
+    """The simulator as Python calls.
+
+    Args:
+        app: a simulator to use (default: a new one with the given limits).
+        sql_deadline_s: statement deadline of the simulated SQL service.
+        python_timeout_s: wall deadline of one Python run.
+    """
+
+    def __init__(self, app: SimulatorApp | None = None, sql_deadline_s: float = 2.0, python_timeout_s: float = 5.0) -> None:
+        limits = RunLimits(wall_s=python_timeout_s, cpu_s=max(1, int(python_timeout_s + 0.999)))
+        self.app = app or SimulatorApp(sql_deadline_s=sql_deadline_s, python_limits=limits)
+
+    def open_episode(self, setup: EpisodeSetup) -> None:
+        status, reply = self.app.open_episode(episode_body(setup))
+        if status == 409 and setup.database is not None:
+            status, reply = self.app.put_database(setup.database.fingerprint, {"tables": setup.database.tables})
+            if status != 204:
+                raise PermanentError(f"the simulator refused the episode database: {reply}")
+            status, reply = self.app.open_episode(episode_body(setup))
+        if status != 201:
+            raise PermanentError(f"the simulator refused to open the episode: {reply}")
+
+    def handle(self, request: ToolRequest) -> ToolResponse:
+        status, reply = self.app.tool(request.episode_id, request.tool, dict(request.arguments))
+        return to_response(status, reply)
+
+    def close_episode(self, episode_id: str) -> None:
+        self.app.close_episode(episode_id)
+
+    def close(self) -> None:
+        self.app.close()
+
+    # -- workspace files (used when another backend serves a tool of the same episode) ----------
+
+    def put_file(self, episode_id: str, path: str, data: bytes) -> None:
+        status, reply = self.app.put_file(episode_id, path, {"b64": base64.b64encode(data).decode()})
+        if status != 204:
+            raise PermanentError(f"could not write {path!r} to the workspace: {reply}")
+
+    def get_file(self, episode_id: str, path: str) -> bytes | None:
+        status, reply = self.app.get_file(episode_id, path)
+        return _file_bytes(status, reply)
+
+
+def _file_bytes(status: int, reply: Any) -> bytes | None:
+    if status != 200 or not isinstance(reply, dict):
+        return None
+    try:
+        return base64.b64decode(reply["result"]["b64"])
+    except (KeyError, TypeError, ValueError):
+        return None

@@ -1,0 +1,120 @@
+"""Per-tool backends composed like httpx mounts: ``{"default": "sim", "sql": "postgresql://..."}``.
+
+One backend may hold the episode's workspace (the one serving ``python``, else ``default``): when
+another backend answers ``sql``, the CSV it produced is written into that workspace, and when
+another backend sends ``smtp``, the attachments are read from it. So the Python tool always finds
+the query results and mail can carry workspace files, whatever mix of simulated and real services
+is in use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from agentrl_envs.backends.base import Backend, EpisodeSetup, ToolRequest, ToolResponse
+from agentrl_envs.errors import ConfigError
+
+__all__ = ["MountedBackend", "make_mounted"]
+
+TOOLS = ("sql", "python", "smtp")
+
+
+def make_mounted(spec: dict[str, Any], **options: Any) -> Backend:
+    """A :class:`MountedBackend` from ``{"default"?: ..., "sql"?: ..., "python"?: ..., "smtp"?: ...}``.
+
+    Values: ``"sim"``, ``"direct"``, ``"http://host:port"`` (any tool), ``"postgresql://..."``
+    (``sql`` only), ``"smtp://host:port"`` (``smtp`` only), or a Backend.
+    A missing tool uses ``default``, which itself defaults to ``"sim"``.
+    """
+    from agentrl_envs.backends import _single
+
+    unknown = set(spec) - {"default", *TOOLS}
+    if unknown:
+        raise ConfigError(f"backend dict: unknown key(s) {sorted(map(str, unknown))}; use 'default', 'sql', 'python', 'smtp'")
+    built: dict[str, Backend] = {}
+
+    def build(value: Any, tool: str | None) -> Backend:
+        if not isinstance(value, str):
+            if isinstance(value, Backend):
+                return value
+            raise ConfigError(f"backend[{tool or 'default'!r}]={value!r}: expected a URL string or a Backend")
+        if value in built:
+            return built[value]
+        if value.startswith(("postgresql://", "postgres://", "postgresql+psycopg://")):
+            if tool != "sql":
+                raise ConfigError(f"backend[{tool or 'default'!r}]={value[:80]!r}: a database URL can only serve 'sql'")
+            from agentrl_envs.backends.postgres import PostgresBackend
+
+            backend: Backend = PostgresBackend(value, sql_deadline_s=options.get("sql_deadline_s", 2.0))
+        elif value.startswith("smtp://"):
+            if tool != "smtp":
+                raise ConfigError(f"backend[{tool or 'default'!r}]={value[:80]!r}: an smtp:// URL can only serve 'smtp'")
+            from agentrl_envs.backends.smtp import SMTPBackend
+
+            backend = SMTPBackend(value)
+        else:
+            backend = _single(value, **options)
+        built[value] = backend
+        return backend
+
+    default_spec = spec.get("default", "sim")
+    routes = {tool: build(spec.get(tool, default_spec), tool) for tool in TOOLS}
+    return MountedBackend(routes)
+
+
+class MountedBackend:
+    """Routes each tool to its own backend; see the module docstring for the workspace rules."""
+
+    def __init__(self, routes: dict[str, Backend]) -> None:
+        missing = set(TOOLS) - set(routes)
+        if missing:
+            raise ConfigError(f"no backend for tool(s) {sorted(missing)}")
+        self.routes = routes
+        self._distinct: list[Backend] = []
+        for backend in routes.values():
+            if all(backend is not b for b in self._distinct):
+                self._distinct.append(backend)
+        self.workspace = next((b for b in (routes["python"], *self._distinct) if hasattr(b, "put_file")), None)
+
+    def open_episode(self, setup: EpisodeSetup) -> None:
+        opened: list[Backend] = []
+        try:
+            for backend in self._distinct:
+                backend.open_episode(setup)
+                opened.append(backend)
+        except Exception:
+            for backend in opened:
+                backend.close_episode(setup.episode_id)
+            raise
+
+    def handle(self, request: ToolRequest) -> ToolResponse:
+        backend = self.routes.get(request.tool)
+        if backend is None:
+            return ToolResponse(ok=False, status=404, error_type="unknown_tool", error=f"no backend for {request.tool!r}")
+        host = self.workspace
+        if request.tool == "smtp" and backend is not host and host is not None and request.files is None:
+            names = request.arguments.get("attachments")
+            if isinstance(names, list) and all(isinstance(n, str) for n in names):
+                files = {}
+                for name in names:
+                    data = host.get_file(request.episode_id, name)  # type: ignore[attr-defined]
+                    if data is not None:
+                        files[name] = data
+                request = replace(request, files=files)
+        response = backend.handle(request)
+        csv_text = response.result.get("csv_text") if response.ok else None
+        if isinstance(csv_text, str):
+            result = {k: v for k, v in response.result.items() if k != "csv_text"}
+            if host is not None and backend is not host:
+                host.put_file(request.episode_id, str(result["csv_path"]), csv_text.encode())  # type: ignore[attr-defined]
+            response = replace(response, result=result)
+        return response
+
+    def close_episode(self, episode_id: str) -> None:
+        for backend in self._distinct:
+            backend.close_episode(episode_id)
+
+    def close(self) -> None:
+        for backend in self._distinct:
+            backend.close()

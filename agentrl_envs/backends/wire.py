@@ -1,0 +1,70 @@
+"""The JSON wire format shared by the simulator API, ``sim``, ``http`` and ``agentrl-envs serve``.
+
+A tool call is ``POST /v1/episodes/{id}/{tool}`` with the arguments as the JSON body and the
+episode's virtual time in the ``X-AgentRL-At`` header. The answer is
+``{"ok": true, "result": {...}}`` or ``{"ok": false, "error": {"type", "message", ...}}``, with
+optional ``latency_s`` and ``fault`` (set by a server-side fault profile).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentrl_envs.backends.base import EpisodeSetup, ToolRequest, ToolResponse
+
+__all__ = ["AT_HEADER", "episode_body", "response_body", "to_response"]
+
+AT_HEADER = "X-AgentRL-At"
+
+
+def episode_body(setup: EpisodeSetup) -> dict[str, Any]:
+    return {
+        "episode_id": setup.episode_id,
+        "database": setup.database.fingerprint if setup.database else None,
+        "files": setup.files,
+        "sender": setup.sender,
+        "seed": setup.seed,
+    }
+
+
+def tool_path(request: ToolRequest) -> str:
+    return f"/v1/episodes/{request.episode_id}/{request.tool}"
+
+
+def to_response(status: int, payload: Any) -> ToolResponse:
+    """A :class:`ToolResponse` from a decoded answer; a malformed one is a 502 ``bad_gateway``."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("ok"), bool):
+        return ToolResponse(ok=False, status=502, error_type="bad_gateway", error=f"malformed response (HTTP {status})")
+    latency = payload.get("latency_s")
+    latency_s = float(latency) if isinstance(latency, (int, float)) and latency >= 0 else 0.0
+    fault = payload.get("fault") if isinstance(payload.get("fault"), dict) else None
+    if payload["ok"]:
+        result = payload.get("result")
+        return ToolResponse(
+            ok=True, status=status, result=result if isinstance(result, dict) else {}, latency_s=latency_s, fault=fault
+        )
+    raw = payload.get("error")
+    err: dict[str, Any] = raw if isinstance(raw, dict) else {}
+    return ToolResponse(
+        ok=False,
+        status=status,
+        result={k: v for k, v in err.items() if k not in ("type", "message")},
+        error_type=str(err.get("type", "error")),
+        error=str(err.get("message", "")),
+        latency_s=latency_s,
+        fault=fault,
+    )
+
+
+def response_body(response: ToolResponse) -> dict[str, Any]:
+    """The wire form of a :class:`ToolResponse` (what ``serve`` answers)."""
+    body: dict[str, Any]
+    if response.ok:
+        body = {"ok": True, "result": response.result}
+    else:
+        body = {"ok": False, "error": {"type": response.error_type, "message": response.error, **response.result}}
+    if response.latency_s:
+        body["latency_s"] = response.latency_s
+    if response.fault is not None:
+        body["fault"] = response.fault
+    return body

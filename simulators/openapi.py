@@ -1,0 +1,262 @@
+"""The OpenAPI 3.1 document of the simulator API (served at ``GET /openapi.json``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["OPENAPI"]
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"content": {"application/json": {"schema": schema}}}
+
+
+def _answers(result: str, *errors: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"200": {"description": "the call was carried out", **_json(_ref(result))}}
+    for status in errors:
+        out[str(status)] = {"description": "the call failed; the body says why", **_json(_ref("Error"))}
+    return out
+
+
+_EPISODE = {
+    "name": "episode_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "pattern": "^[A-Za-z0-9_.-]{1,64}$"},
+}
+_FILE = {
+    "name": "path",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string"},
+    "description": "a path inside the workspace",
+}
+_AT = {
+    "name": "X-AgentRL-At",
+    "in": "header",
+    "required": False,
+    "schema": {"type": "number"},
+    "description": "the episode's virtual time when the call goes out (used by server-side fault profiles)",
+}
+
+OPENAPI: dict[str, Any] = {
+    "openapi": "3.1.0",
+    "info": {
+        "title": "agentrl simulator",
+        "version": "1",
+        "description": "Simulated SQL, Python and SMTP services for tool-using agents. Each episode has its own "
+        "read-only database copy, workspace directory and mailbox. A gateway to real services may speak this API too.",
+    },
+    "paths": {
+        "/health": {"get": {"summary": "liveness", "responses": {"200": {"description": "alive"}}}},
+        "/v1/databases/{fingerprint}": {
+            "put": {
+                "summary": "store a template database, copied per episode",
+                "parameters": [{"name": "fingerprint", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "requestBody": {"required": True, **_json(_ref("Tables"))},
+                "responses": {"204": {"description": "stored"}, "400": {"description": "invalid tables", **_json(_ref("Error"))}},
+            }
+        },
+        "/v1/episodes": {
+            "post": {
+                "summary": "open an episode",
+                "requestBody": {"required": True, **_json(_ref("EpisodeSetup"))},
+                "responses": {
+                    "201": {"description": "opened"},
+                    "400": {"description": "invalid setup", **_json(_ref("Error"))},
+                    "409": {"description": "unknown database fingerprint: PUT it first", **_json(_ref("Error"))},
+                },
+            }
+        },
+        "/v1/episodes/{episode_id}": {
+            "delete": {
+                "summary": "close an episode and delete its workspace",
+                "parameters": [_EPISODE],
+                "responses": {"204": {"description": "closed"}},
+            }
+        },
+        "/v1/episodes/{episode_id}/sql": {
+            "post": {
+                "summary": "run one read-only SQL statement; the result is also saved as results/qN.csv",
+                "parameters": [_EPISODE, _AT],
+                "requestBody": {
+                    "required": True,
+                    **_json({"type": "object", "required": ["query"], "properties": {"query": {"type": "string"}}}),
+                },
+                "responses": _answers("SQLResult", 400, 403, 404, 408, 413, 422, 429, 500, 503),
+            }
+        },
+        "/v1/episodes/{episode_id}/python": {
+            "post": {
+                "summary": "run a Python program with the workspace as working directory",
+                "parameters": [_EPISODE, _AT],
+                "requestBody": {
+                    "required": True,
+                    **_json({"type": "object", "required": ["code"], "properties": {"code": {"type": "string"}}}),
+                },
+                "responses": _answers("PythonResult", 400, 404, 413, 422, 429, 500, 503),
+            }
+        },
+        "/v1/episodes/{episode_id}/smtp": {
+            "post": {
+                "summary": "send one email (validated like a strict mail server)",
+                "parameters": [_EPISODE, _AT],
+                "requestBody": {"required": True, **_json(_ref("Mail"))},
+                "responses": _answers("Delivery", 404, 422, 429, 500, 503),
+            }
+        },
+        "/v1/episodes/{episode_id}/files/{path}": {
+            "put": {
+                "summary": "write a workspace file",
+                "parameters": [_EPISODE, _FILE],
+                "requestBody": {
+                    "required": True,
+                    **_json({"type": "object", "properties": {"text": {"type": "string"}, "b64": {"type": "string"}}}),
+                },
+                "responses": {
+                    "204": {"description": "written"},
+                    "400": {"description": "bad path or body", **_json(_ref("Error"))},
+                },
+            },
+            "get": {
+                "summary": "read a workspace file (base64)",
+                "parameters": [_EPISODE, _FILE],
+                "responses": {
+                    "200": {"description": "the file", **_json(_ref("File"))},
+                    "404": {"description": "no such file", **_json(_ref("Error"))},
+                },
+            },
+        },
+    },
+    "components": {
+        "schemas": {
+            "Error": {
+                "type": "object",
+                "required": ["ok", "error"],
+                "properties": {
+                    "ok": {"const": False},
+                    "error": {
+                        "type": "object",
+                        "required": ["type", "message"],
+                        "properties": {
+                            "type": {"type": "string"},
+                            "message": {"type": "string"},
+                            "retry_after_s": {"type": "number"},
+                        },
+                    },
+                    "latency_s": {"type": "number"},
+                    "fault": {"type": ["object", "null"]},
+                },
+            },
+            "Tables": {
+                "type": "object",
+                "required": ["tables"],
+                "properties": {
+                    "tables": {
+                        "type": "object",
+                        "additionalProperties": {
+                            "type": "object",
+                            "properties": {
+                                "columns": {
+                                    "type": "array",
+                                    "items": {
+                                        "type": "array",
+                                        "prefixItems": [{"type": "string"}, {"enum": ["INTEGER", "REAL", "TEXT"]}],
+                                    },
+                                },
+                                "rows": {"type": "array", "items": {"type": "array"}},
+                            },
+                        },
+                    }
+                },
+            },
+            "EpisodeSetup": {
+                "type": "object",
+                "required": ["episode_id"],
+                "properties": {
+                    "episode_id": {"type": "string"},
+                    "database": {"type": ["string", "null"], "description": "fingerprint of a stored template database"},
+                    "files": {"type": "object", "additionalProperties": {"type": "string"}},
+                    "sender": {"type": "string"},
+                },
+            },
+            "Mail": {
+                "type": "object",
+                "required": ["to", "subject", "body"],
+                "properties": {
+                    "to": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
+                    "cc": {"type": "array", "items": {"type": "string"}},
+                    "subject": {"type": "string"},
+                    "body": {"type": "string"},
+                    "attachments": {"type": "array", "items": {"type": "string"}},
+                },
+            },
+            "SQLResult": {
+                "type": "object",
+                "properties": {
+                    "ok": {"const": True},
+                    "result": {
+                        "type": "object",
+                        "properties": {
+                            "columns": {"type": "array", "items": {"type": "string"}},
+                            "rows": {"type": "array"},
+                            "row_count": {"type": "integer"},
+                            "truncated": {"type": "boolean"},
+                            "csv_path": {"type": "string"},
+                            "vm_steps": {"type": "integer"},
+                        },
+                    },
+                    "latency_s": {"type": "number"},
+                },
+            },
+            "PythonResult": {
+                "type": "object",
+                "properties": {
+                    "ok": {"const": True},
+                    "result": {
+                        "type": "object",
+                        "properties": {
+                            "exit_code": {"type": "integer"},
+                            "stdout": {"type": "string"},
+                            "stderr": {"type": "string"},
+                            "timed_out": {"type": "boolean"},
+                            "output_truncated": {"type": "boolean"},
+                        },
+                    },
+                    "latency_s": {"type": "number"},
+                },
+            },
+            "Delivery": {
+                "type": "object",
+                "properties": {
+                    "ok": {"const": True},
+                    "result": {
+                        "type": "object",
+                        "properties": {
+                            "message_id": {"type": "string"},
+                            "sender": {"type": "string"},
+                            "to": {"type": "array"},
+                            "cc": {"type": "array"},
+                            "subject": {"type": "string"},
+                            "body": {"type": "string"},
+                            "attachments": {"type": "array"},
+                            "size": {"type": "integer"},
+                        },
+                    },
+                    "latency_s": {"type": "number"},
+                },
+            },
+            "File": {
+                "type": "object",
+                "properties": {
+                    "ok": {"const": True},
+                    "result": {"type": "object", "properties": {"path": {"type": "string"}, "b64": {"type": "string"}}},
+                },
+            },
+        }
+    },
+}

@@ -1,0 +1,168 @@
+"""Real servers for integration tests, each started on 127.0.0.1 with a free port and stopped after.
+
+A missing server binary skips the test with the reason, except under CI
+(``AGENTRL_REQUIRE_INTEGRATION=1``), where it fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import require_integration
+
+
+def unavailable(reason: str) -> None:
+    if require_integration():
+        pytest.fail(f"integration server unavailable under AGENTRL_REQUIRE_INTEGRATION=1: {reason}")
+    pytest.skip(reason)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_http(url: str, timeout: float = 20.0, proc: subprocess.Popen[Any] | None = None) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc is not None and proc.poll() is not None:
+            err = proc.stderr.read().decode(errors="replace")[-2000:] if proc.stderr else ""
+            raise RuntimeError(f"the server exited with {proc.returncode}: {err}")
+        try:
+            if httpx.get(url + "/health", timeout=1.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up in {timeout} s")
+
+
+@contextlib.contextmanager
+def simulator_server(profile: str = "none") -> Iterator[tuple[str, subprocess.Popen[Any]]]:
+    """``agentrl-envs serve`` in a subprocess; yields (url, process)."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentrl_envs.cli", "serve", "--host", "127.0.0.1", "--port", str(port), "--profile", profile],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(url, proc=proc)
+        yield url, proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+def _pg_bin(name: str) -> str | None:
+    found = shutil.which(name)
+    if found:
+        return found
+    candidates = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
+    return candidates[-1] if candidates else None
+
+
+@contextlib.contextmanager
+def postgres_cluster() -> Iterator[str]:
+    """A throwaway PostgreSQL cluster (initdb + pg_ctl in a temp dir); yields an admin URL."""
+    initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
+    if not initdb or not pg_ctl:
+        unavailable("PostgreSQL server binaries (initdb, pg_ctl) not found; install Debian's postgresql package")
+    run_as: list[str] = []
+    owner: int | None = None
+    if os.geteuid() == 0:  # initdb refuses to run as root
+        try:
+            owner = pwd.getpwnam("postgres").pw_uid
+        except KeyError:
+            unavailable("running as root and there is no 'postgres' user to run initdb as")
+        run_as = ["runuser", "-u", "postgres", "--"]
+    base = tempfile.mkdtemp(prefix="agentrl-pg-")
+    data, sock = Path(base, "data"), Path(base, "sock")
+    pwfile = Path(base, "pw")
+    password = "agentrl-test"
+    pwfile.write_text(password)
+    sock.mkdir()
+    if owner is not None:
+        for p in (base, sock, pwfile):
+            os.chown(p, owner, -1)
+    port = free_port()
+    try:
+        subprocess.run(
+            [
+                *run_as,
+                initdb,
+                "-D",
+                str(data),
+                "-U",
+                "agentrl",
+                f"--pwfile={pwfile}",
+                "--auth=scram-sha-256",
+                "-E",
+                "UTF8",
+                "--no-sync",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        opts = f"-p {port} -k {sock} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=60"
+        subprocess.run(
+            [*run_as, pg_ctl, "-D", str(data), "-o", opts, "-l", str(Path(base, "log")), "-w", "-t", "60", "start"],
+            check=True,
+            capture_output=True,
+            timeout=90,
+        )
+    except subprocess.CalledProcessError as exc:
+        shutil.rmtree(base, ignore_errors=True)
+        raise RuntimeError(f"could not start PostgreSQL: {exc.stderr.decode(errors='replace')[-2000:]}") from None
+    try:
+        yield f"postgresql://agentrl:{password}@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run([*run_as, pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop"], capture_output=True, timeout=60)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def smtp_server() -> Iterator[tuple[str, list[Any]]]:
+    """An aiosmtpd server; yields (smtp://127.0.0.1:port, list of received envelopes)."""
+    try:
+        from aiosmtpd.controller import Controller
+    except ImportError:
+        unavailable("aiosmtpd is not installed (pip install aiosmtpd)")
+    received: list[Any] = []
+
+    class Handler:
+        async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:  # noqa: N802 - aiosmtpd's hook name
+            received.append(envelope)
+            return "250 OK"
+
+    # Controller(port=0) cannot report the port it bound, so pick a free one first.
+    port = free_port()
+    controller = Controller(Handler(), hostname="127.0.0.1", port=port)
+    controller.start()
+    try:
+        yield f"smtp://127.0.0.1:{port}", received
+    finally:
+        controller.stop()
