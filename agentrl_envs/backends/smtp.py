@@ -10,7 +10,6 @@ cannot be reached or drops the connection comes back as a ``connection_reset`` /
 from __future__ import annotations
 
 import smtplib
-import socket
 from email.message import EmailMessage
 from urllib.parse import urlsplit
 
@@ -97,7 +96,7 @@ class SMTPBackend:
         except smtplib.SMTPResponseException as exc:
             text = exc.smtp_error.decode("utf-8", "replace") if isinstance(exc.smtp_error, bytes) else str(exc.smtp_error)
             raise SMTPError("rejected", f"the mail server answered {exc.smtp_code}: {text[:300]}", exc.smtp_code) from None
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             raise _Unreachable("timeout", f"no answer from the mail server at {where} within {self.timeout_s:g} s") from None
         except (OSError, smtplib.SMTPException) as exc:
             raise _Unreachable("connection_reset", f"cannot deliver through {where}: {type(exc).__name__}: {exc}") from None

@@ -154,7 +154,7 @@ def smtp_server() -> Iterator[tuple[str, list[Any]]]:
     received: list[Any] = []
 
     class Handler:
-        async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:  # noqa: N802 - aiosmtpd's hook name
+        async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
             received.append(envelope)
             return "250 OK"
 
