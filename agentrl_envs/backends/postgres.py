@@ -197,7 +197,9 @@ class PostgresBackend:
         timer = threading.Timer(self.deadline_s + 0.25, cancel)
         timer.start()
         try:
-            cur = episode.conn.execute(query)
+            # A binary cursor uses the extended protocol, which refuses several statements in one call.
+            cur = episode.conn.cursor(binary=True)
+            cur.execute(query)
             columns = [d.name for d in cur.description] if cur.description else []
             fetched = cur.fetchmany(MAX_RESULT_ROWS + 1) if cur.description else []
         except pg.errors.QueryCanceled:
@@ -207,6 +209,8 @@ class PostgresBackend:
         except pg.errors.ReadOnlySqlTransaction as exc:
             return _error(403, "denied", f"{_first_line(exc)}: only read-only SELECT statements are allowed")
         except pg.errors.SyntaxError as exc:
+            if "cannot insert multiple commands" in str(exc):
+                return _error(400, "bad_request", "send one SQL statement per call")
             return _error(400, "syntax", _first_line(exc))
         except (pg.errors.UndefinedTable, pg.errors.UndefinedColumn, pg.errors.UndefinedFunction) as exc:
             return _error(400, "unknown_name", _first_line(exc))
