@@ -22,6 +22,7 @@ from agentrl_envs.faults import ErrorProfile, load_profile
 from agentrl_envs.faults.injector import FaultInjectingBackend
 from agentrl_envs.faults.stats import FaultStats, classify, penalized
 from agentrl_envs.rewards import RewardConfig, zero_components
+from agentrl_envs.rewards.schedule import parse_aux_reward
 from agentrl_envs.spaces import UnicodeText
 from agentrl_envs.tasks import TaskSampler
 from agentrl_envs.tasks.base import Task
@@ -61,8 +62,6 @@ class ToolUseEnv(gym.Env[str, str]):
     ) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ConfigError(f"render_mode={render_mode!r}: use 'ansi' or None")
-        if aux_reward is not None:
-            raise ConfigError("aux_reward schedules are not available yet (issue #5); leave aux_reward=None")
         if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
             raise ConfigError(f"max_steps={max_steps!r}: use a positive int or None for the default")
         if time_budget_s is not None and not time_budget_s > 0:
@@ -83,6 +82,9 @@ class ToolUseEnv(gym.Env[str, str]):
         self.render_mode = render_mode
         self.long_horizon = long_horizon
         self.rewards = RewardConfig(format_penalty=format_penalty)
+        self.aux = parse_aux_reward(aux_reward)
+        #: The trainer's step, driving the aux reward's schedule (set with ``vec_env.set_attr``).
+        self.training_step = 0
         self.python_timeout_s = python_timeout_s
         self.sql_deadline_s = sql_deadline_s
         self.tools: dict[str, Tool] = {name: TOOLS[name] for name in self.tool_names}
@@ -160,7 +162,8 @@ class ToolUseEnv(gym.Env[str, str]):
                 result = {"tool": "finish", "ok": True, "status": 200, "error_type": None, "error": None}
                 terminated = True
             else:
-                observation, result, fault = self._call_tool(call)
+                observation, result, fault, moved = self._call_tool(call)
+                components["aux"] = self._aux(call.name, moved)
                 if penalized(fault):
                     assert fault is not None
                     components["fault"] = self.profile.penalty(fault["type"])
@@ -227,18 +230,36 @@ class ToolUseEnv(gym.Env[str, str]):
 
     # -- internals -------------------------------------------------------------------------------
 
-    def _call_tool(self, call: ToolCall) -> tuple[str, dict[str, Any], dict[str, Any] | None]:
+    def _aux(self, tool: str, moved: list[int]) -> float:
+        """Dense reward for newly completing this tool's part of sub-tasks (see rewards.schedule)."""
+        if not moved or self._task is None:
+            return 0.0
+        base = self.aux.terms.get(tool, 0.0) * len(moved) / len(self._task.subtasks)
+        return base * self.aux_weight
+
+    @property
+    def aux_weight(self) -> float:
+        """The aux reward's current schedule weight (from ``training_step``)."""
+        return self.aux.schedule.weight(int(self.training_step))
+
+    def set_training_step(self, step: int) -> None:
+        """Set the trainer's step (``vec_env.call("set_training_step", n)``)."""
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise ConfigError(f"training_step={step!r}: use a non-negative int")
+        self.training_step = step
+
+    def _call_tool(self, call: ToolCall) -> tuple[str, dict[str, Any], dict[str, Any] | None, list[int]]:
         assert self._episode_id is not None and self._progress is not None
         request = ToolRequest(self._episode_id, call.name, call.arguments, at_s=self._virtual_time)
         response = self._get_backend().handle(request)
         self._virtual_time += response.latency_s
         if self.realtime and response.latency_s > 0:
             time.sleep(response.latency_s)
-        self._progress.observe(call.name, call.arguments, response)
+        moved = self._progress.observe(call.name, call.arguments, response)
         fault = classify(response)
         summary = _summarize(call.name, response)
         self._fault_stats.record(call.name, bool(summary["ok"]), fault)
-        return self.tools[call.name].render(response), summary, fault
+        return self.tools[call.name].render(response), summary, fault, moved
 
     def _info(self, tool: str | None, result: dict[str, Any] | None) -> dict[str, Any]:
         assert self._task is not None and self._progress is not None

@@ -17,13 +17,20 @@ _TAG = re.compile(r"<[^<>]{0,200}>")
 _MARKUP = re.compile(r"[*_`#~|>]+")
 _NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
 _SPACE = re.compile(r"\s+")
+# Words a policy might add to look successful; checkers never count them.
+_CLAIMS = re.compile(
+    r"\b(success(ful(ly)?)?|succeeded|passed|pass|correct|verified|done|complete(d)?|all tests passed|ok)\b[!.]*",
+    re.IGNORECASE,
+)
 
 
 def normalize_text(text: str) -> str:
-    """Text with tags, Markdown markup, emoji and other symbols removed and whitespace collapsed."""
+    """Text with tags, Markdown markup, emoji and other symbols and "success"-style claims
+    removed, and whitespace collapsed."""
     text = _TAG.sub(" ", text)
     text = _MARKUP.sub(" ", text)
     text = "".join(ch for ch in text if not _is_decoration(ch))
+    text = _CLAIMS.sub(" ", text)
     return _SPACE.sub(" ", text).strip()
 
 

@@ -23,7 +23,8 @@ from agentrl_envs.tools.text import printable
         ("<p>Hello</p><br/><span class='x'>world</span>", "Hello world"),
         ("**bold** __under__ `code` ~~strike~~", "bold under code strike"),
         ("# Heading\n\n> quoted | cell |", "Heading quoted cell"),
-        ("Done 🎉✅ 👍🏽", "Done"),
+        ("Done 🎉✅ 👍🏽", ""),  # "done"-style claims are stripped too
+        ("Revenue 🎉✅ 👍🏽", "Revenue"),
         ("Alice 👩\u200d💻 Smith", "Alice Smith"),
         ("x\ufe0f y\u200b z", "x y z"),
         ("  many \n\t spaces  ", "many spaces"),
