@@ -59,6 +59,7 @@ class ToolUseEnv(gym.Env[str, str]):
         python_timeout_s: float = 5.0,
         sql_deadline_s: float = 2.0,
         realtime: bool = False,
+        mail_domains: tuple[str, ...] | list[str] | str | None = "company",
     ) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ConfigError(f"render_mode={render_mode!r}: use 'ansi' or None")
@@ -75,6 +76,13 @@ class ToolUseEnv(gym.Env[str, str]):
         self.error_profile = error_profile
         self.profile = load_profile(error_profile)
         self.realtime = bool(realtime)
+        if (
+            mail_domains is not None
+            and mail_domains != "company"
+            and not (isinstance(mail_domains, (list, tuple)) and all(isinstance(d, str) and d for d in mail_domains))
+        ):
+            raise ConfigError(f"mail_domains={mail_domains!r}: use 'company', a list of domains, or None for any")
+        self.mail_domains = mail_domains
         self.backend_spec = backend
         self.max_steps_arg = max_steps
         self.time_budget_s = time_budget_s
@@ -117,7 +125,16 @@ class ToolUseEnv(gym.Env[str, str]):
         backend = self._get_backend()
         episode_id = "ep-" + uuid.uuid4().hex[:20]
         sender = f"agent@{_mail_domain(task)}"
-        backend.open_episode(EpisodeSetup(episode_id, task.database, task.files, sender=sender, seed=fault_seed))
+        domains = (_mail_domain(task),) if self.mail_domains == "company" else self.mail_domains
+        setup = EpisodeSetup(
+            episode_id,
+            task.database,
+            task.files,
+            sender=sender,
+            seed=fault_seed,
+            mail_domains=tuple(domains) if domains is not None else None,
+        )
+        backend.open_episode(setup)
         self._fault_stats = FaultStats()
         self._task, self._episode_id = task, episode_id
         self._progress = Progress(task)

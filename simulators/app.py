@@ -222,9 +222,14 @@ class SimulatorApp:
                 database.close()
             return _err(400, "bad_request", f"could not set up the workspace: {exc}")
         sender = str(payload.get("sender") or "agent@agentrl.example")
+        domains = payload.get("mail_domains")
+        if domains is not None and not (isinstance(domains, list) and all(isinstance(d, str) and d for d in domains)):
+            shutil.rmtree(workspace, ignore_errors=True)
+            return _err(400, "bad_request", "mail_domains must be a list of domain names or null")
+        allowed = tuple(d.lower() for d in domains) if domains is not None else None
         with self._lock:
             self.close_episode(episode_id)
-            self._episodes[episode_id] = _Episode(workspace, database, Mailbox(sender, "msg"))
+            self._episodes[episode_id] = _Episode(workspace, database, Mailbox(sender, "msg", allowed_domains=allowed))
         return _okr({"episode_id": episode_id}, status=201)
 
     def close_episode(self, episode_id: str) -> None:

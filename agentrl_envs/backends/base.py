@@ -38,6 +38,7 @@ class EpisodeSetup:
         sender: the From address of mail the agent sends (the env, not the agent, chooses it).
         seed: the episode's seed; backends that draw random numbers (fault injection) derive
             their generator from it, so the same seed gives the same faults.
+        mail_domains: recipient domains mail may go to (subdomains included); None allows any.
     """
 
     episode_id: str
@@ -45,6 +46,7 @@ class EpisodeSetup:
     files: dict[str, str] = field(default_factory=dict, repr=False)
     sender: str = "agent@agentrl.example"
     seed: int = 0
+    mail_domains: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)

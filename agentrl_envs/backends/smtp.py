@@ -46,7 +46,7 @@ class SMTPBackend:
         self._mailboxes: dict[str, Mailbox] = {}
 
     def open_episode(self, setup: EpisodeSetup) -> None:
-        self._mailboxes[setup.episode_id] = Mailbox(setup.sender, "msg", deliver=self._send)
+        self._mailboxes[setup.episode_id] = Mailbox(setup.sender, "msg", deliver=self._send, allowed_domains=setup.mail_domains)
 
     def handle(self, request: ToolRequest) -> ToolResponse:
         mailbox = self._mailboxes.get(request.episode_id)

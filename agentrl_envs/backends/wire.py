@@ -24,6 +24,7 @@ def episode_body(setup: EpisodeSetup) -> dict[str, Any]:
         "files": setup.files,
         "sender": setup.sender,
         "seed": setup.seed,
+        "mail_domains": list(setup.mail_domains) if setup.mail_domains is not None else None,
     }
 
 

@@ -95,12 +95,14 @@ class Mailbox:
         message_prefix: the first part of generated Message-IDs.
         deliver: called with each validated message before it is recorded; a real SMTP backend
             sends it there (and raises :class:`SMTPError` if the server refuses it).
+        allowed_domains: recipient domains mail may go to (subdomains included); None allows any.
     """
 
     sender: str
     message_prefix: str
     deliveries: list[Delivery] = field(default_factory=list)
     deliver: Callable[[EmailMessage, list[str]], None] | None = None
+    allowed_domains: tuple[str, ...] | None = None
 
     def send(
         self,
@@ -138,6 +140,13 @@ class Mailbox:
             raise SMTPError("bad_message", f"message could not be built: {exc}", 554) from None
         if len(wire) > MAX_MESSAGE_BYTES:
             raise SMTPError("too_large", f"message is {len(wire)} bytes; the limit is {MAX_MESSAGE_BYTES}", 552)
+        if self.allowed_domains is not None:
+            outside = [r for r in to_list + cc_list if not _domain_allowed(r, self.allowed_domains)]
+            if outside:
+                allowed = ", ".join(self.allowed_domains) or "none"
+                raise SMTPError(
+                    "relay_denied", f"relaying to {', '.join(outside[:5])} is not allowed; allowed domains: {allowed}", 550
+                )
         if self.deliver is not None:
             self.deliver(msg, to_list + cc_list)
         delivery = Delivery(str(msg["Message-ID"]), self.sender, to_list, cc_list, subject_text, body_text, meta, len(wire))
@@ -215,6 +224,11 @@ def _encodable(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def _domain_allowed(address: str, allowed: tuple[str, ...]) -> bool:
+    domain = address.rpartition("@")[2].lower()
+    return any(domain == d or domain.endswith("." + d) for d in allowed)
 
 
 def _given_attachments(files: dict[str, bytes], value: Any) -> list[tuple[str, bytes]]:
