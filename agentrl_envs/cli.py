@@ -81,13 +81,20 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--python-timeout-s", type=float, default=5.0)
     p.set_defaults(func=cmd_serve)
 
-    try:
-        from agentrl_envs.faults import fit
-    except ImportError:  # TEMP until fit.py lands in this session
-        return parser
+    from agentrl_envs.faults import fit
+    from agentrl_envs.rewards import counterfactual, report
+
     p = sub.add_parser("fit-profile", help="fit an error profile to real API logs (JSON lines or combined access logs)")
     fit.add_arguments(p)
     p.set_defaults(func=fit.cmd_fit_profile)
+
+    p = sub.add_parser("check-rewards", help="reward validation report (Markdown + PNG plots); non-zero exit when a check fails")
+    report.add_arguments(p)
+    p.set_defaults(func=report.cmd_check_rewards)
+
+    p = sub.add_parser("make-rm-data", help="counterfactual reward-model data: gold calls and perturbations as Parquet")
+    counterfactual.add_arguments(p)
+    p.set_defaults(func=counterfactual.cmd_make_rm_data)
     return parser
 
 

@@ -81,7 +81,7 @@ class Progress:
                     continue
                 if "python" in sub.steps and not st.computed:
                     continue
-                if _email_matches(sub, response.result):
+                if email_matches(sub, response.result):
                     st.emailed = True
                     moved.append(i)
         return moved
@@ -147,7 +147,7 @@ class Progress:
         return "smtp", args
 
 
-def _email_matches(sub: SubTask, delivered: dict[str, Any]) -> bool:
+def email_matches(sub: SubTask, delivered: dict[str, Any]) -> bool:
     spec = sub.email
     if spec is None:
         return False
