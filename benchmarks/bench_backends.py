@@ -18,12 +18,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import gymnasium as gym  # noqa: E402
-import httpx  # noqa: E402
+import gymnasium as gym
+import httpx
 
-import agentrl_envs  # noqa: E402, F401
-from agentrl_envs.agents import OracleAgent  # noqa: E402
-from tests.integration.servers import simulator_server  # noqa: E402
+import agentrl_envs  # noqa: F401
+from agentrl_envs.agents import OracleAgent
+from tests.integration.servers import simulator_server
 
 
 def episodes_per_s(env_id: str, backend: object, n: int) -> tuple[float, float]:
@@ -92,7 +92,9 @@ def main() -> None:
         seconds = 2.0 if args.quick else 5.0
         for threads in (1, 4):
             rps, p50 = http_throughput(url, seconds, threads)
-            print(f"\nHTTP on loopback, {threads} client thread(s): {rps:,.0f} tool requests/s (p50 {p50:.2f} ms); target >= 1,500/s")
+            print(
+                f"\nHTTP on loopback, {threads} client thread(s): {rps:,.0f} tool requests/s (p50 {p50:.2f} ms); target >= 1,500/s"
+            )
         print("(client and server share the same 2 cores; a 40 ms p50 would mean Nagle's delay is on)")
 
 
