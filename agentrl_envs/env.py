@@ -144,7 +144,7 @@ class ToolUseEnv(gym.Env[str, str]):
         self._done = False
         self._max_steps = self.max_steps_arg or _default_max_steps(task)
         self._transcript = [f"[task {task.task_id}]\n{task.instruction}"]
-        info = self._info(tool=None, result=None)
+        info = self._info(tool=None, result={})
         info["instruction"] = task.instruction
         info["tools"] = [tool.schema() for tool in self.tools.values()]
         info["system_prompt"] = self.system_prompt()
@@ -188,7 +188,9 @@ class ToolUseEnv(gym.Env[str, str]):
             self._steps >= self._max_steps or (self.time_budget_s is not None and self._virtual_time >= self.time_budget_s)
         )
         info = self._info(tool=tool_name, result=result)
-        info["fault"] = fault
+        # {} rather than None when there is no fault: vector envs merge infos key by key and
+        # cannot merge None in one sub-env with a dict in another.
+        info["fault"] = fault or {}
         if terminated or truncated:
             self._done = True
             info["fault_stats"] = self._fault_stats.summary()
@@ -288,7 +290,7 @@ class ToolUseEnv(gym.Env[str, str]):
             "reward_components": zero_components(),
             "tool": tool,
             "tool_result": result,
-            "fault": None,
+            "fault": {},
             "virtual_time_s": self._virtual_time,
             "subtask_index": self._progress.subtask_index(),
             "subtask_boundary": tool is not None and self._prev_tool is not None and tool != self._prev_tool,

@@ -25,7 +25,10 @@ import numpy as np
 from agentrl_envs.backends.base import Backend, EpisodeSetup, ToolRequest, ToolResponse
 from agentrl_envs.faults.profile import FAULT_STATUS, ErrorProfile, ToolFaults
 
-__all__ = ["FaultInjectingBackend"]
+__all__ = ["REFUSAL_S", "FaultInjectingBackend"]
+
+#: Virtual seconds a 429 answered inside an earlier Retry-After window takes.
+REFUSAL_S = 0.25
 
 _MESSAGES = {
     "http_500": "Internal Server Error: the service failed while handling the call",
@@ -80,8 +83,12 @@ class FaultInjectingBackend:
         self.inner.close()
 
     def __getattr__(self, name: str) -> Any:
-        # Optional capabilities of the inner backend (workspace files, ...) pass through.
-        return getattr(self.inner, name)
+        # Optional capabilities of the inner backend (workspace files, ...) pass through. Read
+        # "inner" from __dict__: during copy/unpickling it is not set yet, and self.inner would recurse.
+        inner = self.__dict__.get("inner")
+        if inner is None:
+            raise AttributeError(name)
+        return getattr(inner, name)
 
     def handle(self, request: ToolRequest) -> ToolResponse:
         state = self._episodes.get(request.episode_id)
@@ -92,7 +99,11 @@ class FaultInjectingBackend:
         until = state.retry_until.get(tool, float("-inf"))
         if request.at_s < until:
             wait = until - request.at_s
-            return _fault(tool, "http_429", "injected", 0.0, retry_after_s=wait, detail=f"retry after {wait:.1f} s")
+            # The refusal itself takes a round trip, so even an agent with no think time moves
+            # the clock towards the end of the window.
+            return _fault(
+                tool, "http_429", "injected", min(wait, REFUSAL_S), retry_after_s=wait, detail=f"retry after {wait:.1f} s"
+            )
 
         burst = self._step_burst(state, tool, cfg)
         rates = cfg.burst.rates if (burst and cfg.burst is not None) else cfg.rates

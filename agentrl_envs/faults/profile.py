@@ -82,6 +82,14 @@ class ProfileError(ConfigError):
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    @model_validator(mode="after")
+    def _finite(self) -> _Strict:
+        # An infinite or NaN latency, timeout or think time would break the virtual clock.
+        for name, value in self:
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{name} is {value}; it must be a finite number")
+        return self
+
 
 def _check_rates(rates: dict[str, float]) -> dict[str, float]:
     for key, p in rates.items():
@@ -164,7 +172,7 @@ class ToolFaults(_Strict):
     @classmethod
     def _retry_after_ok(cls, v: tuple[float, float]) -> tuple[float, float]:
         lo, hi = v
-        if lo < 0 or hi < lo:
+        if not (math.isfinite(lo) and math.isfinite(hi)) or lo < 0 or hi < lo:
             raise ValueError(f"retry_after_s must be [low, high] with 0 <= low <= high, got {list(v)}")
         return (float(lo), float(hi))
 
@@ -238,17 +246,25 @@ def load_profile(spec: str | Path | ErrorProfile) -> ErrorProfile:
     if isinstance(spec, ErrorProfile):
         return spec
     error_profiles = importlib.import_module("agentrl_envs.error_profiles")
+    shipped = ", ".join(error_profiles.available())
+    if not isinstance(spec, (str, Path)) or not str(spec):
+        raise ProfileError(f"error_profile={spec!r}: use a shipped profile name ({shipped}) or the path of a .yaml file")
     text: str
     source: str
     if isinstance(spec, str) and spec in error_profiles.available():
         text, source = error_profiles.read_text(spec), f"profile {spec!r}"
     else:
         path = Path(spec)
-        if not (path.suffix in (".yaml", ".yml") and path.is_file()):
+        if path.suffix not in (".yaml", ".yml"):
+            raise ProfileError(f"error_profile={str(spec)[:200]!r}: not a shipped profile ({shipped}) and not a .yaml path")
+        if not path.exists():
+            raise ProfileError(f"error_profile={str(spec)[:200]!r}: {path} does not exist (shipped profiles: {shipped})")
+        if path.is_dir():
             raise ProfileError(
-                f"error_profile={str(spec)[:200]!r}: not a shipped profile ({', '.join(error_profiles.available())}) "
-                "and not a .yaml file"
+                f"error_profile={str(spec)[:200]!r}: {path} is a directory, not a .yaml file (shipped profiles: {shipped})"
             )
+        if not path.is_file():
+            raise ProfileError(f"error_profile={str(spec)[:200]!r}: {path} is not a regular file")
         if path.stat().st_size > 1 << 20:
             raise ProfileError(f"{path}: larger than 1 MiB; a profile is a small YAML file")
         text, source = path.read_text(encoding="utf-8", errors="replace"), str(path)

@@ -62,9 +62,9 @@ class FaultStats:
             self.recoveries += self._pending.pop(tool)
 
     def summary(self) -> dict[str, Any]:
-        return {
-            "faults": self.faults,
-            "retries": self.retries,
-            "recoveries": self.recoveries,
-            "recovery_rate": self.recoveries / self.faults if self.faults else None,
-        }
+        """Counts, plus ``recovery_rate`` when there was a fault to recover from (absent otherwise,
+        so vector envs can batch it as a float)."""
+        out: dict[str, Any] = {"faults": self.faults, "retries": self.retries, "recoveries": self.recoveries}
+        if self.faults:
+            out["recovery_rate"] = self.recoveries / self.faults
+        return out

@@ -68,8 +68,10 @@ class Progress:
                 if "python" not in sub.steps or st.computed:
                     continue
                 if not ok:
-                    # The oracle's own program failed on the saved CSV (deleted, overwritten): query again.
-                    if st.gold_csv is not None and arguments.get("code") == sub.code_for(st.gold_csv):
+                    # The oracle's own program ran and failed on the saved CSV (deleted,
+                    # overwritten): query again. A fault (no program ran) is just retried.
+                    ran = response.ok and response.fault is None
+                    if ran and st.gold_csv is not None and arguments.get("code") == sub.code_for(st.gold_csv):
                         st.gold_csv = None
                     continue
                 if ("sql" not in sub.steps or st.queried) and contains_figure(stdout, sub.figures, MAX_NUMBERS_OUTPUT):

@@ -234,3 +234,24 @@ def test_max_steps_truncates() -> None:
 
 def test_version_exposed() -> None:
     assert agentrl_envs.__version__
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_vector_infos_merge_when_sub_envs_are_out_of_step(mode: str) -> None:
+    """One sub-env autoresets while another steps: every info key keeps one type across sub-envs."""
+    from agentrl_envs.actions import format_call
+
+    finish = format_call("finish", {"answer": "x"})
+    sql = format_call("sql", {"query": "SELECT 1 AS one"})
+    venv = gym.make_vec("AgentRL/SQLPythonSMTP-v0", num_envs=2, vectorization_mode=mode)
+    try:
+        venv.reset(seed=0)
+        _, _, terminated, _, _ = venv.step((finish, sql))
+        assert terminated.tolist() == [True, False]
+        _, _, _, _, info = venv.step(("not a call", sql))  # sub-env 0 is in its autoreset step
+        assert info["_fault"].tolist() == [True, True]
+        _, rewards, terminated, _, info = venv.step(("not a call", finish))
+        assert terminated.tolist() == [False, True] and rewards[0] == pytest.approx(-0.1)
+        assert info["fault_stats"]["faults"].tolist() == [0, 0]
+    finally:
+        venv.close()

@@ -247,7 +247,7 @@ def test_hostile_action(env: gym.Env[str, str], action: str, expect: str, marker
         timed_out = result.get("error_type") == "timeout" or result.get("timed_out")
         expected_fault = env.unwrapped.profile.penalty("timeout") if timed_out else 0.0
         assert components["format"] == 0.0 and components["fault"] == expected_fault, components
-        assert info["fault"] is not None and info["fault"]["origin"] == "agent"
+        assert info["fault"] and info["fault"]["origin"] == "agent"
         assert info["tool"] in ("sql", "python", "smtp")
         assert obs.startswith(f"{info['tool']} error")
     else:

@@ -149,7 +149,7 @@ def test_http_server_dying_mid_episode_is_a_fault_not_a_crash() -> None:
         start = time.perf_counter()
         obs, reward, terminated, truncated, info = env.step(OracleAgent(env).act(obs, info))
         assert time.perf_counter() - start < 10
-        assert info["fault"] is not None and info["fault"]["type"] in ("connection_reset", "timeout")
+        assert info["fault"] and info["fault"]["type"] in ("connection_reset", "timeout")
         assert info["fault"]["origin"] == "service"
         assert info["reward_components"]["fault"] < 0
         assert obs.startswith(("python error", "sql error", "smtp error"))

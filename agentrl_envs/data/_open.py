@@ -1,0 +1,316 @@
+"""Creating, opening, recovering and refreshing a :class:`~agentrl_envs.data.ReplayBuffer`. Private.
+
+Kept apart from replay.py so that the hot path (append, get) reads on its own; the format and the
+recovery invariant are described in _ring.py.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import mmap
+import os
+import secrets
+import time
+from collections import deque
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from agentrl_envs.data import _ring as ring
+from agentrl_envs.data._ring import HEADER_PAGE, HEADER_SIZE, KIND_RECORD, KIND_TOMBSTONE, Entry
+from agentrl_envs.data.codec import Limits
+from agentrl_envs.data.errors import BufferLockedError, FormatError, StorageError
+
+if TYPE_CHECKING:
+    from agentrl_envs.data.replay import ReplayBuffer
+
+__all__: list[str] = []  # private module
+
+MAX_REPORTED_SEQS = 1_000
+QUARANTINE_REGION_CAP = 4 << 20
+
+
+def create_file(path: Path, capacity: int, overwrite: bool) -> None:
+    """Write a new, fully allocated buffer file at ``path`` (via a temporary file; see ``ReplayBuffer.create``)."""
+    if path.exists() and overwrite:
+        _refuse_if_locked(path)
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        _preallocate(fd, HEADER_PAGE + capacity)
+        salt = secrets.token_bytes(16)
+        header = ring.FILE_HEADER.pack(ring.FILE_MAGIC, ring.FORMAT_VERSION, 0, HEADER_PAGE, capacity, salt, time.time_ns())
+        os.pwrite(fd, header + ring.crc_extend(0, header).to_bytes(4, "little"), 0)
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    try:
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)  # atomic and exclusive: fails if someone created path meanwhile
+    except FileExistsError:
+        raise FileExistsError(f"{path} already exists: open it with ReplayBuffer.open(path), or pass overwrite=True") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    _fsync_dir(path.parent)
+
+
+def open_buffer(
+    cls: type[ReplayBuffer],
+    path: Path,
+    readonly: bool,
+    capacity_bytes: int | None,
+    durability: str,
+    repair: bool,
+    max_resident_bytes: int,
+    limits: Limits,
+    fresh: bool = False,
+) -> ReplayBuffer:
+    """Validate the file, lock it (writers), map it and recover; see ``ReplayBuffer.open``."""
+    if durability not in ("process", "fsync"):
+        raise ValueError(f"durability={durability!r}: use 'process' or 'fsync'")
+    if path.is_dir():
+        raise FormatError(f"{path} is a directory; pass the path of a replay buffer file")
+    try:
+        file = open(path, "rb" if readonly else "r+b", buffering=0)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path} does not exist; create it with ReplayBuffer.create(path, capacity_bytes=...)") from None
+    try:
+        fd = file.fileno()
+        size = os.fstat(fd).st_size
+        capacity, salt = _read_file_header(path, fd, size)
+        if capacity_bytes is not None and capacity_bytes != capacity:
+            raise FormatError(
+                f"{path} has a capacity of {capacity:,} bytes, not {capacity_bytes:,}; open it without capacity_bytes "
+                "(or with the capacity it was created with), or create a new buffer"
+            )
+        if not readonly:
+            _lock(path, fd, salt)
+        expected = HEADER_PAGE + capacity
+        if size != expected:
+            if not repair or readonly:
+                what = "truncated" if size < expected else "longer than its header says"
+                raise FormatError(
+                    f"{path} is {size:,} bytes but its header says {expected:,}: the file was {what} (a partial copy?). "
+                    "Restore it, or open it for writing with repair=True to keep the records that remain"
+                )
+            if size < expected:
+                _preallocate(fd, expected)
+            else:
+                os.ftruncate(fd, expected)
+        mm = mmap.mmap(fd, expected, access=mmap.ACCESS_READ if readonly else mmap.ACCESS_WRITE)
+    except BaseException:
+        file.close()
+        raise
+    buf = cls.__new__(cls)
+    buf._setup(path, file, mm, capacity, salt, readonly)
+    buf._durable = durability == "fsync"
+    buf._limits = limits
+    buf._resident = max(0, int(max_resident_bytes))
+    if fresh:
+        buf._write_hint()
+    else:
+        recover(buf)
+        if buf._capacity > buf._resident:
+            buf._release(0, buf._capacity)  # the scan touched every page; hand them back
+    return buf
+
+
+def _read_file_header(path: Path, fd: int, size: int) -> tuple[int, bytes]:
+    if size == 0:
+        raise FormatError(
+            f"{path} is empty (0 bytes), so it is not a replay buffer: create() never leaves an empty file. "
+            "Delete it and create the buffer again"
+        )
+    raw = os.pread(fd, ring.FILE_CRC_OFFSET + 4, 0)
+    if len(raw) < ring.FILE_CRC_OFFSET + 4 or raw[:8] != ring.FILE_MAGIC:
+        raise FormatError(f"{path} is not an agentrl replay buffer (no 'AGRLRING' header); pass the path of one")
+    head, crc = raw[: ring.FILE_CRC_OFFSET], int.from_bytes(raw[ring.FILE_CRC_OFFSET :], "little")
+    if ring.crc_extend(0, head) != crc:
+        raise FormatError(f"the header of {path} is damaged (checksum mismatch); the records cannot be located safely")
+    _magic, version, _flags, header_size, capacity, salt, _created = ring.FILE_HEADER.unpack(head)
+    if version != ring.FORMAT_VERSION or header_size != HEADER_PAGE:
+        raise FormatError(
+            f"{path} is replay buffer format version {version}; this agentrl reads version {ring.FORMAT_VERSION}. "
+            "Open it with the agentrl version that wrote it and export it (export_jsonl or shards)"
+        )
+    return capacity, salt
+
+
+def _lock(path: Path, fd: int, salt: bytes) -> None:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        hint = os.pread(fd, ring.HINT_SIZE, ring.HINT_OFFSET)
+        pid = ring.HINT.unpack(hint[:-4])[3] if len(hint) == ring.HINT_SIZE else 0
+        raise BufferLockedError(
+            f"{path} is open for writing elsewhere (last writer pid {pid}); a buffer has one writer at a time. "
+            "Read alongside it with ReplayBuffer.open(path, readonly=True), or close the other writer first"
+        ) from None
+
+
+def recover(buf: ReplayBuffer) -> None:
+    """Rebuild the index from the file; a writer also quarantines gaps and clears torn headers."""
+    started = time.perf_counter()
+    mm, salt, cap = buf._mm, buf._salt, buf._capacity
+    hint = buf._read_hint()
+    plan = ring.plan(ring.scan(mm, HEADER_PAGE, cap, salt), cap, hint[0] if hint else None)
+    kept = list(plan.kept)
+    lost: dict[int, str] = {}
+    for entry in kept:
+        if entry.kind == KIND_TOMBSTONE:
+            for seq in range(entry.seq, entry.seq + entry.width):
+                lost[seq] = "was damaged on disk and quarantined by an earlier open"
+    new_lost: list[int] = []
+    sidecar = buf._path.with_name(buf._path.name + ".quarantine")
+    for gap in plan.gaps:
+        seqs = range(gap.first_seq, gap.first_seq + gap.count)
+        new_lost.extend(seqs)
+        reason = "was damaged on disk (checksum mismatch) and quarantined when the buffer was opened"
+        if not buf._readonly:
+            regions = [(off, mm[HEADER_PAGE + off : HEADER_PAGE + off + min(n, QUARANTINE_REGION_CAP)]) for off, n in gap.regions]
+            quarantine_note(buf._path, gap.first_seq, gap.count, regions)
+            reason += f"; its bytes are in {sidecar}"
+            if gap.tombstone_at is not None:
+                start = HEADER_PAGE + gap.tombstone_at
+                mm[start : start + HEADER_SIZE] = ring.pack_header(salt, KIND_TOMBSTONE, 0, gap.first_seq, 0, gap.count)
+                kept.append(Entry(gap.first_seq, gap.tombstone_at, 0, KIND_TOMBSTONE, gap.count, 0))
+        lost.update(dict.fromkeys(seqs, reason))
+    top = plan.next_seq - plan.lost_tail
+    tail_seqs = range(top, plan.next_seq)
+    new_lost.extend(tail_seqs)
+    lost.update(dict.fromkeys(tail_seqs, "was committed but its bytes are damaged (the newest records of the file)"))
+    torn = _torn_positions(buf, plan.tail, {e.off for e in kept})
+    if not buf._readonly:
+        for entry in plan.stale:
+            if ring.parse_header(mm, entry.off, salt, HEADER_PAGE, cap) == entry:
+                mm[HEADER_PAGE + entry.off : HEADER_PAGE + entry.off + HEADER_SIZE] = ring.ZERO_HEADER
+        for pos in torn:
+            mm[HEADER_PAGE + pos : HEADER_PAGE + pos + HEADER_SIZE] = ring.ZERO_HEADER
+    kept.sort()
+    _install(buf, kept, lost, plan.tail, plan.next_seq)
+    if not buf._readonly:
+        buf._write_hint()
+        mm.flush()
+    buf.recovery = type(buf.recovery)(
+        records=len(buf._index),
+        first_seq=next((e.seq for e in kept if e.kind == KIND_RECORD), None),
+        next_seq=buf._next_seq,
+        torn_tail=bool(torn),
+        quarantined=len(new_lost),
+        quarantined_seqs=tuple(new_lost[:MAX_REPORTED_SEQS]),
+        stale=len(plan.stale),
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _torn_positions(buf: ReplayBuffer, tail: int, live_offsets: set[int]) -> list[int]:
+    """Write positions (the tail, and 0 after a wrap) holding the start of a header that did not validate."""
+    out = []
+    for pos in {tail, 0}:
+        if pos in live_offsets or pos + HEADER_SIZE > buf._capacity:
+            continue
+        if buf._mm[HEADER_PAGE + pos : HEADER_PAGE + pos + 4] == ring.RECORD_MAGIC:
+            out.append(pos)
+    return out
+
+
+def _install(buf: ReplayBuffer, kept: list[Entry], lost: dict[int, str], tail: int, next_seq: int) -> None:
+    buf._order = deque(kept)
+    buf._index = {e.seq: e for e in kept if e.kind == KIND_RECORD}
+    buf._lost = lost
+    buf._tail = tail
+    buf._next_seq = next_seq
+    buf._used = sum(ring.span_of(e.length) for e in kept)
+    buf._lap = 0
+    buf._released = tail
+
+
+def refresh(buf: ReplayBuffer, rescan: bool) -> None:
+    """Bring a reader's index up to the writer: follow new records, drop evicted ones, or rescan."""
+    hint = buf._read_hint()
+    if not rescan and hint is not None:
+        next_seq, head, _tail, _pid = hint
+        if next_seq > buf._next_seq:
+            _walk(buf, next_seq)
+        if buf._next_seq >= next_seq:
+            _prune(buf, head)
+            return
+    plan = ring.plan(ring.scan(buf._mm, HEADER_PAGE, buf._capacity, buf._salt), buf._capacity, None)
+    lost = {
+        seq: "is missing from the file (damaged); a writer's open will quarantine it"
+        for g in plan.gaps
+        for seq in range(g.first_seq, g.first_seq + g.count)
+    }
+    _install(buf, plan.kept, lost, plan.tail, plan.next_seq)
+
+
+def _walk(buf: ReplayBuffer, target: int) -> None:
+    """Follow records the writer published after our newest one (at our tail, or at 0 after a wrap)."""
+    while buf._next_seq < target:
+        for pos in (buf._tail, 0):
+            entry = ring.parse_header(buf._mm, pos, buf._salt, HEADER_PAGE, buf._capacity)
+            if entry is not None and entry.seq == buf._next_seq:
+                break
+        else:
+            return
+        buf._order.append(entry)
+        if entry.kind == KIND_RECORD:
+            buf._index[entry.seq] = entry
+        buf._tail = entry.end
+        buf._next_seq = entry.seq + entry.width
+        buf._used += ring.span_of(entry.length)
+
+
+def _prune(buf: ReplayBuffer, head: int) -> None:
+    order = buf._order
+    while order and order[0].seq + order[0].width <= head:
+        entry = order.popleft()
+        buf._index.pop(entry.seq, None)
+        buf._used -= ring.span_of(entry.length)
+
+
+def _refuse_if_locked(path: Path) -> None:
+    with open(path, "rb") as f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BufferLockedError(f"{path} is open for writing by another process; close it before overwrite=True") from None
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+def _preallocate(fd: int, size: int) -> None:
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+            raise StorageError(
+                f"cannot preallocate {size:,} bytes ({exc.strerror}); free disk space or choose a smaller capacity_bytes"
+            ) from exc
+        os.ftruncate(fd, size)  # a filesystem without fallocate: sparse, but the size is right
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def quarantine_note(path: Path, first_seq: int, count: int, regions: list[tuple[int, bytes]]) -> None:
+    """Append the damaged bytes of one gap to ``<path>.quarantine``: a JSON line, then the raw bytes."""
+    with open(path.with_name(path.name + ".quarantine"), "ab") as f:
+        for offset, data in regions:
+            note = {"first_seq": first_seq, "count": count, "offset": offset, "length": len(data), "unix_ns": time.time_ns()}
+            f.write(json.dumps(note).encode() + b"\n" + data + b"\n")

@@ -1,0 +1,197 @@
+"""On-disk format of the replay buffer ring, and the scan that recovers it. Private: see replay.py.
+
+File layout::
+
+    [0, 4096)            file header: magic "AGRLRING", format version, capacity, a random salt, CRC
+    [512, 548)           writer hint: next seq, head seq, tail offset, writer pid, CRC (advisory only)
+    [4096, 4096 + cap)   data region: records, each 8-byte aligned
+
+Record: a 32-byte header, then ``length`` payload bytes, padded to 8::
+
+    magic(4) | version(2) | kind(2) | length(4) | seq(8) | crc32c(4) | aux(4) | hcrc(4) | payload
+
+``crc32c`` covers the payload and ``hcrc`` the 28 header bytes before it; both are CRC32C seeded
+with the file's salt, so a record copied in from another file, or one embedded in a payload, never
+validates. ``kind`` is RECORD, or TOMBSTONE for ``aux`` seqs quarantined after corruption.
+
+Invariant kept by the writer: every valid entry in the data region is live. Records about to be
+overwritten have their header zeroed first, the payload is written before the header that
+publishes it, and a torn write leaves an entry that fails its checksums. Recovery therefore needs
+no log of its own: scan for valid entries, order them by seq, drop any out of ring order, and
+report the seqs missing between two valid entries as corruption.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from itertools import pairwise
+from typing import NamedTuple
+
+import google_crc32c
+
+__all__: list[str] = []  # private module
+
+FILE_MAGIC = b"AGRLRING"
+FORMAT_VERSION = 1
+HEADER_PAGE = 4096
+FILE_HEADER = struct.Struct("<8sHHIQ16sQ")  # magic, version, flags, header size, capacity, salt, created ns
+FILE_CRC_OFFSET = FILE_HEADER.size
+HINT_OFFSET = 512
+HINT = struct.Struct("<QQQQ")  # next_seq, head_seq, tail, writer pid; a u32 CRC follows
+HINT_SIZE = HINT.size + 4
+
+RECORD_MAGIC = b"\x9e\xa7RB"
+RECORD_HEADER = struct.Struct("<4sHHIQII")  # magic, version, kind, length, seq, crc32c, aux; u32 hcrc follows
+HEADER_SIZE = 32
+KIND_RECORD = 1
+KIND_TOMBSTONE = 2
+ZERO_HEADER = bytes(HEADER_SIZE)
+
+crc_extend = google_crc32c.extend
+
+
+def span_of(length: int) -> int:
+    """Bytes a record with a ``length``-byte payload occupies: header plus payload padded to 8."""
+    return HEADER_SIZE + ((length + 7) & ~7)
+
+
+class Entry(NamedTuple):
+    """A valid entry of the ring (a record or a tombstone); offsets are relative to the data region."""
+
+    seq: int
+    off: int
+    length: int
+    kind: int
+    width: int  # seqs it stands for: 1 for a record, aux for a tombstone
+    crc: int
+
+    @property
+    def end(self) -> int:
+        return self.off + span_of(self.length)
+
+
+def pack_header(salt: int, kind: int, length: int, seq: int, crc: int, aux: int) -> bytes:
+    head = RECORD_HEADER.pack(RECORD_MAGIC, FORMAT_VERSION, kind, length, seq, crc, aux)
+    return head + crc_extend(salt, head).to_bytes(4, "little")
+
+
+def parse_header(buf: bytes | memoryview | object, pos: int, salt: int, base: int, capacity: int) -> Entry | None:
+    """The entry whose header starts at data offset ``pos``, or None if there is no valid one."""
+    raw = buf[base + pos : base + pos + HEADER_SIZE]  # type: ignore[index]
+    if len(raw) < HEADER_SIZE or raw[:4] != RECORD_MAGIC:
+        return None
+    _magic, version, kind, length, seq, crc, aux = RECORD_HEADER.unpack_from(raw)
+    if crc_extend(salt, raw[:28]) != int.from_bytes(raw[28:32], "little"):
+        return None
+    if version != FORMAT_VERSION or kind not in (KIND_RECORD, KIND_TOMBSTONE) or pos + span_of(length) > capacity:
+        return None
+    if kind == KIND_TOMBSTONE and (length or not aux):
+        return None
+    return Entry(seq, pos, length, kind, 1 if kind == KIND_RECORD else aux, crc)
+
+
+def payload_ok(buf: object, base: int, entry: Entry, salt: int) -> bool:
+    start = base + entry.off + HEADER_SIZE
+    return crc_extend(salt, buf[start : start + entry.length]) == entry.crc  # type: ignore[index]
+
+
+def scan(buf: object, base: int, capacity: int, salt: int, verify: bool = True) -> list[Entry]:
+    """Every valid entry of the data region ``buf[base : base + capacity]``, in offset order.
+
+    Jumps from magic to magic with ``find`` (C speed), so garbage costs one pass; a valid entry's
+    payload is skipped. With ``verify`` a record whose payload fails its CRC is left out.
+    """
+    find = buf.find  # type: ignore[attr-defined]
+    entries: list[Entry] = []
+    last = base + capacity - HEADER_SIZE  # the last position a header can start
+    pos = base
+    while pos <= last:
+        hit = find(RECORD_MAGIC, pos, last + len(RECORD_MAGIC))
+        if hit < 0:
+            break
+        rel = hit - base
+        if rel & 7:  # records are 8-aligned: this is payload bytes
+            pos = base + ((rel + 7) & ~7)
+            continue
+        entry = parse_header(buf, rel, salt, base, capacity)
+        if entry is not None and (not verify or entry.kind != KIND_RECORD or payload_ok(buf, base, entry, salt)):
+            entries.append(entry)
+            pos = base + entry.end
+        else:
+            pos = hit + 8
+    return entries
+
+
+@dataclass
+class Gap:
+    """Seqs missing between two valid entries (mid-log corruption), and where their bytes lie."""
+
+    first_seq: int
+    count: int
+    regions: list[tuple[int, int]]  # (offset, length) in the data region
+    tombstone_at: int | None  # where a tombstone header fits, if anywhere
+
+
+@dataclass
+class Plan:
+    """What a scan says the ring holds."""
+
+    kept: list[Entry]
+    gaps: list[Gap] = field(default_factory=list)
+    stale: list[Entry] = field(default_factory=list)
+    lost_tail: int = 0  # committed seqs past the newest valid entry (the hint says they existed)
+    next_seq: int = 0
+    tail: int = 0
+
+
+def plan(entries: Sequence[Entry], capacity: int, hint_next_seq: int | None) -> Plan:
+    """Order scanned entries into the live ring (see the module docstring)."""
+    by_seq: dict[int, Entry] = {}
+    dupes: list[Entry] = []
+    for entry in entries:
+        if entry.seq in by_seq:
+            dupes.append(entry)
+        else:
+            by_seq[entry.seq] = entry
+    ordered = sorted(by_seq.values())
+    if not ordered:
+        return Plan(kept=[], stale=dupes, next_seq=hint_next_seq or 0, tail=0)
+    newest = ordered[-1]
+    kept = [newest]
+    wrapped = False
+    for entry in reversed(ordered[:-1]):
+        newer = kept[-1]
+        if entry.seq + entry.width > newer.seq:
+            break
+        if entry.end <= newer.off and (not wrapped or entry.off >= newest.end):
+            pass
+        elif not wrapped and entry.off >= newest.end:
+            wrapped = True
+        else:
+            break
+        kept.append(entry)
+    kept.reverse()
+    result = Plan(kept=kept, stale=dupes + ordered[: len(ordered) - len(kept)])
+    for older, newer in pairwise(kept):
+        expected = older.seq + older.width
+        if newer.seq > expected:
+            result.gaps.append(_gap(older, newer, expected, capacity))
+    top = newest.seq + newest.width
+    if hint_next_seq is not None and hint_next_seq > top:
+        result.lost_tail = hint_next_seq - top
+    result.next_seq = max(top, hint_next_seq or 0)
+    result.tail = newest.end
+    return result
+
+
+def _gap(older: Entry, newer: Entry, first_seq: int, capacity: int) -> Gap:
+    count = newer.seq - first_seq
+    if newer.off >= older.end:
+        regions = [(older.end, newer.off - older.end)]
+        place = older.end if newer.off - older.end >= HEADER_SIZE else None
+    else:  # the gap wraps past the end of the region
+        regions = [(older.end, capacity - older.end), (0, newer.off)]
+        place = older.end if capacity - older.end >= HEADER_SIZE else (0 if newer.off >= HEADER_SIZE else None)
+    return Gap(first_seq, count, [r for r in regions if r[1] > 0], place)

@@ -1,0 +1,337 @@
+"""Arrow and Parquet shards of trajectories: one row per step, flat columns, rolling files by size.
+
+A shard set is a folder of ``shard-00000.arrow`` (Arrow IPC stream format, uncompressed, read
+zero-copy through a memory map) or ``shard-00000.parquet`` (zstd) files. Each row is one step;
+trajectory fields repeat on every row of the trajectory, so ``reward``, ``log_prob``, ``value``
+and ``advantage`` are plain float64 columns. A trajectory never spans two files. Files are written
+under a temporary name and renamed when complete, so a reader never sees half a shard.
+
+Plain pyarrow reads them (``pa.ipc.open_stream(path).read_all()``, ``pq.read_table(path)``) and so
+does Hugging Face ``datasets`` (``Dataset.from_file(path)``, ``load_dataset("arrow" | "parquet",
+data_files=...)``). Importing this module imports pyarrow; ``import agentrl_envs.data`` does not.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from agentrl_envs.data.codec import DEFAULT_LIMITS, Limits, Step, Trajectory, validate
+from agentrl_envs.data.errors import CorruptRecordError, FormatError, InvalidTrajectoryError, StorageError
+
+__all__ = [
+    "SCHEMA",
+    "ShardWriter",
+    "read_columns",
+    "read_shards",
+    "read_table",
+    "shard_paths",
+    "table_to_trajectories",
+    "trajectories_to_table",
+]
+
+_KV = pa.list_(pa.struct([("key", pa.string()), ("value", pa.string())]))
+_COMPONENTS = pa.list_(pa.struct([("name", pa.string()), ("value", pa.float64())]))
+SCHEMA = pa.schema(
+    [
+        ("traj_index", pa.int64()),
+        ("step_index", pa.int32()),
+        ("num_steps", pa.int32()),
+        ("env_id", pa.string()),
+        ("task_id", pa.string()),
+        ("seed", pa.int64()),
+        ("episode_id", pa.string()),
+        ("domain", pa.string()),
+        ("split", pa.string()),
+        ("policy_id", pa.string()),
+        ("created_unix_ns", pa.int64()),
+        ("episode_terminated", pa.bool_()),
+        ("episode_truncated", pa.bool_()),
+        ("success", pa.bool_()),
+        ("metadata", _KV),
+        ("prompt", pa.string()),
+        ("action", pa.string()),
+        ("observation", pa.binary()),
+        ("observation_truncated", pa.bool_()),
+        ("reward", pa.float64()),
+        ("reward_components", _COMPONENTS),
+        ("log_prob", pa.float64()),
+        ("value", pa.float64()),
+        ("advantage", pa.float64()),
+        ("embedding", pa.list_(pa.float32())),
+        ("token_log_probs", pa.list_(pa.float32())),
+        ("token_ids", pa.list_(pa.int32())),
+        ("terminated", pa.bool_()),
+        ("truncated", pa.bool_()),
+        ("tool", pa.string()),
+    ]
+)
+_TRAJ_STR = ("env_id", "task_id", "episode_id", "domain", "split", "policy_id")
+_STEP_STR = ("prompt", "action", "tool")
+_STEP_NUM = ("reward", "log_prob", "value", "advantage")
+_STEP_BOOL = ("observation_truncated", "terminated", "truncated")
+_ARRAYS = (("embedding", np.float32), ("token_log_probs", np.float32), ("token_ids", np.int32))
+_SUFFIX = {"arrow": ".arrow", "parquet": ".parquet"}
+
+
+def trajectories_to_table(trajectories: Sequence[Trajectory], first_index: int = 0) -> pa.Table:
+    """One row per step of ``trajectories``; ``traj_index`` counts from ``first_index``."""
+    cols: dict[str, list[Any]] = {name: [] for name in SCHEMA.names}
+    arrays: dict[str, list[bytes]] = {name: [] for name, _ in _ARRAYS}
+    for t, traj in enumerate(trajectories):
+        n = len(traj.steps)
+        traj_row = {name: getattr(traj, name) for name in _TRAJ_STR}
+        traj_row.update(
+            traj_index=first_index + t,
+            num_steps=n,
+            seed=traj.seed if traj.HasField("seed") else None,
+            created_unix_ns=traj.created_unix_ns,
+            episode_terminated=traj.terminated,
+            episode_truncated=traj.truncated,
+            success=traj.success,
+            metadata=[{"key": k, "value": v} for k, v in traj.metadata.items()],
+        )
+        for name, value in traj_row.items():
+            cols[name].extend([value] * n)
+        for i, step in enumerate(traj.steps):
+            cols["step_index"].append(i)
+            for name in (*_STEP_STR, *_STEP_NUM, *_STEP_BOOL):
+                cols[name].append(getattr(step, name))
+            cols["observation"].append(step.observation)
+            cols["reward_components"].append([{"name": k, "value": v} for k, v in step.reward_components.items()])
+            for name, _ in _ARRAYS:
+                arrays[name].append(getattr(step, name))
+    columns = {name: pa.array(values, type=SCHEMA.field(name).type) for name, values in cols.items() if name not in arrays}
+    for name, dtype in _ARRAYS:
+        columns[name] = _list_array(arrays[name], dtype, SCHEMA.field(name).type)
+    return pa.table(columns, schema=SCHEMA)
+
+
+def _list_array(chunks: list[bytes], dtype: type, arrow_type: pa.DataType) -> pa.Array:
+    """A list column from per-row little-endian byte strings, built from one flat buffer."""
+    sizes = np.fromiter((len(c) // 4 for c in chunks), dtype=np.int32, count=len(chunks))
+    offsets = np.zeros(len(chunks) + 1, dtype=np.int32)
+    np.cumsum(sizes, out=offsets[1:])
+    values = np.frombuffer(b"".join(chunks), dtype=np.dtype(dtype).newbyteorder("<"))
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values.astype(dtype, copy=False)), type=arrow_type)
+
+
+def table_to_trajectories(table: pa.Table) -> list[Trajectory]:
+    """Rebuild trajectories from rows in :data:`SCHEMA` (rows of one trajectory must be contiguous)."""
+    missing = [name for name in SCHEMA.names if name not in table.column_names]
+    if missing:
+        raise FormatError(f"the table lacks the shard columns {missing}; it was not written by ShardWriter")
+    cols = {
+        name: table.column(name).to_pylist() for name in SCHEMA.names if name not in ("embedding", "token_log_probs", "token_ids")
+    }
+    flat = {name: _flat_bytes(table.column(name), dtype) for name, dtype in _ARRAYS}
+    out: list[Trajectory] = []
+    current = None
+    for row in range(table.num_rows):
+        if current is None or cols["step_index"][row] == 0 or cols["traj_index"][row] != cols["traj_index"][row - 1]:
+            current = Trajectory(
+                **{name: cols[name][row] for name in _TRAJ_STR},
+                created_unix_ns=cols["created_unix_ns"][row],
+                terminated=cols["episode_terminated"][row],
+                truncated=cols["episode_truncated"][row],
+                success=cols["success"][row],
+                metadata={kv["key"]: kv["value"] for kv in cols["metadata"][row] or ()},
+            )
+            if cols["seed"][row] is not None:
+                current.seed = cols["seed"][row]
+            out.append(current)
+        step = Step(
+            **{name: cols[name][row] for name in (*_STEP_STR, *_STEP_NUM, *_STEP_BOOL)},
+            observation=cols["observation"][row],
+            reward_components={c["name"]: c["value"] for c in cols["reward_components"][row] or ()},
+        )
+        for name, _ in _ARRAYS:
+            values, offsets = flat[name]
+            step_bytes = values[offsets[row] * 4 : offsets[row + 1] * 4]
+            if step_bytes:
+                setattr(step, name, step_bytes)
+        current.steps.append(step)
+    return out
+
+
+def _flat_bytes(column: pa.ChunkedArray, dtype: type) -> tuple[bytes, np.ndarray]:
+    array = column.combine_chunks()
+    offsets = np.asarray(array.offsets) - array.offsets[0].as_py()
+    values = np.asarray(array.flatten().to_numpy(zero_copy_only=False), dtype=np.dtype(dtype).newbyteorder("<"))
+    return values.tobytes(), offsets
+
+
+class ShardWriter:
+    """Append trajectories to a folder of shards; rolls to a new file past ``max_shard_bytes``.
+
+    Args:
+        directory: created if missing. Existing shards are kept; numbering continues after them.
+        format: ``"arrow"`` (IPC stream, zero-copy reads) or ``"parquet"`` (zstd, smaller).
+        max_shard_bytes: start a new file once the current one is at least this big.
+        batch_size: trajectories buffered in memory per written batch (a row group in Parquet).
+        prefix: file name prefix.
+        limits: caps checked on every append.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        format: Literal["arrow", "parquet"] = "arrow",
+        max_shard_bytes: int = 256 << 20,
+        batch_size: int = 256,
+        prefix: str = "shard",
+        limits: Limits = DEFAULT_LIMITS,
+    ) -> None:
+        if format not in _SUFFIX:
+            raise ValueError(f"format={format!r}: use 'arrow' or 'parquet'")
+        if max_shard_bytes < 1 or batch_size < 1:
+            raise ValueError("max_shard_bytes and batch_size must be positive")
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", prefix):
+            raise ValueError(f"prefix={prefix!r}: use letters, digits, '_', '-' or '.'")
+        self.directory = Path(directory)
+        if self.directory.exists() and not self.directory.is_dir():
+            raise StorageError(f"{self.directory} exists and is not a directory; pass a folder for the shards")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.format = format
+        self.max_shard_bytes = max_shard_bytes
+        self.batch_size = batch_size
+        self.prefix = prefix
+        self.limits = limits
+        self.paths: list[Path] = []
+        existing = [
+            int(m.group(1)) for p in self.directory.iterdir() if (m := re.fullmatch(rf"{re.escape(prefix)}-(\d+)\.\w+", p.name))
+        ]
+        self._next_file = max(existing, default=-1) + 1
+        self._pending: list[Trajectory] = []
+        self._count = 0
+        self._sink: Any = None
+        self._writer: Any = None
+        self._tmp: Path | None = None
+        self._closed = False
+
+    def append(self, traj: Trajectory) -> int:
+        """Queue ``traj`` for writing; return its index among this writer's trajectories."""
+        if self._closed:
+            raise StorageError("this ShardWriter is closed; create a new one to write more")
+        if not isinstance(traj, Trajectory):
+            raise TypeError(f"expected an agentrl_envs.data.Trajectory, got {type(traj).__name__}")
+        if not traj.steps:
+            raise InvalidTrajectoryError("shards store one row per step, so a trajectory without steps cannot be stored; drop it")
+        validate(traj, self.limits)
+        self._pending.append(traj)
+        self._count += 1
+        if len(self._pending) >= self.batch_size:
+            self.flush()
+        return self._count - 1
+
+    def extend(self, trajectories: Iterable[Trajectory]) -> None:
+        for traj in trajectories:
+            self.append(traj)
+
+    def flush(self) -> None:
+        """Write the queued trajectories as one batch; roll to a new file if this one is full."""
+        if not self._pending:
+            return
+        table = trajectories_to_table(self._pending, first_index=self._count - len(self._pending))
+        self._pending = []
+        if self._writer is None:
+            self._open_file()
+        if self.format == "arrow":
+            self._writer.write_table(table)
+        else:
+            self._writer.write_table(table, row_group_size=max(1, table.num_rows))
+        if self._sink.tell() >= self.max_shard_bytes:
+            self._finish_file()
+
+    def close(self) -> list[Path]:
+        """Write what is queued, complete the current file and return every shard written."""
+        if not self._closed:
+            self.flush()
+            self._finish_file()
+            self._closed = True
+        return list(self.paths)
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def _open_file(self) -> None:
+        name = f"{self.prefix}-{self._next_file:05d}{_SUFFIX[self.format]}"
+        self._next_file += 1
+        self._tmp = self.directory / f".{name}.tmp"
+        self._sink = pa.OSFile(str(self._tmp), "wb")
+        if self.format == "arrow":
+            self._writer = pa.ipc.new_stream(self._sink, SCHEMA)
+        else:
+            self._writer = pq.ParquetWriter(self._sink, SCHEMA, compression="zstd")
+
+    def _finish_file(self) -> None:
+        if self._writer is None or self._tmp is None:
+            return
+        self._writer.close()
+        self._sink.close()
+        final = self._tmp.with_name(self._tmp.name[1:].removesuffix(".tmp"))
+        os.replace(self._tmp, final)
+        self.paths.append(final)
+        self._writer = self._sink = self._tmp = None
+
+
+def shard_paths(path: str | os.PathLike[str]) -> list[Path]:
+    """The shard files at ``path``: the file itself, or a folder's ``*.arrow`` and ``*.parquet`` in name order."""
+    path = Path(path)
+    if path.is_dir():
+        return sorted(p for p in path.iterdir() if p.suffix in (".arrow", ".parquet") and not p.name.startswith("."))
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist; pass a shard file or the folder a ShardWriter wrote")
+    return [path]
+
+
+def _read_one(path: Path, columns: Sequence[str] | None) -> pa.Table:
+    try:
+        if path.suffix == ".parquet":
+            return pq.read_table(path, columns=list(columns) if columns else None, memory_map=True)
+        source = pa.memory_map(str(path))
+        try:
+            table = pa.ipc.open_stream(source).read_all()
+        except pa.ArrowInvalid:
+            table = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
+        return table.select(list(columns)) if columns else table
+    except (pa.ArrowInvalid, OSError) as exc:
+        if isinstance(exc, (FileNotFoundError, IsADirectoryError)):
+            raise
+        raise CorruptRecordError(f"{path} is not a readable Arrow/Parquet shard ({exc}); it is damaged or not a shard") from None
+    except KeyError as exc:
+        raise FormatError(f"{path} has no column {exc}; it was not written by ShardWriter") from None
+
+
+def read_table(path: str | os.PathLike[str], columns: Sequence[str] | None = None) -> pa.Table:
+    """All shards at ``path`` as one Arrow table (Arrow shards are memory-mapped, not copied)."""
+    tables = [_read_one(p, columns) for p in shard_paths(path)]
+    if not tables:
+        return SCHEMA.empty_table().select(list(columns)) if columns else SCHEMA.empty_table()
+    return pa.concat_tables(tables)
+
+
+def read_columns(
+    path: str | os.PathLike[str], columns: Sequence[str] = ("reward", "log_prob", "advantage")
+) -> dict[str, np.ndarray]:
+    """Flat numpy columns of every shard at ``path`` (zero-copy for a single Arrow shard of one batch)."""
+    table = read_table(path, columns)
+    return {name: table.column(name).to_numpy() for name in columns}
+
+
+def read_shards(path: str | os.PathLike[str]) -> Iterator[Trajectory]:
+    """Yield the trajectories stored at ``path``, shard by shard, in write order."""
+    for shard in shard_paths(path):
+        yield from table_to_trajectories(_read_one(shard, None))

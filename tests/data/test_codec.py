@@ -1,0 +1,201 @@
+"""The trajectory schema and codec: generated code freshness, write-time validation, float arrays."""
+
+from __future__ import annotations
+
+import math
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentrl_envs.data import (
+    CorruptRecordError,
+    InvalidTrajectoryError,
+    Limits,
+    RecordTooLargeError,
+    Step,
+    Trajectory,
+    as_float32,
+    as_int32,
+    cap_utf8,
+    decode,
+    encode,
+    float32_bytes,
+    make_step,
+    protogen,
+    step_columns,
+)
+from agentrl_envs.data.errors import StorageError
+from tests.conftest import require_integration
+
+
+def sample_traj(n: int = 3) -> Trajectory:
+    steps = [
+        make_step(
+            f'<tool_call>{{"name": "sql", "arguments": {{"query": "SELECT {i}"}}}}</tool_call>',
+            f"sql ok: {i} row(s)",
+            0.5 * i,
+            {"task": 0.0, "aux": 0.5 * i},
+            prompt=f"observation {i}",
+            log_prob=-1.5,
+            value=0.25,
+            advantage=0.1,
+            embedding=np.arange(8) / 7,
+            token_log_probs=[-0.1, -0.2],
+            token_ids=[1, 2, 3],
+            tool="sql",
+        )
+        for i in range(n)
+    ]
+    return Trajectory(env_id="AgentRL/SQL-v0", task_id="SQL/retail/train/1", seed=7, steps=steps, metadata={"run": "a"})
+
+
+def test_generated_code_is_fresh() -> None:
+    """Regenerating trajectory_pb2.py(i) from the .proto gives the committed bytes."""
+    try:
+        import grpc_tools  # noqa: F401
+    except ImportError:
+        if require_integration():
+            pytest.fail("grpcio-tools is required under AGENTRL_REQUIRE_INTEGRATION=1: pip install -e '.[dev]'")
+        pytest.skip("grpcio-tools is not installed (pip install -e '.[dev]'), so the pb2 freshness check cannot run")
+    assert protogen.check() == [], "run: python -m agentrl_envs.data.protogen"
+
+
+def test_import_is_lazy_and_torch_free() -> None:
+    code = (
+        "import sys, agentrl_envs\n"
+        "assert 'agentrl_envs.data' not in sys.modules, 'agentrl_envs must not import the data package'\n"
+        "import agentrl_envs.data\n"
+        "assert 'pyarrow' not in sys.modules, 'pyarrow loads on first shard use only'\n"
+        "from agentrl_envs.data import ShardWriter\n"
+        "assert not {'torch', 'transformers', 'peft'} & set(sys.modules)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_round_trip_and_pickle() -> None:
+    traj = sample_traj()
+    assert decode(encode(traj)) == traj
+    assert pickle.loads(pickle.dumps(traj)) == traj
+    assert type(traj).__module__ == "agentrl_envs.data.trajectory_pb2"
+    assert not Trajectory().HasField("seed") and traj.HasField("seed")
+
+
+def test_float_arrays_are_zero_copy_views() -> None:
+    step = decode(encode(sample_traj(1))).steps[0]
+    data = step.embedding
+    view = as_float32(data)
+    assert view.dtype == np.float32 and np.allclose(view, np.arange(8) / 7)
+    assert np.shares_memory(view, np.frombuffer(data, dtype=np.uint8))
+    assert not view.flags.writeable
+    assert as_int32(step.token_ids).tolist() == [1, 2, 3]
+    cols = step_columns(sample_traj(3))
+    assert cols["reward"].tolist() == [0.0, 0.5, 1.0] and cols["log_prob"].dtype == np.float64
+
+
+@pytest.mark.parametrize("field", ["reward", "log_prob", "value", "advantage"])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_non_finite_numbers_are_refused(field: str, bad: float) -> None:
+    traj = sample_traj()
+    setattr(traj.steps[1], field, bad)
+    with pytest.raises(InvalidTrajectoryError, match=f"step 1: {field} is"):
+        encode(traj)
+
+
+def test_non_finite_component_is_refused() -> None:
+    traj = sample_traj()
+    traj.steps[2].reward_components["fault"] = math.nan
+    with pytest.raises(InvalidTrajectoryError, match=r"reward_components\['fault'\] is nan"):
+        encode(traj)
+
+
+def test_huge_but_finite_numbers_pass() -> None:
+    traj = sample_traj(1)
+    traj.steps[0].reward = 1e308
+    traj.steps[0].value = 1e308  # the sum overflows; each number is still finite
+    assert decode(encode(traj)).steps[0].reward == 1e308
+
+
+def test_oversize_fields_and_records_are_refused() -> None:
+    traj = sample_traj(1)
+    traj.steps[0].observation = b"x" * ((64 << 10) + 1)
+    with pytest.raises(InvalidTrajectoryError, match=r"observation is .* over the 65,536-byte cap"):
+        encode(traj)
+    traj = sample_traj(1)
+    traj.steps[0].prompt = "é" * 600_000  # 1.2 MB of UTF-8 in 600k characters
+    with pytest.raises(InvalidTrajectoryError, match="prompt is 1,200,000 bytes"):
+        encode(traj)
+    traj = sample_traj(1)
+    traj.steps[0].embedding = b"\0" * 6
+    with pytest.raises(InvalidTrajectoryError, match="not a whole number of 4-byte items"):
+        encode(traj)
+    with pytest.raises(RecordTooLargeError, match="record cap"):
+        encode(sample_traj(50), Limits(max_record_bytes=1000))
+    with pytest.raises(InvalidTrajectoryError, match="steps"):
+        encode(sample_traj(5), Limits(max_steps=4))
+    with pytest.raises(TypeError, match="Trajectory"):
+        encode({"steps": []})  # type: ignore[arg-type]
+
+
+def test_empty_trajectory_encodes_to_nothing() -> None:
+    assert encode(Trajectory()) == b""
+    assert decode(b"") == Trajectory()
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [b"\xff\xff\xff\xff", b'{"env_id": "x"}', b"\x0b" * 200, b"hello world", bytes(range(256)), b"\x22\x03\xff\xfe\xfd"],
+)
+def test_garbage_payloads_are_corrupt_records(payload: bytes) -> None:
+    with pytest.raises(CorruptRecordError, match="do not decode"):
+        decode(payload)
+
+
+def test_deep_unknown_nesting_is_refused_not_crashed() -> None:
+    deep = b"\x0b" * 100_000 + b"\x0c" * 100_000  # 100k nested groups of an unknown field
+    with pytest.raises(CorruptRecordError):
+        decode(deep)
+
+
+def test_cap_utf8_cuts_on_a_character_boundary() -> None:
+    data, cut = cap_utf8("aé€😀" * 10, 11)
+    assert cut and len(data) <= 11
+    data.decode("utf-8")  # no broken character
+    assert cap_utf8("short", 100) == (b"short", False)
+    step = make_step("a", "ø" * 40_000, 0.0)
+    assert step.observation_truncated and len(step.observation) <= 64 << 10
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rewards=st.lists(st.floats(allow_nan=False, allow_infinity=False), min_size=0, max_size=6),
+    text=st.text(max_size=200),
+    obs=st.binary(max_size=300),
+    emb=st.lists(st.floats(width=32, allow_nan=False), max_size=20),
+)
+def test_codec_round_trip_property(rewards: list[float], text: str, obs: bytes, emb: list[float]) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return  # lone surrogates cannot be proto strings
+    steps = [Step(prompt=text, action=text, observation=obs, reward=r, embedding=float32_bytes(emb)) for r in rewards]
+    traj = Trajectory(env_id=text, steps=steps)
+    back = decode(encode(traj))
+    assert back == traj
+    for step in back.steps:
+        assert as_float32(step.embedding).tolist() == np.asarray(emb, dtype=np.float32).tolist()
+
+
+def test_storage_errors_pickle_with_their_message() -> None:
+    from agentrl_envs import AgentRLError
+    from agentrl_envs.data import RecordNotFoundError
+
+    for exc in (InvalidTrajectoryError("bad reward"), RecordNotFoundError("record 3 was evicted")):
+        back = pickle.loads(pickle.dumps(exc))
+        assert type(back) is type(exc) and str(back) == str(exc)
+        assert isinstance(back, StorageError) and isinstance(back, AgentRLError)
+    assert isinstance(RecordNotFoundError("x"), KeyError) and str(RecordNotFoundError("record 3")) == "record 3"

@@ -1,0 +1,140 @@
+"""Arrow and Parquet shards: round trips, rolling files, plain-pyarrow and Hugging Face reads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from agentrl_envs.data import (
+    CorruptRecordError,
+    InvalidTrajectoryError,
+    ShardWriter,
+    StorageError,
+    Trajectory,
+    read_columns,
+    read_shards,
+    read_table,
+)
+from agentrl_envs.data.shards import SCHEMA, shard_paths, table_to_trajectories, trajectories_to_table
+from tests.conftest import require_integration
+from tests.data.test_codec import sample_traj
+
+
+def many(n: int) -> list[Trajectory]:
+    out = []
+    for i in range(n):
+        traj = sample_traj(1 + i % 4)
+        traj.task_id = f"task-{i}"
+        if i % 3 == 0:
+            traj.ClearField("seed")
+        traj.steps[0].observation = bytes([i % 256]) * (i * 10)
+        out.append(traj)
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["arrow", "parquet"])
+def test_round_trip_and_rolling(tmp_path: Path, fmt: str) -> None:
+    trajs = many(60)
+    with ShardWriter(tmp_path / "shards", format=fmt, max_shard_bytes=8_000, batch_size=7) as writer:  # type: ignore[arg-type]
+        indices = [writer.append(t) for t in trajs]
+    assert indices == list(range(60))
+    paths = writer.paths
+    assert len(paths) > 2 and all(p.suffix == f".{fmt}" for p in paths)
+    assert list(read_shards(tmp_path / "shards")) == trajs
+    assert not list((tmp_path / "shards").glob(".*.tmp"))
+    table = read_table(tmp_path / "shards")
+    assert table.num_rows == sum(len(t.steps) for t in trajs) and table.schema.equals(SCHEMA)
+    cols = read_columns(tmp_path / "shards")
+    expected = np.concatenate([[s.reward for s in t.steps] for t in trajs])
+    assert np.array_equal(cols["reward"], expected) and cols["advantage"].dtype == np.float64
+    # A new writer on the same folder continues the numbering instead of overwriting.
+    with ShardWriter(tmp_path / "shards", format=fmt) as more:  # type: ignore[arg-type]
+        more.append(trajs[0])
+    assert len(shard_paths(tmp_path / "shards")) == len(paths) + 1
+
+
+def test_plain_pyarrow_reads_flat_columns(tmp_path: Path) -> None:
+    with ShardWriter(tmp_path, format="arrow") as writer:
+        writer.extend(many(10))
+    with pa.memory_map(str(writer.paths[0])) as source:
+        table = pa.ipc.open_stream(source).read_all()
+    rewards = table.column("reward").to_numpy()
+    assert rewards.dtype == np.float64 and len(rewards) == table.num_rows
+    single = table.column("log_prob").chunk(0).to_numpy(zero_copy_only=True)  # no copy out of the map
+    assert single.dtype == np.float64
+    emb = table.column("embedding").chunk(0).flatten().to_numpy(zero_copy_only=True)
+    assert emb.dtype == np.float32
+    with ShardWriter(tmp_path / "pq", format="parquet") as writer:
+        writer.extend(many(10))
+    assert pq.read_table(writer.paths[0], columns=["reward", "advantage"]).num_rows == table.num_rows
+
+
+def test_hugging_face_datasets_reads_shards(tmp_path: Path) -> None:
+    try:
+        import datasets
+    except ImportError:
+        if require_integration():
+            pytest.fail("Hugging Face datasets is required under AGENTRL_REQUIRE_INTEGRATION=1: pip install -e '.[dev]'")
+        pytest.skip("Hugging Face datasets is not installed (pip install -e '.[dev]')")
+    trajs = many(12)
+    with ShardWriter(tmp_path / "arrow", format="arrow", max_shard_bytes=4_000) as writer:
+        writer.extend(trajs)
+    with ShardWriter(tmp_path / "parquet", format="parquet") as pwriter:
+        pwriter.extend(trajs)
+    rows = sum(len(t.steps) for t in trajs)
+    one = datasets.Dataset.from_file(str(writer.paths[0]))
+    assert one.num_rows > 0 and isinstance(one[0]["reward"], float)
+    cache = str(tmp_path / "hf-cache")
+    arrow = datasets.load_dataset("arrow", data_files=[str(p) for p in writer.paths], split="train", cache_dir=cache)
+    parquet = datasets.load_dataset("parquet", data_files=[str(p) for p in pwriter.paths], split="train", cache_dir=cache)
+    for ds in (arrow, parquet):
+        assert ds.num_rows == rows
+        assert ds[0]["reward_components"] == [{"name": k, "value": v} for k, v in trajs[0].steps[0].reward_components.items()]
+        assert np.allclose(ds.with_format("numpy")["advantage"], [s.advantage for t in trajs for s in t.steps])
+
+
+def test_refusals_and_damage(tmp_path: Path) -> None:
+    writer = ShardWriter(tmp_path / "s")
+    with pytest.raises(InvalidTrajectoryError, match="without steps"):
+        writer.append(Trajectory(env_id="x"))
+    bad = sample_traj(1)
+    bad.steps[0].reward = float("nan")
+    with pytest.raises(InvalidTrajectoryError, match="reward is nan"):
+        writer.append(bad)
+    with pytest.raises(TypeError):
+        writer.append("not a trajectory")  # type: ignore[arg-type]
+    writer.append(sample_traj(2))
+    writer.close()
+    with pytest.raises(StorageError, match="closed"):
+        writer.append(sample_traj(1))
+    with pytest.raises(ValueError, match="format"):
+        ShardWriter(tmp_path / "x", format="csv")  # type: ignore[arg-type]
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(StorageError, match="not a directory"):
+        ShardWriter(tmp_path / "file")
+    damaged = writer.paths[0]
+    damaged.write_bytes(damaged.read_bytes()[:200])
+    with pytest.raises(CorruptRecordError, match="not a readable"):
+        list(read_shards(damaged))
+    (tmp_path / "junk.parquet").write_bytes(b"PAR1 not really")
+    with pytest.raises(CorruptRecordError):
+        read_table(tmp_path / "junk.parquet")
+    with pytest.raises(FileNotFoundError):
+        read_table(tmp_path / "missing")
+    (tmp_path / "empty-dir").mkdir()
+    assert read_table(tmp_path / "empty-dir").num_rows == 0
+
+
+def test_table_helpers(tmp_path: Path) -> None:
+    trajs = many(5)
+    table = trajectories_to_table(trajs)
+    assert table_to_trajectories(table) == trajs
+    assert table_to_trajectories(trajectories_to_table([])) == []
+    from agentrl_envs.data import FormatError
+
+    with pytest.raises(FormatError, match="lacks the shard columns"):
+        table_to_trajectories(pa.table({"reward": [1.0]}))
