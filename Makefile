@@ -41,6 +41,8 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_env.py
+	$(BIN)/python benchmarks/bench_backends.py
+	$(BIN)/python benchmarks/bench_storage.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
