@@ -205,5 +205,5 @@ def test_server_side_profile_faults_replay_by_seed() -> None:
 
         runs = [run(s) for s in range(6)]
         assert runs == [run(s) for s in range(6)]
-        injected = [f for r in runs for f in r if f is not None and f["origin"] == "injected"]
+        injected = [f for r in runs for f in r if f and f["origin"] == "injected"]
         assert injected, "the flaky profile injected nothing server-side in six episodes"
