@@ -29,7 +29,8 @@ from tests.integration.servers import simulator_server
 def episodes_per_s(env_id: str, backend: object, n: int) -> tuple[float, float]:
     env = gym.make(env_id, backend=backend)
     agent = OracleAgent(env)
-    env.reset(seed=10_000)  # warm up (template databases, connections)
+    for seed in range(n):  # warm up: every template database and connection the timed loop needs
+        env.reset(seed=seed)
     steps = 0
     start = time.perf_counter()
     for seed in range(n):
@@ -45,11 +46,13 @@ def episodes_per_s(env_id: str, backend: object, n: int) -> tuple[float, float]:
 
 
 def http_throughput(url: str, seconds: float, threads: int) -> tuple[float, float]:
-    """Tool requests per second against one server from ``threads`` client threads."""
-    env = gym.make("AgentRL/SQL-v0", backend=url)
-    env.reset(seed=0)
-    episode_id = env.unwrapped._episode_id
-    fact = env.unwrapped.task.data.tables  # noqa: F841 - the episode holds the data
+    """Tool requests per second against one server from ``threads`` client threads, each with its
+    own episode (as N envs would be), each a point lookup."""
+    envs = [gym.make("AgentRL/SQL-v0", backend=url) for _ in range(threads)]
+    episodes = []
+    for i, env in enumerate(envs):
+        env.reset(seed=i)
+        episodes.append(env.unwrapped._episode_id)
     count = [0] * threads
     latencies: list[float] = []
     stop = time.perf_counter() + seconds
@@ -58,7 +61,7 @@ def http_throughput(url: str, seconds: float, threads: int) -> tuple[float, floa
         with httpx.Client(base_url=url, timeout=10) as client:
             while time.perf_counter() < stop:
                 t = time.perf_counter()
-                r = client.post(f"/v1/episodes/{episode_id}/sql", json={"query": "SELECT name FROM staff WHERE staff_id = 3"})
+                r = client.post(f"/v1/episodes/{episodes[i]}/sql", json={"query": "SELECT name FROM staff WHERE staff_id = 3"})
                 if i == 0:
                     latencies.append(time.perf_counter() - t)
                 if r.status_code == 200:
@@ -71,7 +74,8 @@ def http_throughput(url: str, seconds: float, threads: int) -> tuple[float, floa
     for t in pool:
         t.join()
     elapsed = time.perf_counter() - start
-    env.close()
+    for env in envs:
+        env.close()
     return sum(count) / elapsed, statistics.median(latencies) * 1000
 
 

@@ -28,7 +28,7 @@ import re
 import shutil
 import tempfile
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -53,6 +53,9 @@ class _Episode:
     database: ReadOnlyDatabase | None
     mailbox: Mailbox
     queries: int = 0
+    # One call at a time per episode: its SQLite connection and mailbox are not thread-safe, and
+    # an HTTP client may send concurrent calls for the same episode.
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class SimulatorApp:
@@ -131,13 +134,11 @@ class SimulatorApp:
         episode = self._episodes.get(episode_id)
         if episode is None:
             return _err(404, "unknown_episode", f"no open episode {episode_id[:64]!r}")
-        if tool == "sql":
-            return self._sql(episode, payload)
-        if tool == "python":
-            return self._python(episode, payload)
-        if tool == "smtp":
-            return self._smtp(episode, payload)
-        return _err(404, "unknown_tool", f"no tool {tool[:64]!r}; tools are sql, python, smtp")
+        handler = {"sql": self._sql, "python": self._python, "smtp": self._smtp}.get(tool)
+        if handler is None:
+            return _err(404, "unknown_tool", f"no tool {tool[:64]!r}; tools are sql, python, smtp")
+        with episode.lock:
+            return handler(episode, payload)
 
     # -- workspace files ----------------------------------------------------------------------
 
