@@ -207,3 +207,32 @@ def test_server_side_profile_faults_replay_by_seed() -> None:
         assert runs == [run(s) for s in range(6)]
         injected = [f for r in runs for f in r if f and f["origin"] == "injected"]
         assert injected, "the flaky profile injected nothing server-side in six episodes"
+
+
+def test_concurrent_calls_for_one_episode_do_not_hang(sim_url: str) -> None:
+    """A client may send several calls for the same episode at once; they are served one by one."""
+    import threading
+
+    import httpx
+
+    env = gym.make("AgentRL/SQL-v0", backend=sim_url)
+    env.reset(seed=0)
+    episode = env.unwrapped._episode_id
+    statuses: list[int] = []
+
+    def worker() -> None:
+        with httpx.Client(base_url=sim_url, timeout=10) as client:
+            for _ in range(15):
+                statuses.append(
+                    client.post(f"/v1/episodes/{episode}/sql", json={"query": "SELECT count(*) AS n FROM staff"}).status_code
+                )
+
+    threads = [threading.Thread(target=worker) for _ in range(6)]
+    start = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert time.perf_counter() - start < 30
+    assert statuses == [200] * 90
+    env.close()
