@@ -112,7 +112,7 @@ class TaskSampler:
         raise RuntimeError(f"no valid parameters for {[t.__name__ for t in templates]} in {ctx.domain.name}/{ctx.split}")
 
     def _instruction(self, domain: Domain, database: DatabaseSpec, subtasks: tuple[SubTask, ...], files: dict[str, str]) -> str:
-        lines = [f"You are an analytics agent at a {domain.name} company."]
+        lines = [f"You are an analytics agent at {domain.where}."]
         if len(subtasks) == 1:
             lines.append(f"Task: {subtasks[0].description}")
         else:

@@ -58,6 +58,7 @@ class Domain:
         mail_domain: the company's email domain.
         scale: typical size of ``measure``.
         rows: number of fact rows.
+        company: where the agent works, as the instruction says it (default "a <name> company").
     """
 
     name: str
@@ -80,6 +81,12 @@ class Domain:
     mail_domain: str
     scale: float = 100.0
     rows: int = 600
+    company: str = ""
+
+    @property
+    def where(self) -> str:
+        """Where the agent works, for the instruction ("a retail company")."""
+        return self.company or f"a {self.name} company"
 
     def generate(self, data_seed: int) -> dict[str, dict[str, Any]]:
         """The domain's tables for one data seed, as ``{name: {"columns", "rows"}}``."""

@@ -22,4 +22,5 @@ FINANCE = Domain(
     count_noun="fee basis points",
     mail_domain="bank.example",
     scale=1500.0,
+    company="a retail bank",
 )

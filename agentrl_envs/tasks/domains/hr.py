@@ -22,4 +22,5 @@ HR = Domain(
     count_noun="hours",
     mail_domain="people.example",
     scale=900.0,
+    company="the HR department of a software company",
 )
