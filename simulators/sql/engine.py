@@ -37,6 +37,9 @@ _AUTH = sqlite3
 _ALLOWED_ACTIONS = frozenset({_AUTH.SQLITE_SELECT, _AUTH.SQLITE_READ, _AUTH.SQLITE_RECURSIVE})
 
 MAX_QUERY_CHARS = 20_000
+#: SQLite VM steps between deadline checks: often enough to stop a runaway query within
+#: milliseconds, rare enough not to slow a normal one (each check is a call into Python).
+PROGRESS_STEPS = 10_000
 MAX_RESULT_ROWS = 10_000
 MAX_VALUE_CHARS = 10_000
 
@@ -161,10 +164,10 @@ class ReadOnlyDatabase:
         self._conn = self._engine.connect()
         # After SQLAlchemy's first-connect PRAGMAs, which the authorizer would refuse.
         raw.set_authorizer(_authorize)
-        raw.set_progress_handler(self._progress, 1000)
+        raw.set_progress_handler(self._progress, PROGRESS_STEPS)
 
     def _progress(self) -> int:
-        self._steps += 1000
+        self._steps += PROGRESS_STEPS
         return 1 if time.perf_counter() > self._deadline else 0
 
     def query(self, sql: str) -> QueryResult:

@@ -377,3 +377,36 @@ def test_episode_id_with_trailing_newline_is_400(client: httpx.Client) -> None:
 def test_build_database_image_matches_put(app: SimulatorApp, client: httpx.Client) -> None:
     client.put("/v1/databases/fp", json={"tables": TABLES})
     assert app.templates.get("fp") == build_database(TABLES)
+
+
+def test_openapi_document_describes_every_route() -> None:
+    from simulators import SimulatorApp
+
+    app = SimulatorApp()
+    try:
+        client = httpx.Client(transport=httpx.MockTransport(app.handle), base_url="http://sim")
+        doc = client.get("/openapi.json").json()
+        assert doc["openapi"].startswith("3.1")
+        paths = doc["paths"]
+        for path in (
+            "/v1/episodes",
+            "/v1/episodes/{episode_id}/sql",
+            "/v1/episodes/{episode_id}/python",
+            "/v1/episodes/{episode_id}/smtp",
+            "/v1/episodes/{episode_id}/files/{path}",
+            "/v1/databases/{fingerprint}",
+        ):
+            assert path in paths, path
+        refs = {v for p in paths.values() for op in p.values() for v in _refs(op)}
+        assert refs <= {f"#/components/schemas/{name}" for name in doc["components"]["schemas"]}
+    finally:
+        app.close()
+
+
+def _refs(node: object) -> list[str]:
+    if isinstance(node, dict):
+        out = [node["$ref"]] if "$ref" in node else []
+        return out + [r for v in node.values() for r in _refs(v)]
+    if isinstance(node, list):
+        return [r for v in node for r in _refs(v)]
+    return []

@@ -1,0 +1,61 @@
+"""What a run inherits from the zygote, and which layers it applies (stdlib only)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+SETUP_FAILED = 125
+
+
+@dataclass
+class Plan:
+    """Layers a run applies. The probe run attempts each one and records whether it held."""
+
+    pidns: bool = False
+    subreaper: bool = False
+    mntns: bool = False
+    ipcns: bool = False
+    pid_max: bool = False
+    overlay: bool = False
+    userns_run: bool = False
+    nproc: bool = False
+    caps: bool = False
+    landlock: int = 0  # ABI version, 0 = off
+    seccomp: bool = False
+
+
+@dataclass
+class Context:
+    """The zygote's state that every supervisor and program inherits through fork."""
+
+    plan: Plan
+    root: bool
+    uid: int  # the ids a run's user namespace maps its root to
+    gid: int
+    cap_last: int
+    rules: list[tuple[int, int]]  # (O_PATH fd, Landlock access) granted to every run
+    seccomp_filter: bytes
+    mnt: str  # mount point of a run's tmpfs (each run has its own mount namespace)
+    workspace_bytes: int
+    workspace_files: int
+    devnull: int
+    control_fd: int
+    env: dict[str, str]
+    probe: bool = False
+    applied: dict[str, bool] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def step(self, name: str, fn: Callable[[], object]) -> bool:
+        """Apply one layer. In a normal run a failure raises; in the probe run it is recorded."""
+        if not self.probe:
+            fn()
+            return True
+        try:
+            fn()
+        except (OSError, ValueError) as exc:
+            self.applied[name] = False
+            self.errors[name] = str(exc)
+            return False
+        self.applied[name] = True
+        return True

@@ -1,0 +1,141 @@
+"""Apply a run's overlay upper layer (its changes to the workspace) to the real workspace.
+
+A run sees the workspace through an overlay whose upper layer lives on a size- and inode-capped
+tmpfs, so a file-size or file-count bomb stops at the cap instead of filling the host's disk. When
+the run is over the supervisor replays the upper layer onto the real directory: new and modified
+regular files and directories are copied (permission bits only: never setuid, setgid or sticky),
+whiteouts and opaque directories delete, and anything else (symlinks, fifos, devices) is dropped.
+Every operation is relative to directory descriptors and never follows a symlink.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+_OPAQUE_XATTRS = ("trusted.overlay.opaque", "user.overlay.opaque")
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+MAX_DEPTH = 64
+
+
+def apply_upper(upper: str, real_fd: int) -> list[str]:
+    """Replay ``upper`` onto the directory open at ``real_fd``; return notes on what was dropped."""
+    notes: list[str] = []
+    up_fd = os.open(upper, _DIR_FLAGS)
+    try:
+        _sync_dir(up_fd, real_fd, 0, notes)
+    finally:
+        os.close(up_fd)
+    return notes
+
+
+def _sync_dir(up_fd: int, real_fd: int, depth: int, notes: list[str]) -> None:
+    with os.scandir(up_fd) as it:
+        names = [entry.name for entry in it]
+    for name in names:
+        st = os.stat(name, dir_fd=up_fd, follow_symlinks=False)
+        mode = st.st_mode
+        if stat.S_ISCHR(mode) and st.st_rdev == 0:  # whiteout: deleted in this run
+            _remove(real_fd, name)
+        elif stat.S_ISDIR(mode):
+            _sync_subdir(up_fd, real_fd, name, st, depth, notes)
+        elif stat.S_ISREG(mode):
+            _copy_file(up_fd, real_fd, name, st)
+        else:
+            notes.append(f"{name!r}: not a regular file or directory, not kept")
+
+
+def _sync_subdir(up_fd: int, real_fd: int, name: str, st: os.stat_result, depth: int, notes: list[str]) -> None:
+    existing = _lstat(real_fd, name)
+    if existing is not None and (_is_opaque(up_fd, name) or not stat.S_ISDIR(existing.st_mode)):
+        _remove(real_fd, name)
+        existing = None
+    if existing is None:
+        os.mkdir(name, stat.S_IMODE(st.st_mode) & 0o777 | 0o700, dir_fd=real_fd)
+    if depth + 1 >= MAX_DEPTH:
+        notes.append(f"{name!r}: directories nested deeper than {MAX_DEPTH} levels, contents not kept")
+        return
+    sub_up = os.open(name, _DIR_FLAGS, dir_fd=up_fd)
+    try:
+        sub_real = os.open(name, _DIR_FLAGS, dir_fd=real_fd)
+        try:
+            _sync_dir(sub_up, sub_real, depth + 1, notes)
+        finally:
+            os.close(sub_real)
+    finally:
+        os.close(sub_up)
+
+
+def _copy_file(up_fd: int, real_fd: int, name: str, st: os.stat_result) -> None:
+    src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=up_fd)
+    try:
+        tmp = _create_temp(real_fd)
+        dst = os.open(tmp, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=real_fd)
+        try:
+            remaining = st.st_size
+            while remaining > 0:
+                n = os.sendfile(dst, src, None, min(remaining, 1 << 30))
+                if n <= 0:
+                    break
+                remaining -= n
+            os.fchmod(dst, stat.S_IMODE(st.st_mode) & 0o777)
+            os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
+    existing = _lstat(real_fd, name)
+    if existing is not None and stat.S_ISDIR(existing.st_mode):
+        _remove(real_fd, name)
+    os.replace(tmp, name, src_dir_fd=real_fd, dst_dir_fd=real_fd)
+
+
+def _create_temp(real_fd: int) -> str:
+    for i in range(100):
+        tmp = f".sandbox-copy-{os.getpid()}-{i}"
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=real_fd))
+            return tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError("no free temporary name in the workspace")
+
+
+def _lstat(dir_fd: int, name: str) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def _is_opaque(dir_fd: int, name: str) -> bool:
+    fd = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    try:
+        for attr in _OPAQUE_XATTRS:
+            try:
+                if os.getxattr(fd, attr) == b"y":
+                    return True
+            except OSError:
+                continue
+        return False
+    finally:
+        os.close(fd)
+
+
+def _remove(dir_fd: int, name: str) -> None:
+    """Remove ``name`` (a whole tree if it is a directory) without following symlinks."""
+    st = _lstat(dir_fd, name)
+    if st is None:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(name, dir_fd=dir_fd)
+        return
+    sub = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    try:
+        with os.scandir(sub) as it:
+            children = [entry.name for entry in it]
+        for child in children:
+            _remove(sub, child)
+    finally:
+        os.close(sub)
+    os.rmdir(name, dir_fd=dir_fd)

@@ -1,0 +1,274 @@
+"""The program process: it locks itself down, waits for its request, then runs the agent's code.
+
+Forked by the supervisor ahead of the request (a warm pair), it does everything that does not depend
+on the request first: its stdio, its own user namespace (a per-run RLIMIT_NPROC count), no
+capabilities, no_new_privs, a Landlock ruleset holding the read-only rules, seccomp. Once the
+request arrives: chdir into the workspace, the workspace rule and ``landlock_restrict_self``, every
+other descriptor closed, the rlimits, the environment, and the code runs as ``__main__`` in a fresh
+namespace with the file name ``<agent>``.
+"""
+
+from __future__ import annotations
+
+import builtins
+import io
+import json
+import os
+import resource
+import signal
+import sys
+import time
+import traceback
+import types
+from typing import Any, NoReturn
+
+from . import _landlock, _linux, _seccomp
+from ._context import SETUP_FAILED, Context
+from ._protocol import decode_request, read_frame_fd
+
+GLOBAL_NPROC = 4096  # RLIMIT_NPROC over all concurrent runs (the user namespace's ceiling)
+
+
+def program_main(ctx: Context, out_w: int, err_w: int, go_r: int, setup_w: int) -> NoReturn:
+    """Entry point of the program child; never returns."""
+    report_fd = setup_w
+    try:
+        ruleset = _prepare(ctx, out_w, err_w)
+        header, program = decode_request(read_frame_fd(go_r))
+    except EOFError:
+        os._exit(0)  # the supervisor went away without a request
+    except BaseException as exc:
+        _fail(report_fd, f"sandbox setup: {type(exc).__name__}: {exc}")
+    try:
+        report_fd = _lock_in(ctx, header, ruleset, setup_w)
+        report = {"program": ctx.applied, "program_errors": ctx.errors, "ready": time.monotonic()}
+        os.write(report_fd, json.dumps(report).encode() + b"\n")
+    except BaseException as exc:
+        _fail(report_fd, f"sandbox setup: {type(exc).__name__}: {exc}")
+    del ctx, header
+    _run_agent(program, report_fd)
+
+
+def _fail(fd: int, message: str) -> NoReturn:
+    try:
+        os.write(fd, json.dumps({"error": message}).encode() + b"\n")
+    finally:
+        os._exit(SETUP_FAILED)
+
+
+def _prepare(ctx: Context, out_w: int, err_w: int) -> int:
+    """Everything that does not depend on the request; the Landlock ruleset fd (-1 without Landlock)."""
+    plan = ctx.plan
+    os.dup2(out_w, 1)
+    os.dup2(err_w, 2)
+    os.dup2(ctx.devnull, 0)
+    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    if not plan.pidns:
+        _linux.prctl(_linux.PR_SET_PDEATHSIG, signal.SIGKILL)
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("1000")  # under memory pressure the sandbox goes first
+    except OSError:
+        pass
+    if plan.userns_run:
+        ctx.step("userns_run", lambda: _enter_run_userns(ctx))
+    if plan.caps:
+        ctx.step("caps", lambda: _linux.drop_capabilities(ctx.cap_last))
+    _linux.prctl(_linux.PR_SET_NO_NEW_PRIVS, 1)
+    ruleset = -1
+    if plan.landlock:
+        rulesets: list[int] = []
+        if ctx.step("landlock", lambda: rulesets.append(_static_ruleset(ctx))):
+            ruleset = rulesets[0]
+    if plan.seccomp:  # from here on only allowed syscalls: chdir, landlock, close_range, prlimit, read, write
+        ctx.step("seccomp", lambda: _seccomp.install(ctx.seccomp_filter))
+    _fresh_process_state()
+    os.environ.clear()
+    os.environ.update(ctx.env)
+    return ruleset
+
+
+def _enter_run_userns(ctx: Context) -> None:
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+    ceiling = GLOBAL_NPROC if hard == resource.RLIM_INFINITY else min(hard, GLOBAL_NPROC)
+    resource.setrlimit(resource.RLIMIT_NPROC, (ceiling, ceiling))
+    _linux.unshare(_linux.CLONE_NEWUSER)
+    _linux.map_self(ctx.uid, ctx.gid)
+
+
+def _static_ruleset(ctx: Context) -> int:
+    handled = _landlock.handled_fs(ctx.plan.landlock)
+    ruleset = _landlock.create_ruleset(ctx.plan.landlock)
+    for fd, access in ctx.rules:
+        _landlock.add_path_rule(ruleset, fd, access & handled)
+    fd = os.open("/proc/self", os.O_PATH | os.O_CLOEXEC)
+    try:
+        _landlock.add_path_rule(ruleset, fd, (_landlock.READ_FILE | _landlock.READ_DIR) & handled)
+    finally:
+        os.close(fd)
+    return ruleset
+
+
+def _fresh_process_state() -> None:
+    """What a cold interpreter would have that a fork of the zygote does not."""
+    tempfile = sys.modules.get("tempfile")
+    if tempfile is not None:
+        tempfile.tempdir = None  # type: ignore[attr-defined]
+    np_random = sys.modules.get("numpy.random")
+    if np_random is not None:  # the fork shares the zygote's generator state
+        np_random.seed(int.from_bytes(os.urandom(4), "little"))  # type: ignore[attr-defined]
+    enc, errors = sys.stdout.encoding, sys.stdout.errors
+    sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)), enc, "surrogateescape")
+    sys.stdout = sys.__stdout__ = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)), enc, errors)
+    sys.stderr = sys.__stderr__ = io.TextIOWrapper(
+        io.BufferedWriter(io.FileIO(2, "w", closefd=False)), enc, "backslashreplace", line_buffering=True
+    )
+    sys.argv = ["<agent>"]
+    sys.dont_write_bytecode = True
+
+
+def _lock_in(ctx: Context, header: dict[str, Any], ruleset: int, setup_w: int) -> int:
+    """The request-dependent steps; returns the descriptor of the report pipe.
+
+    The report pipe stays open while the agent's code runs, at the highest descriptor number the
+    program may hold, so that descriptors 3 and up are free as in a cold interpreter. Its last line
+    says the program is done (see :func:`_finish`); writing it early only ends the run early.
+    """
+    workspace = header["workspace"]
+    tasks = _tasks_of_this_user() if ctx.plan.nproc and not ctx.plan.userns_run else 0
+    os.chdir(workspace)
+    if ruleset >= 0:
+
+        def restrict() -> None:
+            handled = _landlock.handled_fs(ctx.plan.landlock)
+            fd = os.open(".", os.O_PATH | os.O_CLOEXEC)
+            try:
+                _landlock.add_path_rule(ruleset, fd, _landlock.READ_WRITE & handled)
+            finally:
+                os.close(fd)
+            _landlock.restrict_self(ruleset)
+
+        ctx.step("landlock_restrict", restrict)
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    report_fd = max(4, min(int(header["open_files"]), soft) - 1)
+    if setup_w != report_fd:
+        os.dup2(setup_w, report_fd, inheritable=False)
+    _linux.close_range(3, report_fd - 1)
+    _linux.close_from(report_fd + 1)
+    _set_rlimits(ctx, header, tasks)
+    os.environ["HOME"] = os.environ["TMPDIR"] = workspace
+    return report_fd
+
+
+def _set_rlimits(ctx: Context, header: dict[str, Any], other_tasks: int) -> None:
+    def clamp(kind: int, soft: int, hard: int) -> None:
+        _cur_soft, cur_hard = resource.getrlimit(kind)
+        if cur_hard != resource.RLIM_INFINITY:
+            hard = min(hard, cur_hard)
+            soft = min(soft, hard)
+        resource.setrlimit(kind, (soft, hard))
+
+    mem, cpu, fsize, nofile = (int(header[k]) for k in ("memory_bytes", "cpu_s", "file_bytes", "open_files"))
+    clamp(resource.RLIMIT_AS, mem, mem)
+    clamp(resource.RLIMIT_CPU, cpu, cpu + 1)
+    clamp(resource.RLIMIT_FSIZE, fsize, fsize)
+    clamp(resource.RLIMIT_NOFILE, nofile, nofile)
+    clamp(resource.RLIMIT_CORE, 0, 0)
+    if ctx.plan.nproc:
+        n = int(header["processes"]) + other_tasks
+        clamp(resource.RLIMIT_NPROC, n, n)
+
+
+def _tasks_of_this_user() -> int:
+    """Threads of every process of our uid: without a user namespace RLIMIT_NPROC counts them all."""
+    uid, total = os.getuid(), 0
+    with os.scandir("/proc") as it:
+        for entry in it:
+            if entry.name.isdigit():
+                try:
+                    if entry.stat().st_uid == uid:
+                        total += max(1, os.stat(f"/proc/{entry.name}/task").st_nlink - 2)
+                except OSError:
+                    continue
+    return total
+
+
+# -- running the agent's code ----------------------------------------------------------------------
+
+
+def _run_agent(program: bytes, report_fd: int) -> NoReturn:
+    """Run the program as ``__main__`` in a fresh namespace, as ``python <agent>`` would; exit."""
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = builtins
+    sys.modules["__main__"] = main
+    code = 0
+    try:
+        exec(compile(program, "<agent>", "exec"), main.__dict__)
+    except SystemExit as exc:
+        code = _exit_code(exc)
+    except BaseException as exc:
+        code = 1
+        _print_exception(exc)
+    os._exit(_finish(code, report_fd))
+
+
+def _exit_code(exc: SystemExit) -> int:
+    value = exc.code
+    if value is None:
+        return 0
+    if isinstance(value, int):
+        return value & 0xFF if -(2**63) <= value < 2**63 else 0xFF
+    try:
+        print(value, file=sys.stderr)
+    except BaseException:
+        pass
+    return 1
+
+
+def _print_exception(exc: BaseException) -> None:
+    """The traceback from the agent's first frame on: no sandbox frames."""
+    try:
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename != "<agent>":
+            tb = tb.tb_next
+        traceback.print_exception(type(exc), exc, tb)
+    except BaseException:
+        try:
+            sys.stderr.write(f"{type(exc).__name__}\n")
+        except BaseException:
+            pass
+
+
+def _finish(code: int, report_fd: int) -> int:
+    """What interpreter shutdown would do (join threads, run atexit, flush), then tell the supervisor.
+
+    When nothing else of the run can still write (no other thread, no child), the program closes
+    its output and says "done": the supervisor can answer without waiting for this process's exit.
+    """
+    threading = sys.modules.get("threading")
+    for step in (getattr(threading, "_shutdown", None), getattr(sys.modules.get("atexit"), "_run_exitfuncs", None)):
+        if step is not None:
+            try:
+                step()
+            except BaseException:
+                pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            if stream is sys.stdout and code == 0:
+                code = 120  # as CPython does when the final flush of stdout fails
+    try:
+        if len(os.listdir("/proc/self/task")) == 1:
+            with open("/proc/thread-self/children") as f:
+                if not f.read().strip():
+                    os.close(1)
+                    os.close(2)
+                    os.write(report_fd, b'{"done": %d}\n' % (code & 0xFF))
+    except (OSError, ValueError):
+        pass
+    return code

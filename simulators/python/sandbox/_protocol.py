@@ -1,0 +1,140 @@
+"""Wire format between the host, the zygote and a run's supervisor (stdlib only).
+
+Control socket (host <-> zygote, AF_UNIX stream): frames of ``u32 length | payload``.
+
+- host -> zygote, first frame: the JSON config; then one frame per run:
+  ``u32 header_length | header JSON | program bytes``;
+- zygote -> host: the hello (JSON), then one JSON ack per run. A run's ack carries two descriptors
+  (SCM_RIGHTS): the read end of the run's result pipe and a pidfd of its supervisor.
+
+Result pipe (supervisor -> host), written once when the run is over:
+``b"SBX1" | u32 header_length | header JSON | stdout bytes | stderr bytes``, the two lengths in the
+header. The program never holds this pipe, so nothing it prints can forge a result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+from typing import Any
+
+MAGIC = b"SBX1"
+MAX_FRAME = 64 << 20
+_U32 = struct.Struct(">I")
+
+
+class ProtocolError(Exception):
+    """The peer sent something that is not a frame of this protocol, or hung up mid-frame."""
+
+
+def frame(payload: bytes) -> bytes:
+    return _U32.pack(len(payload)) + payload
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(min(n - len(buf), 1 << 20))
+        if not chunk:
+            raise EOFError("peer closed the connection")
+        buf += chunk
+    return bytes(buf)
+
+
+def recv_frame(sock: socket.socket) -> bytes:
+    (n,) = _U32.unpack(recv_exact(sock, 4))
+    if n > MAX_FRAME:
+        raise ProtocolError(f"frame of {n} bytes")
+    return recv_exact(sock, n)
+
+
+def send_json(sock: socket.socket, obj: dict[str, Any], fds: list[int] | None = None) -> None:
+    data = frame(json.dumps(obj, separators=(",", ":")).encode())
+    if fds:
+        sent = socket.send_fds(sock, [data], fds)
+        if sent < len(data):
+            sock.sendall(data[sent:])
+    else:
+        sock.sendall(data)
+
+
+def recv_json_with_fds(sock: socket.socket, maxfds: int) -> tuple[dict[str, Any], list[int]]:
+    """One JSON frame and the descriptors that came with its first bytes."""
+    data, fds, _flags, _addr = socket.recv_fds(sock, 65536, maxfds)
+    if not data:
+        for fd in fds:
+            os.close(fd)
+        raise EOFError("peer closed the connection")
+    try:
+        while len(data) < 4:
+            data += recv_exact(sock, 4 - len(data))
+        (n,) = _U32.unpack(data[:4])
+        if n > MAX_FRAME:
+            raise ProtocolError(f"frame of {n} bytes")
+        body = data[4:]
+        if len(body) < n:
+            body += recv_exact(sock, n - len(body))
+        if len(body) > n:
+            raise ProtocolError("two frames in one message")
+        return json.loads(body), list(fds)
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+
+
+def encode_request(header: dict[str, Any], program: bytes) -> bytes:
+    head = json.dumps(header, separators=(",", ":")).encode()
+    return frame(_U32.pack(len(head)) + head + program)
+
+
+def decode_request(payload: bytes) -> tuple[dict[str, Any], bytes]:
+    (n,) = _U32.unpack(payload[:4])
+    return json.loads(payload[4 : 4 + n]), payload[4 + n :]
+
+
+def encode_result(header: dict[str, Any], out: bytes, err: bytes) -> bytes:
+    head = json.dumps({**header, "stdout_bytes": len(out), "stderr_bytes": len(err)}, separators=(",", ":")).encode()
+    return MAGIC + _U32.pack(len(head)) + head + out + err
+
+
+def decode_result(data: bytes) -> tuple[dict[str, Any], bytes, bytes]:
+    """Split a complete result; ProtocolError when it is cut short or malformed."""
+    if len(data) < 8 or data[:4] != MAGIC:
+        raise ProtocolError("no result from the supervisor")
+    (n,) = _U32.unpack(data[4:8])
+    try:
+        header = json.loads(data[8 : 8 + n])
+        n_out, n_err = int(header["stdout_bytes"]), int(header["stderr_bytes"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ProtocolError(f"bad result header: {exc}") from None
+    body = data[8 + n :]
+    if len(body) != n_out + n_err:
+        raise ProtocolError("result cut short")
+    return header, body[:n_out], body[n_out:]
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def read_frame_fd(fd: int) -> bytes:
+    """One ``u32 length | payload`` frame from a blocking pipe; EOFError if it ends first."""
+
+    def exact(n: int) -> bytes:
+        buf = bytearray()
+        while len(buf) < n:
+            chunk = os.read(fd, min(n - len(buf), 1 << 20))
+            if not chunk:
+                raise EOFError("pipe closed")
+            buf += chunk
+        return bytes(buf)
+
+    (n,) = _U32.unpack(exact(4))
+    if n > MAX_FRAME:
+        raise ProtocolError(f"frame of {n} bytes")
+    return exact(n)

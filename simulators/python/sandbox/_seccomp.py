@@ -1,0 +1,187 @@
+"""The seccomp-bpf filter of a sandboxed program, assembled by hand (no libseccomp).
+
+The filter allows by default and denies what a data-processing program never needs and what a
+container escape usually starts with:
+
+- every ``socket()`` (so no inet, netlink, packet or vsock socket); ``socketpair()`` only for AF_UNIX;
+- other processes' memory and state: ptrace, process_vm_readv/writev, kcmp, pidfd_getfd, process_madvise;
+- namespaces and mounts: unshare, setns, mount, umount2, pivot_root, chroot, the new mount API;
+  ``clone()`` with any CLONE_NEW* flag;
+- kernel attack surface: bpf, io_uring, keyctl, perf_event_open, userfaultfd, kexec, modules, ...;
+- setuid/setgid mode bits on chmod and on file creation;
+- ``clone3`` is answered with ENOSYS so glibc falls back to ``clone``, whose flags a classic BPF
+  filter can inspect: threads and fork keep working.
+
+Syscalls from another ABI (i386 via int 0x80, x32) kill the process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import struct
+
+from ._linux import ARCH, NAMESPACE_FLAGS, PR_SET_NO_NEW_PRIVS, nr, prctl, syscall
+
+AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+
+_RET_KILL_PROCESS = 0x80000000
+_RET_ERRNO = 0x00050000
+_RET_ALLOW = 0x7FFF0000
+
+_LD_ABS = 0x20  # BPF_LD | BPF_W | BPF_ABS
+_JEQ = 0x15  # BPF_JMP | BPF_JEQ | BPF_K
+_JGE = 0x35  # BPF_JMP | BPF_JGE | BPF_K
+_JSET = 0x45  # BPF_JMP | BPF_JSET | BPF_K
+_RET = 0x06  # BPF_RET | BPF_K
+
+_OFF_NR, _OFF_ARCH = 0, 4
+
+
+def _arg(i: int) -> int:
+    """Offset of the low 32 bits of syscall argument ``i`` in struct seccomp_data (little endian)."""
+    return 16 + 8 * i
+
+
+_SETID_BITS = 0o6000
+_AF_UNIX = 1
+_TIOCSTI = 0x5412
+
+# name -> (x86_64 number, aarch64 number); None where the call does not exist.
+_DENY_EPERM: dict[str, tuple[int | None, int | None]] = {
+    "ptrace": (101, 117),
+    "process_vm_readv": (310, 270),
+    "process_vm_writev": (311, 271),
+    "kcmp": (312, 272),
+    "pidfd_getfd": (438, 438),
+    "process_madvise": (440, 440),
+    "process_mrelease": (448, 448),
+    "mount": (165, 40),
+    "umount2": (166, 39),
+    "pivot_root": (155, 41),
+    "chroot": (161, 51),
+    "open_tree": (428, 428),
+    "move_mount": (429, 429),
+    "fsopen": (430, 430),
+    "fsconfig": (431, 431),
+    "fsmount": (432, 432),
+    "fspick": (433, 433),
+    "mount_setattr": (442, 442),
+    "statmount": (457, 457),
+    "listmount": (458, 458),
+    "open_tree_attr": (467, 467),
+    "unshare": (272, 97),
+    "setns": (308, 268),
+    "bpf": (321, 280),
+    "io_uring_setup": (425, 425),
+    "io_uring_enter": (426, 426),
+    "io_uring_register": (427, 427),
+    "keyctl": (250, 219),
+    "add_key": (248, 217),
+    "request_key": (249, 218),
+    "perf_event_open": (298, 241),
+    "userfaultfd": (323, 282),
+    "kexec_load": (246, 104),
+    "kexec_file_load": (320, 294),
+    "init_module": (175, 105),
+    "finit_module": (313, 273),
+    "delete_module": (176, 106),
+    "reboot": (169, 142),
+    "swapon": (167, 224),
+    "swapoff": (168, 225),
+    "acct": (163, 89),
+    "settimeofday": (164, 170),
+    "clock_settime": (227, 112),
+    "clock_adjtime": (305, 266),
+    "adjtimex": (159, 171),
+    "quotactl": (179, 60),
+    "quotactl_fd": (443, 443),
+    "lookup_dcookie": (212, 18),
+    "syslog": (103, 116),
+    "vhangup": (153, 58),
+    "name_to_handle_at": (303, 264),
+    "open_by_handle_at": (304, 265),
+    "fanotify_init": (300, 262),
+    "nfsservctl": (180, 42),
+    "migrate_pages": (256, 238),
+    "move_pages": (279, 239),
+    "iopl": (172, None),
+    "ioperm": (173, None),
+    "uselib": (134, None),
+    "modify_ldt": (154, None),
+    "create_module": (174, None),
+    "query_module": (178, None),
+    "get_kernel_syms": (177, None),
+    "_sysctl": (156, None),
+}
+_DENY_ENOSYS = {"clone3": (435, 435), "openat2": (437, 437)}
+_SOCKET = (41, 198)
+_SOCKETPAIR = (53, 199)
+_CLONE = (56, 220)
+_IOCTL = (16, 29)
+# (numbers, index of the mode argument): creating or chmod-ing a file with setuid/setgid bits.
+_MODE_CHECKS = [((90, None), 1), ((91, 52), 1), ((268, 53), 2), ((452, 452), 2), ((2, None), 2), ((257, 56), 3), ((85, None), 1)]
+
+
+def _ins(code: int, jt: int, jf: int, k: int) -> bytes:
+    return struct.pack("HBBI", code, jt, jf, k & 0xFFFFFFFF)
+
+
+def _pick(pair: tuple[int | None, int | None]) -> int | None:
+    return pair[0] if ARCH == "x86_64" else pair[1]
+
+
+def build_filter() -> bytes:
+    """The filter as a sequence of ``struct sock_filter`` (8 bytes each) for this architecture."""
+    if ARCH not in AUDIT_ARCH:
+        raise OSError(errno.ENOSYS, f"no seccomp filter for architecture {ARCH}")
+    prog = [
+        _ins(_LD_ABS, 0, 0, _OFF_ARCH),
+        _ins(_JEQ, 1, 0, AUDIT_ARCH[ARCH]),
+        _ins(_RET, 0, 0, _RET_KILL_PROCESS),
+        _ins(_LD_ABS, 0, 0, _OFF_NR),
+    ]
+    if ARCH == "x86_64":  # x32 ABI calls carry bit 30
+        prog += [_ins(_JGE, 0, 1, 0x40000000), _ins(_RET, 0, 0, _RET_KILL_PROCESS)]
+
+    def deny(number: int | None, err: int) -> None:
+        if number is not None:
+            prog.extend([_ins(_JEQ, 0, 1, number), _ins(_RET, 0, 0, _RET_ERRNO | err)])
+
+    def arg_rule(number: int | None, arg: int, test: int, value: int, deny_if_match: bool, err: int) -> None:
+        # nr == number: load the argument, then return (deny or allow) without reloading nr.
+        if number is None:
+            return
+        hit, miss = (_RET_ERRNO | err, _RET_ALLOW) if deny_if_match else (_RET_ALLOW, _RET_ERRNO | err)
+        prog.extend(
+            [
+                _ins(_JEQ, 0, 4, number),
+                _ins(_LD_ABS, 0, 0, _arg(arg)),
+                _ins(test, 0, 1, value),
+                _ins(_RET, 0, 0, hit),
+                _ins(_RET, 0, 0, miss),
+            ]
+        )
+
+    for pair in _DENY_EPERM.values():
+        deny(_pick(pair), errno.EPERM)
+    for pair in _DENY_ENOSYS.values():
+        deny(_pick(pair), errno.ENOSYS)
+    deny(_pick(_SOCKET), errno.EACCES)
+    arg_rule(_pick(_SOCKETPAIR), 0, _JEQ, _AF_UNIX, False, errno.EACCES)
+    arg_rule(_pick(_CLONE), 0, _JSET, NAMESPACE_FLAGS, True, errno.EPERM)
+    arg_rule(_pick(_IOCTL), 1, _JEQ, _TIOCSTI, True, errno.EPERM)
+    for pair, arg in _MODE_CHECKS:
+        arg_rule(_pick(pair), arg, _JSET, _SETID_BITS, True, errno.EPERM)
+    prog.append(_ins(_RET, 0, 0, _RET_ALLOW))
+    return b"".join(prog)
+
+
+def install(program: bytes) -> None:
+    """Set no_new_privs and install ``program`` on the calling thread (and its future children)."""
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
+    count = len(program) // 8
+    buf = ctypes.create_string_buffer(program, len(program))
+    fprog = struct.pack("HxxxxxxQ", count, ctypes.addressof(buf))
+    fbuf = ctypes.create_string_buffer(fprog, len(fprog))
+    syscall(nr("seccomp"), ctypes.c_uint(1), ctypes.c_uint(0), fbuf)  # SECCOMP_SET_MODE_FILTER
