@@ -56,6 +56,16 @@ class _Episode:
     # One call at a time per episode: its SQLite connection and mailbox are not thread-safe, and
     # an HTTP client may send concurrent calls for the same episode.
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Query results not yet written to the workspace: written before anything can look at the
+    # workspace (a Python run, a mail attachment, a file read), so an episode that never does
+    # pays no file writes for its queries.
+    pending: dict[str, tuple[list[str], list[tuple[Any, ...]]]] = field(default_factory=dict)
+
+    def flush(self) -> None:
+        for rel, (columns, rows) in self.pending.items():
+            with open(os.path.join(self.workspace, rel), "w", encoding="utf-8", newline="") as f:
+                f.write(format_rows(columns, rows))
+        self.pending.clear()
 
 
 class SimulatorApp:
@@ -150,6 +160,8 @@ class SimulatorApp:
         full = _inside(episode.workspace, rel)
         if full is None:
             return _err(400, "bad_request", f"file {rel[:64]!r} is outside the workspace")
+        with episode.lock:
+            episode.flush()
         try:
             if isinstance(payload.get("text"), str):
                 data = payload["text"].encode("utf-8")
@@ -174,6 +186,8 @@ class SimulatorApp:
         full = _inside(episode.workspace, rel)
         if full is None:
             return _err(400, "bad_request", f"file {rel[:64]!r} is outside the workspace")
+        with episode.lock:
+            episode.flush()
         if not os.path.isfile(full):
             return _err(404, "no_such_file", f"no file {rel[:64]!r} in the workspace")
         if os.path.getsize(full) > MAX_FILE_BYTES:
@@ -261,8 +275,7 @@ class SimulatorApp:
             return _err(_SQL_STATUS.get(exc.kind, 400), exc.kind, exc.message)
         episode.queries += 1
         csv_path = f"results/q{episode.queries}.csv"
-        with open(os.path.join(episode.workspace, csv_path), "w", encoding="utf-8", newline="") as f:
-            f.write(format_rows(result.columns, result.rows))
+        episode.pending[csv_path] = (result.columns, result.rows)
         return _okr(
             {
                 "columns": result.columns,
@@ -282,6 +295,7 @@ class SimulatorApp:
             return _err(413, "too_large", f"code is {len(code)} characters; the limit is 100000")
         if "\x00" in code:
             return _err(400, "bad_request", "code contains a NUL character")
+        episode.flush()
         result = self.runner.run(code, episode.workspace)
         return _okr(
             {
@@ -298,6 +312,7 @@ class SimulatorApp:
         if unknown:
             return _err(422, "bad_arguments", f"unknown fields {sorted(unknown)}")
         try:
+            episode.flush()
             delivery = episode.mailbox.send(
                 episode.workspace,
                 payload.get("to"),

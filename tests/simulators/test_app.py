@@ -239,6 +239,8 @@ def test_sql_saves_results_csv_like_format_rows(client: httpx.Client, app: Simul
         result = r.json()["result"]
         assert result["csv_path"] == f"results/q{n}.csv"
         assert result["row_count"] == len(result["rows"])
+        # Results reach the disk before anything can look at the workspace (here: the files API).
+        assert client.get(f"/v1/episodes/{episode}/files/results/q{n}.csv").status_code == 200
         text = (ws / "results" / f"q{n}.csv").read_text(encoding="utf-8")
         assert text == format_rows(result["columns"], result["rows"])
     # The saved CSV parses back to the rows (NULL as an empty field).

@@ -122,11 +122,16 @@ def _fresh_process_state() -> None:
     if np_random is not None:  # the fork shares the zygote's generator state
         np_random.seed(int.from_bytes(os.urandom(4), "little"))  # type: ignore[attr-defined]
     enc, errors = sys.stdout.encoding, sys.stdout.errors
-    sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)), enc, "surrogateescape")
-    sys.stdout = sys.__stdout__ = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)), enc, errors)
-    sys.stderr = sys.__stderr__ = io.TextIOWrapper(
-        io.BufferedWriter(io.FileIO(2, "w", closefd=False)), enc, "backslashreplace", line_buffering=True
-    )
+    streams = {
+        "stdin": io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)), enc, "surrogateescape"),
+        "stdout": io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)), enc, errors),
+        "stderr": io.TextIOWrapper(
+            io.BufferedWriter(io.FileIO(2, "w", closefd=False)), enc, "backslashreplace", line_buffering=True
+        ),
+    }
+    for name, stream in streams.items():
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
     sys.argv = ["<agent>"]
     sys.dont_write_bytecode = True
 

@@ -203,7 +203,10 @@ class SandboxRunner:
         self._disable = list(disable)
         self._start_timeout_s = start_timeout_s
         self._lock = threading.Lock()
-        self.tier, self.missing, self.layers, self.notes = UNSAFE, [], {}, []
+        self.tier = UNSAFE
+        self.missing: list[str] = []
+        self.layers: dict[str, bool] = {}
+        self.notes: list[str] = []
         self.numpy_available = False
         self.restarts = 0
         self._closed = False
