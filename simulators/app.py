@@ -49,23 +49,49 @@ _SQL_STATUS = {"timeout": 408, "denied": 403, "too_large": 413, "syntax": 400, "
 
 @dataclass
 class _Episode:
-    workspace: str
+    """One open episode. Its workspace directory is created on first use (a Python run, a mail
+    attachment, a file read or write): an episode that only queries never touches the disk."""
+
+    root: str | None
+    files: dict[str, str]
     database: ReadOnlyDatabase | None
     mailbox: Mailbox
     queries: int = 0
     # One call at a time per episode: its SQLite connection and mailbox are not thread-safe, and
     # an HTTP client may send concurrent calls for the same episode.
     lock: threading.Lock = field(default_factory=threading.Lock)
-    # Query results not yet written to the workspace: written before anything can look at the
-    # workspace (a Python run, a mail attachment, a file read), so an episode that never does
-    # pays no file writes for its queries.
+    # Query results not yet written to the workspace (see ``workspace``).
     pending: dict[str, tuple[list[str], list[tuple[Any, ...]]]] = field(default_factory=dict)
+    _path: str | None = None
 
-    def flush(self) -> None:
-        for rel, (columns, rows) in self.pending.items():
-            with open(os.path.join(self.workspace, rel), "w", encoding="utf-8", newline="") as f:
-                f.write(format_rows(columns, rows))
-        self.pending.clear()
+    @property
+    def workspace(self) -> str:
+        """The workspace directory, created with the setup files and every query result so far."""
+        if self._path is None:
+            path = tempfile.mkdtemp(prefix="agentrl-ws-", dir=self.root)
+            try:
+                os.makedirs(os.path.join(path, "results"))
+                for rel, text in self.files.items():
+                    full = os.path.join(path, rel)
+                    os.makedirs(os.path.dirname(full), exist_ok=True)
+                    with open(full, "w", encoding="utf-8", newline="") as f:
+                        f.write(text)
+            except BaseException:
+                shutil.rmtree(path, ignore_errors=True)
+                raise
+            self._path = path
+        if self.pending:
+            for rel, (columns, rows) in self.pending.items():
+                with open(os.path.join(self._path, rel), "w", encoding="utf-8", newline="") as f:
+                    f.write(format_rows(columns, rows))
+            self.pending.clear()
+        return self._path
+
+    def discard(self) -> None:
+        if self.database is not None:
+            self.database.close()
+        if self._path is not None:
+            shutil.rmtree(self._path, ignore_errors=True)
 
 
 class SimulatorApp:
@@ -157,11 +183,10 @@ class SimulatorApp:
         episode = self._episodes.get(episode_id)
         if episode is None:
             return _err(404, "unknown_episode", f"no open episode {episode_id[:64]!r}")
-        full = _inside(episode.workspace, rel)
+        with episode.lock:
+            full = _inside(episode.workspace, rel)
         if full is None:
             return _err(400, "bad_request", f"file {rel[:64]!r} is outside the workspace")
-        with episode.lock:
-            episode.flush()
         try:
             if isinstance(payload.get("text"), str):
                 data = payload["text"].encode("utf-8")
@@ -183,11 +208,10 @@ class SimulatorApp:
         episode = self._episodes.get(episode_id)
         if episode is None:
             return _err(404, "unknown_episode", f"no open episode {episode_id[:64]!r}")
-        full = _inside(episode.workspace, rel)
+        with episode.lock:
+            full = _inside(episode.workspace, rel)
         if full is None:
             return _err(400, "bad_request", f"file {rel[:64]!r} is outside the workspace")
-        with episode.lock:
-            episode.flush()
         if not os.path.isfile(full):
             return _err(404, "no_such_file", f"no file {rel[:64]!r} in the workspace")
         if os.path.getsize(full) > MAX_FILE_BYTES:
@@ -221,30 +245,23 @@ class SimulatorApp:
             if image is None:
                 return _err(409, "unknown_database", f"no template database {str(fingerprint)[:64]!r}; PUT it first")
             database = ReadOnlyDatabase(image, deadline_s=self.sql_deadline_s)
-        workspace = tempfile.mkdtemp(prefix="agentrl-ws-", dir=self.workspace_root)
-        try:
-            os.makedirs(os.path.join(workspace, "results"))
-            for rel, text in files.items():
-                full = os.path.realpath(os.path.join(workspace, rel))
-                if not rel or "\x00" in rel or not full.startswith(os.path.realpath(workspace) + os.sep):
-                    raise ValueError(f"file {rel[:64]!r} is outside the workspace")
-                os.makedirs(os.path.dirname(full), exist_ok=True)
-                with open(full, "w", encoding="utf-8", newline="") as f:
-                    f.write(text)
-        except (OSError, ValueError, UnicodeError) as exc:
-            shutil.rmtree(workspace, ignore_errors=True)
-            if database is not None:
-                database.close()
-            return _err(400, "bad_request", f"could not set up the workspace: {exc}")
+        for rel in files:
+            norm = os.path.normpath(rel) if rel and "\x00" not in rel and len(rel) <= 255 else ""
+            if not norm or norm.startswith("..") or os.path.isabs(norm) or norm.startswith("results" + os.sep):
+                if database is not None:
+                    database.close()
+                return _err(400, "bad_request", f"could not set up the workspace: file {rel[:64]!r} is outside the workspace")
         sender = str(payload.get("sender") or "agent@agentrl.example")
         domains = payload.get("mail_domains")
         if domains is not None and not (isinstance(domains, list) and all(isinstance(d, str) and d for d in domains)):
-            shutil.rmtree(workspace, ignore_errors=True)
+            if database is not None:
+                database.close()
             return _err(400, "bad_request", "mail_domains must be a list of domain names or null")
         allowed = tuple(d.lower() for d in domains) if domains is not None else None
         with self._lock:
             self.close_episode(episode_id)
-            self._episodes[episode_id] = _Episode(workspace, database, Mailbox(sender, "msg", allowed_domains=allowed))
+            mailbox = Mailbox(sender, "msg", allowed_domains=allowed)
+            self._episodes[episode_id] = _Episode(self.workspace_root, dict(files), database, mailbox)
         return _okr({"episode_id": episode_id}, status=201)
 
     def close_episode(self, episode_id: str) -> None:
@@ -252,9 +269,7 @@ class SimulatorApp:
         episode = self._episodes.pop(episode_id, None)
         if episode is None:
             return
-        if episode.database is not None:
-            episode.database.close()
-        shutil.rmtree(episode.workspace, ignore_errors=True)
+        episode.discard()
 
     def close(self) -> None:
         for episode_id in list(self._episodes):
@@ -287,6 +302,14 @@ class SimulatorApp:
             }
         )
 
+    def workspace_of(self, episode_id: str) -> str | None:
+        """The directory of an open episode's workspace (created if needed), for tests and tools."""
+        episode = self._episodes.get(episode_id)
+        if episode is None:
+            return None
+        with episode.lock:
+            return episode.workspace
+
     def _python(self, episode: _Episode, payload: dict[str, Any]) -> Reply:
         code = payload.get("code")
         if not isinstance(code, str):
@@ -295,7 +318,6 @@ class SimulatorApp:
             return _err(413, "too_large", f"code is {len(code)} characters; the limit is 100000")
         if "\x00" in code:
             return _err(400, "bad_request", "code contains a NUL character")
-        episode.flush()
         result = self.runner.run(code, episode.workspace)
         return _okr(
             {
@@ -312,7 +334,6 @@ class SimulatorApp:
         if unknown:
             return _err(422, "bad_arguments", f"unknown fields {sorted(unknown)}")
         try:
-            episode.flush()
             delivery = episode.mailbox.send(
                 episode.workspace,
                 payload.get("to"),

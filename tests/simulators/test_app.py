@@ -337,6 +337,9 @@ def test_app_close_removes_every_workspace(ws_root: Path) -> None:
     client = httpx.Client(transport=httpx.MockTransport(app.handle), base_url="http://agentrl.sim")
     for i in range(3):
         assert client.post("/v1/episodes", json={"episode_id": f"e{i}"}).status_code == 201
+    assert os.listdir(ws_root) == []  # workspaces are created on first use
+    for i in range(3):
+        app.workspace_of(f"e{i}")
     assert len(os.listdir(ws_root)) == 3
     app.close()
     client.close()

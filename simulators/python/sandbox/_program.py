@@ -69,6 +69,7 @@ def _prepare(ctx: Context, out_w: int, err_w: int) -> int:
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     if not plan.pidns:
         _linux.prctl(_linux.PR_SET_PDEATHSIG, signal.SIGKILL)
+    os.setpgid(0, 0)  # without a pid namespace, one killpg reaches every descendant that stays in it
     try:
         with open("/proc/self/oom_score_adj", "w") as f:
             f.write("1000")  # under memory pressure the sandbox goes first

@@ -8,7 +8,7 @@ container escape usually starts with:
 - namespaces and mounts: unshare, setns, mount, umount2, pivot_root, chroot, the new mount API;
   ``clone()`` with any CLONE_NEW* flag;
 - kernel attack surface: bpf, io_uring, keyctl, perf_event_open, userfaultfd, kexec, modules, ...;
-- setuid/setgid mode bits on chmod and on file creation;
+- setuid/setgid mode bits on chmod and on file creation; ``kill(-1, ...)``;
 - ``clone3`` is answered with ENOSYS so glibc falls back to ``clone``, whose flags a classic BPF
   filter can inspect: threads and fork keep working.
 
@@ -115,6 +115,7 @@ _DENY_EPERM: dict[str, tuple[int | None, int | None]] = {
     "_sysctl": (156, None),
 }
 _DENY_ENOSYS = {"clone3": (435, 435), "openat2": (437, 437)}
+_KILL = (62, 129)
 _SOCKET = (41, 198)
 _SOCKETPAIR = (53, 199)
 _CLONE = (56, 220)
@@ -171,6 +172,7 @@ def build_filter() -> bytes:
     arg_rule(_pick(_SOCKETPAIR), 0, _JEQ, _AF_UNIX, False, errno.EACCES)
     arg_rule(_pick(_CLONE), 0, _JSET, NAMESPACE_FLAGS, True, errno.EPERM)
     arg_rule(_pick(_IOCTL), 1, _JEQ, _TIOCSTI, True, errno.EPERM)
+    arg_rule(_pick(_KILL), 0, _JEQ, 0xFFFFFFFF, True, errno.EPERM)  # kill(-1): every process we may signal
     for pair, arg in _MODE_CHECKS:
         arg_rule(_pick(pair), arg, _JSET, _SETID_BITS, True, errno.EPERM)
     prog.append(_ins(_RET, 0, 0, _RET_ALLOW))

@@ -205,6 +205,10 @@ class _Run:
             except ProcessLookupError:
                 pass
         else:
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
             _kill_children()
 
     def kill_all(self) -> int | None:
