@@ -231,15 +231,20 @@ def _domain_allowed(address: str, allowed: tuple[str, ...]) -> bool:
     return any(domain == d or domain.endswith("." + d) for d in allowed)
 
 
-def _given_attachments(files: dict[str, bytes], value: Any) -> list[tuple[str, bytes]]:
+def _attachment_names(value: Any) -> list[str]:
+    """The attachments argument as a list of names, or SMTPError."""
     if value is None:
         return []
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise SMTPError("bad_attachment", "attachments: expected a list of workspace paths", 501)
     if len(value) > MAX_ATTACHMENTS:
         raise SMTPError("too_large", f"{len(value)} attachments; the limit is {MAX_ATTACHMENTS}", 552)
+    return value
+
+
+def _given_attachments(files: dict[str, bytes], value: Any) -> list[tuple[str, bytes]]:
     out = []
-    for name in value:
+    for name in _attachment_names(value):
         norm = os.path.normpath(name) if name and "\x00" not in name else ""
         if not norm or norm.startswith("..") or os.path.isabs(norm) or not _encodable(name):
             raise SMTPError("bad_attachment", f"attachment {name[:80]!r} is outside the workspace", 550)
@@ -252,15 +257,12 @@ def _given_attachments(files: dict[str, bytes], value: Any) -> list[tuple[str, b
 
 
 def _attachments(workspace: str, value: Any) -> list[tuple[str, bytes]]:
-    if value is None:
+    names = _attachment_names(value)
+    if not names:
         return []
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise SMTPError("bad_attachment", "attachments: expected a list of workspace paths", 501)
-    if len(value) > MAX_ATTACHMENTS:
-        raise SMTPError("too_large", f"{len(value)} attachments; the limit is {MAX_ATTACHMENTS}", 552)
     root = os.path.realpath(workspace)
     files = []
-    for name in value:
+    for name in names:
         if not name or "\x00" in name or len(name) > 255 or not _encodable(name):
             raise SMTPError("bad_attachment", f"attachment path {name[:80]!r} is not valid", 501)
         full = os.path.realpath(os.path.join(root, name))
