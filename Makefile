@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-stamp
 ENVS   := AgentRL/SQL-v0 AgentRL/Python-v0 AgentRL/SMTP-v0 AgentRL/SQLPythonSMTP-v0
 EPISODES ?= 20
 
-.PHONY: setup demo test test-fast lint format bench clean
+.PHONY: setup demo test test-fast lint format bench soak clean
 
 setup: $(STAMP)
 
@@ -43,6 +43,10 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_env.py
 	$(BIN)/python benchmarks/bench_backends.py
 	$(BIN)/python benchmarks/bench_storage.py
+	$(BIN)/python benchmarks/bench_sandbox.py
+
+soak: $(STAMP)
+	$(BIN)/python benchmarks/soak_sandbox.py --n 10000
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -60,6 +60,8 @@ class ToolUseEnv(gym.Env[str, str]):
         sql_deadline_s: float = 2.0,
         realtime: bool = False,
         mail_domains: tuple[str, ...] | list[str] | str | None = "company",
+        python_sandbox: bool = True,
+        allow_unsafe_sandbox: bool = False,
     ) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ConfigError(f"render_mode={render_mode!r}: use 'ansi' or None")
@@ -83,6 +85,9 @@ class ToolUseEnv(gym.Env[str, str]):
         ):
             raise ConfigError(f"mail_domains={mail_domains!r}: use 'company', a list of domains, or None for any")
         self.mail_domains = mail_domains
+        self.python_sandbox = bool(python_sandbox)
+        self.allow_unsafe_sandbox = bool(allow_unsafe_sandbox)
+        self._sandbox_tier: str | None = None
         self.backend_spec = backend
         self.max_steps_arg = max_steps
         self.time_budget_s = time_budget_s
@@ -275,6 +280,9 @@ class ToolUseEnv(gym.Env[str, str]):
         if self.realtime and response.latency_s > 0:
             time.sleep(response.latency_s)
         moved = self._progress.observe(call.name, call.arguments, response)
+        tier = response.result.get("sandbox_tier") if call.name == "python" else None
+        if isinstance(tier, str):
+            self._sandbox_tier = tier[:16]
         fault = classify(response)
         summary = _summarize(call.name, response)
         self._fault_stats.record(call.name, bool(summary["ok"]), fault)
@@ -294,6 +302,7 @@ class ToolUseEnv(gym.Env[str, str]):
             "virtual_time_s": self._virtual_time,
             "subtask_index": self._progress.subtask_index(),
             "subtask_boundary": tool is not None and self._prev_tool is not None and tool != self._prev_tool,
+            "sandbox_tier": self._sandbox_tier or "unknown",
         }
 
     def _add_candidates(self, info: dict[str, Any]) -> None:
@@ -310,7 +319,14 @@ class ToolUseEnv(gym.Env[str, str]):
 
     def _get_backend(self) -> Backend:
         if self._backend is None:
-            backend = make_backend(self.backend_spec, sql_deadline_s=self.sql_deadline_s, python_timeout_s=self.python_timeout_s)
+            backend = make_backend(
+                self.backend_spec,
+                sql_deadline_s=self.sql_deadline_s,
+                python_timeout_s=self.python_timeout_s,
+                python_sandbox=self.python_sandbox,
+                allow_unsafe_sandbox=self.allow_unsafe_sandbox,
+            )
+            self._sandbox_tier = getattr(backend, "sandbox_tier", None)
             self._backend = FaultInjectingBackend(backend, self.profile) if self.profile.injects else backend
         return self._backend
 

@@ -34,6 +34,7 @@ from typing import Any
 import httpx
 
 from simulators.python import PythonRunner, RunLimits
+from simulators.python.sandbox import SandboxRunner
 from simulators.smtp import Mailbox, SMTPError
 from simulators.sql import ReadOnlyDatabase, SQLError, TemplateCache, format_rows
 
@@ -101,6 +102,9 @@ class SimulatorApp:
         sql_deadline_s: statement deadline of the SQL service.
         python_limits: resource limits of the Python service.
         workspace_root: where episode workspaces are created (default: the system temp dir).
+        python_sandbox: run programs in the hardened sandbox (default) rather than a plain
+            subprocess with rlimits.
+        allow_unsafe_sandbox: accept a sandbox that can only apply rlimits (tier UNSAFE).
     """
 
     def __init__(
@@ -108,10 +112,18 @@ class SimulatorApp:
         sql_deadline_s: float = 2.0,
         python_limits: RunLimits | None = None,
         workspace_root: str | None = None,
+        python_sandbox: bool = True,
+        allow_unsafe_sandbox: bool = False,
     ) -> None:
         self.sql_deadline_s = sql_deadline_s
         self.templates = TemplateCache()
-        self.runner = PythonRunner(python_limits)
+        self.runner: PythonRunner | SandboxRunner
+        if python_sandbox:
+            self.runner = SandboxRunner(python_limits, allow_unsafe=allow_unsafe_sandbox)
+        else:
+            self.runner = PythonRunner(python_limits)
+        #: FULL / REDUCED / UNSAFE for the hardened sandbox, BASIC for the plain subprocess runner
+        self.sandbox_tier: str = getattr(self.runner, "tier", "BASIC")
         self.workspace_root = workspace_root
         self._episodes: dict[str, _Episode] = {}
         self._lock = threading.Lock()
@@ -150,7 +162,7 @@ class SimulatorApp:
 
             return 200, OPENAPI
         if parts == ["health"] and method == "GET":
-            return _okr({"episodes": len(self._episodes)})
+            return _okr({"episodes": len(self._episodes), "sandbox_tier": self.sandbox_tier})
         if len(parts) == 3 and parts[:2] == ["v1", "databases"] and method == "PUT":
             return self.put_database(parts[2], payload)
         if parts == ["v1", "episodes"] and method == "POST":
@@ -326,6 +338,7 @@ class SimulatorApp:
                 "stderr": result.stderr,
                 "timed_out": result.timed_out,
                 "output_truncated": result.output_truncated,
+                "sandbox_tier": self.sandbox_tier,
             }
         )
 

@@ -41,6 +41,7 @@ def _single(spec: str, **options: Any) -> Backend:
 
         return DirectBackend(**options)
     if spec.startswith(("http://", "https://")):
+        options = {k: v for k, v in options.items() if k not in ("python_sandbox", "allow_unsafe_sandbox")}
         from agentrl_envs.backends.http import HTTPBackend
 
         return HTTPBackend(spec, python_timeout_s=options.get("python_timeout_s", 5.0))

@@ -41,6 +41,18 @@ class HTTPBackend(WireClient):
         timeout = httpx.Timeout(connect=connect_timeout_s, read=python_timeout_s + 15.0, write=10.0, pool=5.0)
         super().__init__(httpx.Client(base_url=self.url, timeout=timeout, trust_env=False))
 
+    @property
+    def sandbox_tier(self) -> str | None:
+        """The server's Python sandbox tier (from ``GET /health``; None if it does not say)."""
+        if not hasattr(self, "_tier"):
+            self._tier: str | None = None
+            try:
+                tier = self._client.get("/health").json().get("result", {}).get("sandbox_tier")
+                self._tier = tier[:16] if isinstance(tier, str) else None
+            except (httpx.HTTPError, ValueError, AttributeError):
+                pass
+        return self._tier
+
     def open_episode(self, setup: EpisodeSetup) -> None:
         try:
             super().open_episode(setup)

@@ -77,6 +77,11 @@ class MountedBackend:
                 self._distinct.append(backend)
         self.workspace = next((b for b in (routes["python"], *self._distinct) if hasattr(b, "put_file")), None)
 
+    @property
+    def sandbox_tier(self) -> str | None:
+        """The tier of the backend that runs Python, when it says."""
+        return getattr(self.routes["python"], "sandbox_tier", None)
+
     def open_episode(self, setup: EpisodeSetup) -> None:
         opened: list[Backend] = []
         try:

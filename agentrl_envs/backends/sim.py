@@ -76,9 +76,21 @@ class SimBackend(WireClient):
         python_timeout_s: wall deadline of one Python run.
     """
 
-    def __init__(self, sql_deadline_s: float = 2.0, python_timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        sql_deadline_s: float = 2.0,
+        python_timeout_s: float = 5.0,
+        python_sandbox: bool = True,
+        allow_unsafe_sandbox: bool = False,
+    ) -> None:
         limits = RunLimits(wall_s=python_timeout_s, cpu_s=max(1, int(python_timeout_s + 0.999)))
-        self.app = SimulatorApp(sql_deadline_s=sql_deadline_s, python_limits=limits)
+        self.app = SimulatorApp(
+            sql_deadline_s=sql_deadline_s,
+            python_limits=limits,
+            python_sandbox=python_sandbox,
+            allow_unsafe_sandbox=allow_unsafe_sandbox,
+        )
+        self.sandbox_tier = self.app.sandbox_tier
         super().__init__(httpx.Client(transport=httpx.MockTransport(self.app.handle), base_url="http://agentrl.sim"))
 
     def close(self) -> None:

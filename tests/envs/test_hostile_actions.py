@@ -258,14 +258,15 @@ def test_hostile_action(env: gym.Env[str, str], action: str, expect: str, marker
 
 
 def test_symlink_planted_in_workspace_is_not_attached(env: gym.Env[str, str]) -> None:
-    """A link the agent's own program plants in the workspace does not let mail carry outside files."""
+    """A link planted in the workspace does not let mail carry outside files. The sandbox refuses to
+    let programs create links at all; here the test plants them directly, as a compromised tool might."""
     obs, info = env.reset(seed=1234)
-    plant = call(
-        "python",
-        code="import os\nos.symlink('/etc/passwd', 'leak.txt')\nos.symlink('/etc', 'results/etc')\nprint('planted')\n",
-    )
+    plant = call("python", code="import os\nos.symlink('/etc/passwd', 'leak.txt')\n")
     obs, *_, info = env.step(plant)
-    assert info["tool_result"]["ok"] is True, obs
+    assert info["tool_result"]["ok"] is False and "PermissionError" in obs  # Landlock: no links from programs
+    workspace = env.unwrapped._backend.app.workspace_of(env.unwrapped._episode_id)  # type: ignore[union-attr]
+    os.symlink("/etc/passwd", os.path.join(workspace, "leak.txt"))
+    os.symlink("/etc", os.path.join(workspace, "results", "etc"))
     for path in ("leak.txt", "results/etc/passwd"):
         obs, _reward, _terminated, _truncated, info = env.step(mail(attachments=[path]))
         assert info["tool_result"]["ok"] is False and info["tool_result"]["error_type"] == "bad_attachment", obs

@@ -86,7 +86,9 @@ def test_put_database_then_open_episode(client: httpx.Client, app: SimulatorApp)
     assert result["columns"] == ["n"]
     assert result["rows"] == [[4]]
     assert result["truncated"] is False
-    assert client.get("/health").json() == {"ok": True, "result": {"episodes": 1}}
+    health = client.get("/health").json()
+    assert health["ok"] is True and health["result"]["episodes"] == 1
+    assert health["result"]["sandbox_tier"] in ("FULL", "REDUCED", "UNSAFE", "BASIC")
 
 
 def test_unknown_database_is_409(client: httpx.Client, ws_root: Path) -> None:
@@ -268,7 +270,7 @@ def test_sql_timeout_is_408(client: httpx.Client, episode: str) -> None:
     _error(client.post(f"/v1/episodes/{episode}/sql", json={"query": query}), 408, "timeout")
 
 
-def test_python_reads_the_sql_csv(client: httpx.Client, episode: str) -> None:
+def test_python_reads_the_sql_csv(client: httpx.Client, app: SimulatorApp, episode: str) -> None:
     client.post(f"/v1/episodes/{episode}/sql", json={"query": "SELECT amount FROM sales"})
     code = (
         "import csv\nrows = list(csv.DictReader(open('results/q1.csv')))\nprint(round(sum(float(r['amount']) for r in rows), 2))"
@@ -281,6 +283,7 @@ def test_python_reads_the_sql_csv(client: httpx.Client, episode: str) -> None:
         "stderr": "",
         "timed_out": False,
         "output_truncated": False,
+        "sandbox_tier": app.sandbox_tier,
     }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 SETUP_FAILED = 125
 
@@ -33,9 +34,8 @@ class Context:
     root: bool
     uid: int  # the ids a run's user namespace maps its root to
     gid: int
-    cap_last: int
     rules: list[tuple[int, int]]  # (O_PATH fd, Landlock access) granted to every run
-    seccomp_filter: bytes
+    seccomp_filter: Any  # a _seccomp.Prepared, or None
     mnt: str  # mount point of a run's tmpfs (each run has its own mount namespace)
     workspace_bytes: int
     workspace_files: int

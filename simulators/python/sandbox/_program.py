@@ -62,23 +62,16 @@ def _prepare(ctx: Context, out_w: int, err_w: int) -> int:
     os.dup2(out_w, 1)
     os.dup2(err_w, 2)
     os.dup2(ctx.devnull, 0)
-    for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGALRM):
-        signal.signal(sig, signal.SIG_DFL)
+    # Inherited: SIGCHLD default (the supervisor's), SIGPIPE and SIGXFSZ ignored (the interpreter's), the
+    # environment and oom_score_adj 1000 (the zygote's), an empty capability bounding set.
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     if not plan.pidns:
         _linux.prctl(_linux.PR_SET_PDEATHSIG, signal.SIGKILL)
     os.setpgid(0, 0)  # without a pid namespace, one killpg reaches every descendant that stays in it
-    try:
-        with open("/proc/self/oom_score_adj", "w") as f:
-            f.write("1000")  # under memory pressure the sandbox goes first
-    except OSError:
-        pass
     if plan.userns_run:
         ctx.step("userns_run", lambda: _enter_run_userns(ctx))
     if plan.caps:
-        ctx.step("caps", lambda: _linux.drop_capabilities(ctx.cap_last))
+        ctx.step("caps", _linux.clear_capabilities)
     _linux.prctl(_linux.PR_SET_NO_NEW_PRIVS, 1)
     ruleset = -1
     if plan.landlock:
@@ -88,8 +81,6 @@ def _prepare(ctx: Context, out_w: int, err_w: int) -> int:
     if plan.seccomp:  # from here on only allowed syscalls: chdir, landlock, close_range, prlimit, read, write
         ctx.step("seccomp", lambda: _seccomp.install(ctx.seccomp_filter))
     _fresh_process_state()
-    os.environ.clear()
-    os.environ.update(ctx.env)
     return ruleset
 
 
@@ -119,6 +110,9 @@ def _fresh_process_state() -> None:
     tempfile = sys.modules.get("tempfile")
     if tempfile is not None:
         tempfile.tempdir = None  # type: ignore[attr-defined]
+    random = sys.modules.get("random")
+    if random is not None:
+        random.seed()  # type: ignore[attr-defined]  # os.fork would have; the zygote forks without its hooks
     np_random = sys.modules.get("numpy.random")
     if np_random is not None:  # the fork shares the zygote's generator state
         np_random.seed(int.from_bytes(os.urandom(4), "little"))  # type: ignore[attr-defined]

@@ -1,15 +1,16 @@
 """Wire format between the host, the zygote and a run's supervisor (stdlib only).
 
-Control socket (host <-> zygote, AF_UNIX stream): frames of ``u32 length | payload``.
+Frames are ``u32 length | payload``, big-endian.
 
-- host -> zygote, first frame: the JSON config; then one frame per run:
-  ``u32 header_length | header JSON | program bytes``;
-- zygote -> host: the hello (JSON), then one JSON ack per run. A run's ack carries two descriptors
-  (SCM_RIGHTS): the read end of the run's result pipe and a pidfd of its supervisor.
-
-Result pipe (supervisor -> host), written once when the run is over:
-``b"SBX1" | u32 header_length | header JSON | stdout bytes | stderr bytes``, the two lengths in the
-header. The program never holds this pipe, so nothing it prints can forge a result.
+- Control socket (host <-> zygote, AF_UNIX stream). Host -> zygote: the JSON config, then one
+  empty frame per warm supervisor wanted. Zygote -> host: the JSON hello (tier, layers), then per
+  supervisor a JSON reply carrying three descriptors (SCM_RIGHTS): the write end of its request
+  pipe, the read end of its result pipe and its pidfd.
+- Request pipe (host -> supervisor, and supervisor -> program): one frame,
+  ``u32 header_length | header JSON | program bytes``. The zygote never sees a program.
+- Result pipe (supervisor -> host), written once when the run is over:
+  ``b"SBX1" | u32 header_length | header JSON | stdout bytes | stderr bytes``, the two lengths in
+  the header. The program never holds this pipe, so nothing it prints can forge a result.
 """
 
 from __future__ import annotations

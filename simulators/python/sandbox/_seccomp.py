@@ -179,11 +179,16 @@ def build_filter() -> bytes:
     return b"".join(prog)
 
 
-def install(program: bytes) -> None:
-    """Set no_new_privs and install ``program`` on the calling thread (and its future children)."""
+class Prepared:
+    """A filter ready for ``seccomp(SECCOMP_SET_MODE_FILTER)``: its buffers built once, in the zygote."""
+
+    def __init__(self, program: bytes) -> None:
+        self.program = ctypes.create_string_buffer(program, len(program))
+        fprog = struct.pack("HxxxxxxQ", len(program) // 8, ctypes.addressof(self.program))
+        self.fprog = ctypes.create_string_buffer(fprog, len(fprog))
+
+
+def install(prepared: Prepared) -> None:
+    """Set no_new_privs and install the filter on the calling thread (and its future children)."""
     prctl(PR_SET_NO_NEW_PRIVS, 1)
-    count = len(program) // 8
-    buf = ctypes.create_string_buffer(program, len(program))
-    fprog = struct.pack("HxxxxxxQ", count, ctypes.addressof(buf))
-    fbuf = ctypes.create_string_buffer(fprog, len(fprog))
-    syscall(nr("seccomp"), ctypes.c_uint(1), ctypes.c_uint(0), fbuf)  # SECCOMP_SET_MODE_FILTER
+    syscall(nr("seccomp"), ctypes.c_uint(1), ctypes.c_uint(0), prepared.fprog)  # SECCOMP_SET_MODE_FILTER

@@ -76,9 +76,7 @@ class _Run:
         self.ctx = ctx
         plan = ctx.plan
         _linux.prctl(_linux.PR_SET_PDEATHSIG, signal.SIGKILL)
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-            signal.signal(sig, signal.SIG_IGN)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the zygote's is SIG_IGN; we wait for the program
         os.close(ctx.control_fd)
         os.setsid()
         self.in_pidns = plan.pidns and os.getpid() == 1
@@ -99,7 +97,7 @@ class _Run:
         self.setup_r, setup_w = os.pipe()
         go_r, self.go_w = os.pipe()
         _grow_pipe(self.go_w)
-        self.pid = os.fork()
+        self.pid = _linux.fork()
         if self.pid == 0:
             try:
                 for fd in (self.out_r, self.err_r, self.setup_r, self.go_w):
@@ -109,7 +107,6 @@ class _Run:
                 os._exit(SETUP_FAILED)
         for fd in (out_w, err_w, setup_w, go_r):
             os.close(fd)
-        self.killed = False
 
     def _mount_tmpfs(self) -> None:
         ctx = self.ctx
@@ -157,6 +154,7 @@ class _Run:
             os.close(self.go_w)
             marks["go"] = time.monotonic()
             output = _Output(self.out_r, self.err_r, self.setup_r, int(header["output_bytes"]))
+            status, timed_out, done = None, False, None
             try:
                 status, timed_out, done = _watch(self.pid, output, float(header["deadline"]))
             finally:
@@ -225,7 +223,6 @@ class _Run:
                 status = st
             elif done == 0:
                 time.sleep(0.001)
-        self.killed = True
         return status
 
 
@@ -238,8 +235,11 @@ def _grow_pipe(fd: int) -> None:
 
 
 def _write(path: str, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
 
 
 class _Output:

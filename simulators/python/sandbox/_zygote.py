@@ -1,10 +1,11 @@
-"""The zygote: a small, warm interpreter that forks one sandboxed run per request.
+"""The zygote: a small, warm interpreter that forks the supervisors of sandboxed runs.
 
 Started by the host as a fresh ``python -I -S`` (never a fork of the host, which may hold torch),
 it enters its own user (when not root), mount and network namespaces, imports the allowed modules
 once, then becomes pid 1 of its own pid namespace, so that its death takes every run with it. A
-probe run tells it which layers work on this machine (the tier); after that each request is one
-``unshare(CLONE_NEWPID)`` + ``fork()`` of a supervisor (see :mod:`._supervisor`).
+probe run tells it which layers work on this machine (the tier). After that, each frame from the
+host is answered with a warm supervisor: one ``unshare(CLONE_NEWPID)`` + ``fork()``, prepared ahead
+of its request (see :mod:`._supervisor`), whose pipes go to the host.
 
 Stdlib only, and nothing from the ``simulators`` package: the host loads these files as the
 package ``_agentrl_sandbox``.
@@ -127,10 +128,11 @@ class _Zygote:
             _linux.prctl(_linux.PR_SET_CHILD_SUBREAPER, 1)
         abi = _landlock.abi_version() if "landlock" not in self.disable else 0
         try:
-            seccomp_filter = _seccomp.build_filter()
+            seccomp_filter: _seccomp.Prepared | None = _seccomp.Prepared(_seccomp.build_filter())
         except OSError as exc:
-            seccomp_filter = b""
+            seccomp_filter = None
             self.notes.append(f"seccomp: {exc}")
+        self._inheritable_state(privileged)
         wants_overlay = mntns and self.config.get("workspace_bytes") is not None and "workspace_tmpfs" not in self.disable
         plan = Plan(
             pidns=pidns,
@@ -150,7 +152,6 @@ class _Zygote:
             root=self.root,
             uid=0 if self.layers.get("userns") else self.uid,
             gid=0 if self.layers.get("userns") else self.gid,
-            cap_last=_linux.cap_last_cap(),
             rules=self._landlock_rules(),
             seccomp_filter=seccomp_filter,
             mnt=self.config["mnt"],
@@ -162,6 +163,21 @@ class _Zygote:
         )
         hello = self._probe()
         send_json(self.sock, hello)
+
+    def _inheritable_state(self, privileged: bool) -> None:
+        """What every run inherits, set once here rather than in each run."""
+        os.environ.clear()
+        os.environ.update(self.config["env"])
+        try:
+            with open("/proc/self/oom_score_adj", "w") as f:
+                f.write("1000")  # under memory pressure the sandbox goes first
+        except OSError:
+            pass
+        if privileged:  # our effective capabilities stay; no run can regain one through execve
+            try:
+                _linux.drop_bounding_set(_linux.cap_last_cap())
+            except OSError as exc:
+                self.notes.append(f"capability bounding set: {exc}")
 
     def _enter_userns(self) -> None:
         _linux.unshare(_linux.CLONE_NEWUSER)
@@ -351,7 +367,7 @@ class _Zygote:
         if plan.pidns:
             _linux.unshare(_linux.CLONE_NEWPID)
         try:
-            pid = os.fork()
+            pid = _linux.fork()
         except BaseException:
             if plan.pidns:
                 _linux.setns(self.zns, _linux.CLONE_NEWPID)

@@ -6,10 +6,11 @@ Process tree (root host; a non-root host adds a user namespace around the zygote
      └─ zygote         python -I -S, own mount + network namespaces, allowed modules imported
          └─ zygote     pid 1 of its pid namespace: its death ends every run
              └─ supervisor   pid 1 of the run's pid namespace; own mount + IPC namespaces
-                 └─ program  own user namespace, no capabilities, Landlock, rlimits, seccomp
+                 └─ program  no capabilities, Landlock, seccomp, rlimits (+ own user namespace)
 
-The host talks to the zygote over a socketpair (see :mod:`._protocol`); each run's result comes
-back on a pipe that only its supervisor holds, so the program's output can never forge it.
+Two supervisor/program pairs are kept forked and prepared ahead of requests ("warm slots"); a run
+writes its request straight to one, and its result comes back on a pipe that only that supervisor
+holds, so the program's output can never forge it (see :mod:`._protocol`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import weakref
 from typing import Any
 
 from simulators.python.runner import PythonResult, RunLimits
+from simulators.python.sandbox._context import SETUP_FAILED
 from simulators.python.sandbox._protocol import (
     ProtocolError,
     decode_result,
@@ -76,7 +78,6 @@ _BOOT = (
 _GRACE_S = 2.0  # beyond the wall deadline, for the supervisor's kill, copy-back and report
 _ACK_TIMEOUT_S = 10.0
 _WARM_SLOTS = 2  # supervisors kept forked ahead of requests (two: two client threads never wait)
-SETUP_FAILED = 125
 
 
 class SandboxError(RuntimeError):
@@ -119,7 +120,7 @@ class _Zygote:
         self.pending = 0  # slots asked for, replies not read yet
 
     def take_slot(self) -> tuple[int, int, int]:
-        """A warm supervisor for the next run; asks for its successors so that one is always ready."""
+        """A warm supervisor for the next run (forked now if none is ready)."""
         while not self.slots:
             if self.pending == 0:
                 self._ask()
@@ -130,10 +131,13 @@ class _Zygote:
                     os.close(fd)
                 raise SandboxError(f"the sandbox could not prepare a run: {reply.get('error')}")
             self.slots.append((fds[0], fds[1], fds[2]))
-        slot = self.slots.pop(0)
+        return self.slots.pop(0)
+
+    def refill(self) -> None:
+        """Ask for warm supervisors up to the pool size. Called after a run, so that their preparation
+        overlaps the caller's own work rather than the next run."""
         while self.pending + len(self.slots) < _WARM_SLOTS:
             self._ask()
-        return slot
 
     def _ask(self) -> None:
         self.sock.sendall(frame(b"{}"))
@@ -269,6 +273,7 @@ class SandboxRunner:
                 stacklevel=3,
             )
         self._state["zygote"] = zygote
+        zygote.refill()
 
     def info(self) -> dict[str, Any]:
         """The tier and layers, for ``info["sandbox_tier"]`` and logs."""
@@ -307,6 +312,7 @@ class SandboxRunner:
             os.close(result_fd)
             os.close(pidfd)
         result, marks = _to_result(data, killed, lim, time.monotonic() - start)
+        self._refill()
         self.last_timings = {"acked": acked - start, **{k: v - start for k, v in marks.items()}, "done": result.elapsed_s}
         return result
 
@@ -343,6 +349,15 @@ class SandboxRunner:
                 os.close(request_w)
             return result_r, pidfd
         raise SandboxError("unreachable")
+
+    def _refill(self) -> None:
+        with self._lock:
+            zygote = self._state.get("zygote")
+            if zygote is not None and not self._closed and self._state["owner"] == os.getpid():
+                try:
+                    zygote.refill()
+                except OSError:
+                    self._drop(zygote)
 
     def _drop(self, zygote: _Zygote) -> None:
         """Stop a failed zygote (if it is still the current one); the next run starts a new one."""

@@ -1,0 +1,153 @@
+"""The Python sandbox against a cold interpreter, measured in the same run.
+
+For a trivial program (``print(1)``): p50/p99 latency and runs/s of :class:`SandboxRunner` at the
+tier this machine allows, next to a cold ``python -I -S -c 'print(1)'`` and to the basic
+:class:`PythonRunner` (a fresh interpreter under ``unshare``, no seccomp/Landlock); then
+throughput with two client threads, and where a run's time goes (the supervisor's timestamps).
+
+Run: ``python benchmarks/bench_sandbox.py [--n 500]``. Prints; never asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from simulators.python import PythonRunner
+from simulators.python.sandbox import SandboxRunner
+
+PROGRAM = "print(1)"
+
+
+def percentiles(samples: list[float]) -> tuple[float, float]:
+    ordered = sorted(samples)
+    return ordered[len(ordered) // 2], ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+
+
+def timed(fn: Callable[[], object], n: int) -> tuple[list[float], float]:
+    """Per-call latencies and calls/s over ``n`` sequential calls."""
+    latencies = []
+    start = time.perf_counter()
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        latencies.append(time.perf_counter() - t)
+    return latencies, n / (time.perf_counter() - start)
+
+
+def threaded_rate(fn: Callable[[], object], threads: int, seconds: float) -> float:
+    count = [0] * threads
+    stop = time.perf_counter() + seconds
+
+    def worker(i: int) -> None:
+        while time.perf_counter() < stop:
+            fn()
+            count[i] += 1
+
+    pool = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    start = time.perf_counter()
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return sum(count) / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, default=500, help="runs per measurement")
+    args = parser.parse_args()
+    n = args.n
+    ws = tempfile.mkdtemp(prefix="bench-sandbox-")
+
+    print(f"# bench_sandbox: {platform.platform()}, {os.cpu_count()} cpus, python {platform.python_version()}, n={n}")
+    print(f"# load average before: {os.getloadavg()[0]:.2f}")
+    t = time.perf_counter()
+    sandbox = SandboxRunner()
+    print(
+        f"sandbox tier {sandbox.tier}, missing {sandbox.missing or 'nothing'}; zygote start {1e3 * (time.perf_counter() - t):.0f} ms"
+    )
+    basic = PythonRunner()
+
+    def cold() -> None:
+        subprocess.run([sys.executable, "-I", "-S", "-c", PROGRAM], stdout=subprocess.DEVNULL, check=True)
+
+    def run_sandbox() -> None:
+        res = sandbox.run(PROGRAM, ws)
+        if res.stdout != "1\n":
+            raise RuntimeError(res)
+
+    def run_basic() -> None:
+        basic.run(PROGRAM, ws)
+
+    for fn in (cold, run_sandbox, run_basic):  # warm caches
+        for _ in range(20):
+            fn()
+
+    rows = []
+    phases: dict[str, list[float]] = {}
+    # interleave the measurements in slices so that load from elsewhere hits all of them alike
+    series: dict[str, list[float]] = {"cold": [], "sandbox": [], "basic": []}
+    rates: dict[str, list[float]] = {"cold": [], "sandbox": [], "basic": []}
+    for _ in range(5):
+        for name, fn in (("cold", cold), ("sandbox", run_sandbox), ("basic", run_basic)):
+            lat, rate = timed(fn, n // 5)
+            series[name] += lat
+            rates[name].append(rate)
+            if name == "sandbox":
+                for key, value in sandbox.last_timings.items():
+                    phases.setdefault(key, []).append(value)
+    for _ in range(200):
+        run_sandbox()
+        for key, value in sandbox.last_timings.items():
+            phases.setdefault(key, []).append(value)
+
+    cold_p50, _ = percentiles(series["cold"])
+    for name, label in (
+        ("cold", "cold python -I -S -c"),
+        ("basic", "PythonRunner (basic)"),
+        ("sandbox", f"SandboxRunner ({sandbox.tier})"),
+    ):
+        p50, p99 = percentiles(series[name])
+        rate = statistics.median(rates[name])
+        rows.append((label, p50, p99, rate, p50 / cold_p50))
+    print(f"{'':26s} {'p50 ms':>8s} {'p99 ms':>8s} {'runs/s':>8s} {'p50 / cold':>11s}")
+    for label, p50, p99, rate, ratio in rows:
+        print(f"{label:26s} {1e3 * p50:8.2f} {1e3 * p99:8.2f} {rate:8.0f} {ratio:10.2f}x")
+
+    paused = []
+    for _ in range(min(n, 200)):
+        time.sleep(0.02)  # an agent thinking between tool calls: the warm supervisor is ready, the cores idle
+        t = time.perf_counter()
+        run_sandbox()
+        paused.append(time.perf_counter() - t)
+    p50, p99 = percentiles(paused)
+    print(f"{'SandboxRunner, 20 ms apart':26s} {1e3 * p50:8.2f} {1e3 * p99:8.2f} {'':>8s} {p50 / cold_p50:10.2f}x")
+    two = threaded_rate(run_sandbox, 2, 5.0)
+    two_cold = threaded_rate(cold, 2, 5.0)
+    print(f"two client threads, 5 s:   sandbox {two:.0f} runs/s, cold interpreter {two_cold:.0f} runs/s ({two / two_cold:.2f}x)")
+
+    print("where a sandboxed run's time goes (median ms since run() was called):")
+    for key, values in sorted(phases.items(), key=lambda kv: statistics.median(kv[1])):
+        if statistics.median(values) >= 0:  # "forked": the warm supervisor was forked before the call
+            print(f"  {key:14s} {1e3 * statistics.median(values):6.2f}")
+    print(f"# load average after: {os.getloadavg()[0]:.2f}")
+    sandbox.close()
+    basic.close()
+    shutil.rmtree(ws, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,146 @@
+"""Fixtures of the sandbox suite: one shared runner, a workspace with an ``outside`` neighbour that
+must stay empty, a ``secret`` neighbour that must stay unreadable, and leak checks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from simulators.python import RunLimits
+from simulators.python.sandbox import FULL, SandboxRunner
+from simulators.python.sandbox import runner as sandbox_runner
+
+SUITE_LIMITS = RunLimits(wall_s=3.0, cpu_s=3, memory_bytes=512 << 20, file_bytes=1 << 20, open_files=64, processes=32)
+
+
+def require_integration() -> bool:
+    """Under CI (AGENTRL_REQUIRE_INTEGRATION=1) a missing layer is a failure, not a skip."""
+    return os.environ.get("AGENTRL_REQUIRE_INTEGRATION") == "1"
+
+
+def need(runner: SandboxRunner, *layers: str) -> None:
+    """Skip (or, under CI, fail) when this machine lacks one of ``layers``."""
+    missing = [name for name in layers if not runner.layers.get(name)]
+    if missing:
+        message = f"sandbox layer(s) {missing} not available here (tier {runner.tier}; {'; '.join(runner.notes)})"
+        if require_integration():
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def runner() -> Iterator[SandboxRunner]:
+    r = SandboxRunner(SUITE_LIMITS, workspace_bytes=16 << 20, workspace_files=512)
+    yield r
+    r.close()
+
+
+@pytest.fixture
+def full(runner: SandboxRunner) -> SandboxRunner:
+    """The shared runner, when it reached tier FULL (else skip, or fail under CI)."""
+    if runner.tier != FULL:
+        need(runner, *runner.missing)
+    return runner
+
+
+class Dirs:
+    """``ws``: the workspace; ``outside``: must stay empty; ``secret``: holds ``key.txt``, never readable."""
+
+    def __init__(self, root: Path) -> None:
+        self.ws = root / "ws"
+        self.outside = root / "outside"
+        self.secret = root / "secret"
+        for d in (self.ws, self.outside, self.secret):
+            d.mkdir()
+        (self.secret / "key.txt").write_text("s3cr3t-key\n")
+        self.marker = f"agentrl-sbx-test-{os.getpid()}-{time.monotonic_ns()}"
+
+
+@pytest.fixture
+def dirs(tmp_path: Path) -> Dirs:
+    return Dirs(tmp_path)
+
+
+# -- leak checks -----------------------------------------------------------------------------------
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def alive(pid: int) -> bool:
+    """A live, non-zombie process."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
+
+
+def descendants(root: int) -> list[int]:
+    """Live descendants of ``root`` (walking /proc by parent pid)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat_fields(int(entry))
+            if fields is not None and fields[0] not in ("Z", "X"):
+                children.setdefault(int(fields[1]), []).append(int(entry))
+    found, stack = [], [root]
+    while stack:
+        for kid in children.get(stack.pop(), []):
+            found.append(kid)
+            stack.append(kid)
+    return found
+
+
+def with_marker(marker: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if marker.encode() in f.read() and alive(int(entry)):
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+def idle_tree_size(runner: SandboxRunner) -> int:
+    """Processes under the zygote between runs: the pid-1 zygote (with a pid namespace) and the warm
+    slots, a supervisor and its program each."""
+    return (1 if runner.layers.get("pidns") else 0) + 2 * sandbox_runner._WARM_SLOTS
+
+
+def assert_no_leftovers(runner: SandboxRunner, marker: str | None = None, timeout: float = 5.0) -> None:
+    """Nothing of the last run is alive: the zygote's tree is back to its idle size, no marked process."""
+    assert runner.pid is not None
+    expected = idle_tree_size(runner)
+    end = time.monotonic() + timeout
+    while True:
+        tree = descendants(runner.pid)
+        marked = with_marker(marker) if marker else []
+        if len(tree) <= expected and not marked:
+            return
+        if time.monotonic() > end:
+            break
+        time.sleep(0.02)
+    for pid in marked:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    cmdlines = {}
+    for pid in tree:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdlines[pid] = f.read()[:80]
+        except OSError:
+            continue
+    raise AssertionError(f"processes outlived the run: tree={cmdlines} marked={marked}")

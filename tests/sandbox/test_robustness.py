@@ -1,0 +1,115 @@
+"""The runner survives its zygote's death, host forks, concurrent use and close()."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from simulators.python.sandbox import SandboxError, SandboxRunner
+
+from .conftest import SUITE_LIMITS, alive, descendants
+
+
+@pytest.fixture
+def own_runner() -> SandboxRunner:
+    r = SandboxRunner(SUITE_LIMITS)
+    yield r
+    r.close()
+
+
+def _host_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_killed_zygote_is_restarted(own_runner: SandboxRunner, tmp_path: Path) -> None:
+    first = own_runner.pid
+    assert first is not None
+    os.kill(first, signal.SIGKILL)
+    res = own_runner.run("print('after restart')", str(tmp_path))
+    assert res.stdout == "after restart\n"
+    assert own_runner.restarts == 1 and own_runner.pid != first
+    assert not alive(first)
+
+
+def test_a_killed_inner_zygote_is_restarted(own_runner: SandboxRunner, tmp_path: Path) -> None:
+    outer = own_runner.pid
+    assert outer is not None
+    inner = [p for p in descendants(outer) if open(f"/proc/{p}/stat").read().split(") ")[1].split()[1] == str(outer)]
+    for pid in inner:
+        os.kill(pid, signal.SIGKILL)
+    assert own_runner.run("print(1)", str(tmp_path)).stdout == "1\n"
+    assert own_runner.pid != outer
+
+
+def test_killing_the_zygote_mid_run_ends_the_run(own_runner: SandboxRunner, tmp_path: Path) -> None:
+    import threading
+
+    pid = own_runner.pid
+    assert pid is not None
+    timer = threading.Timer(0.3, os.kill, (pid, signal.SIGKILL))
+    timer.start()
+    start = time.monotonic()
+    res = own_runner.run("import time\ntime.sleep(30)", str(tmp_path))
+    assert time.monotonic() - start < 3.0
+    assert res.exit_code != 0 and "[sandbox]" in res.stderr
+    assert own_runner.run("print(2)", str(tmp_path)).stdout == "2\n"
+
+
+def test_no_descriptor_leaks_in_the_host(own_runner: SandboxRunner, tmp_path: Path) -> None:
+    own_runner.run("print(0)", str(tmp_path))
+    before = _host_fds()
+    for code in ("print(1)", "while True:\n    pass", "import os\nos.abort()", "print('x' * 10**7)"):
+        own_runner.run(code, str(tmp_path), SUITE_LIMITS.__class__(wall_s=0.3, output_bytes=1000))
+    assert _host_fds() == before
+
+
+def test_close_ends_everything(tmp_path: Path) -> None:
+    r = SandboxRunner(SUITE_LIMITS)
+    pid = r.pid
+    assert pid is not None and r.run("print(1)", str(tmp_path)).exit_code == 0
+    tree = descendants(pid)
+    scratch = r._state["scratch"]
+    r.close()
+    time.sleep(0.1)
+    assert not alive(pid) and not [p for p in tree if alive(p)]
+    assert not os.path.exists(scratch)
+    with pytest.raises(SandboxError, match="closed"):
+        r.run("print(1)", str(tmp_path))
+    r.close()  # idempotent
+
+
+def test_a_forked_host_gets_its_own_zygote(own_runner: SandboxRunner, tmp_path: Path) -> None:
+    assert own_runner.run("print('parent')", str(tmp_path)).stdout == "parent\n"
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:
+        try:
+            res = own_runner.run("print('child')", str(tmp_path))
+            ok = res.stdout == "child\n" and own_runner.pid is not None
+            own_runner.close()
+            os.write(write_end, b"ok" if ok else res.stderr.encode()[:500])
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    _, status = os.waitpid(child, 0)
+    assert os.read(read_end, 1000) == b"ok"
+    os.close(read_end)
+    assert own_runner.run("print('parent again')", str(tmp_path)).stdout == "parent again\n"
+
+
+def test_the_supervisor_backstop(own_runner: SandboxRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """If a supervisor never answers, the host kills it shortly after the deadline."""
+    from simulators.python.sandbox import runner as runner_module
+
+    monkeypatch.setattr(runner_module, "_GRACE_S", -0.9)  # the host gives up before the supervisor's own deadline
+    start = time.monotonic()
+    res = own_runner.run("import time\ntime.sleep(30)", str(tmp_path), SUITE_LIMITS.__class__(wall_s=1.0))
+    assert time.monotonic() - start < 2.5
+    assert res.timed_out is True and res.exit_code == -signal.SIGKILL
+    assert "did not answer" in res.stderr
+    monkeypatch.undo()
+    assert own_runner.run("print(3)", str(tmp_path)).stdout == "3\n"

@@ -1,0 +1,139 @@
+"""Pieces of the sandbox that can be checked without starting one: the seccomp program (run in a
+small BPF interpreter), the result framing and the overlay copy-back."""
+
+from __future__ import annotations
+
+import errno
+import os
+import platform
+import stat
+import struct
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulators.python.sandbox import _copyback, _seccomp
+from simulators.python.sandbox._protocol import ProtocolError, decode_result, encode_result
+
+pytestmark = pytest.mark.skipif(platform.machine() != "x86_64", reason="syscall numbers below are x86_64")
+
+ALLOW, KILL = 0x7FFF0000, 0x80000000
+
+
+def _errno(e: int) -> int:
+    return 0x00050000 | e
+
+
+def run_filter(prog: bytes, nr: int, args: tuple[int, ...] = (), arch: int = 0xC000003E) -> int:
+    """Interpret the classic-BPF subset the sandbox emits over one struct seccomp_data."""
+    data = struct.pack("<iIQ6Q", nr, arch, 0, *(list(args) + [0] * (6 - len(args))))
+    ins = [struct.unpack("HBBI", prog[i : i + 8]) for i in range(0, len(prog), 8)]
+    pc, acc = 0, 0
+    while True:
+        code, jt, jf, k = ins[pc]
+        if code == 0x20:
+            acc = struct.unpack_from("<I", data, k)[0]
+            pc += 1
+        elif code in (0x15, 0x35, 0x45):
+            hit = acc == k if code == 0x15 else acc >= k if code == 0x35 else bool(acc & k)
+            pc += 1 + (jt if hit else jf)
+        elif code == 0x06:
+            return k
+        else:
+            raise AssertionError(f"unexpected BPF opcode {code:#x}")
+
+
+PROG = _seccomp.build_filter()
+
+
+def test_filter_shape() -> None:
+    assert len(PROG) % 8 == 0 and len(PROG) // 8 < 4096
+
+
+@pytest.mark.parametrize(
+    "nr, args, expected",
+    [
+        (0, (), ALLOW),  # read
+        (41, (2, 1, 0), _errno(errno.EACCES)),  # socket(AF_INET)
+        (41, (1, 1, 0), _errno(errno.EACCES)),  # socket(AF_UNIX): no sockets at all
+        (53, (1, 1, 0), ALLOW),  # socketpair(AF_UNIX)
+        (53, (2, 1, 0), _errno(errno.EACCES)),
+        (56, (0x01200011,), ALLOW),  # clone as fork() does it
+        (56, (0x003D0F00,), ALLOW),  # clone as pthread_create does it
+        (56, (0x10000000 | 17,), _errno(errno.EPERM)),  # CLONE_NEWUSER
+        (56, (0x00000080 | 17,), _errno(errno.EPERM)),  # CLONE_NEWTIME
+        (435, (), _errno(errno.ENOSYS)),  # clone3
+        (101, (), _errno(errno.EPERM)),  # ptrace
+        (272, (), _errno(errno.EPERM)),  # unshare
+        (425, (), _errno(errno.EPERM)),  # io_uring_setup
+        (90, (0, 0o755), ALLOW),  # chmod
+        (90, (0, 0o4755), _errno(errno.EPERM)),
+        (268, (0, 0, 0o2755), _errno(errno.EPERM)),  # fchmodat with setgid
+        (257, (0, 0, 0o101, 0o644), ALLOW),  # openat(O_CREAT)
+        (257, (0, 0, 0o101, 0o4644), _errno(errno.EPERM)),
+        (16, (1, 0x5412), _errno(errno.EPERM)),  # ioctl TIOCSTI
+        (16, (1, 0x5401), ALLOW),  # ioctl TCGETS
+        (62, (0xFFFFFFFFFFFFFFFF, 9), _errno(errno.EPERM)),  # kill(-1, SIGKILL)
+        (62, (1234, 9), ALLOW),
+        (0x40000000 | 1, (), KILL),  # x32 ABI
+    ],
+)
+def test_filter_decisions(nr: int, args: tuple[int, ...], expected: int) -> None:
+    assert run_filter(PROG, nr, args) == expected
+
+
+def test_foreign_architecture_is_killed() -> None:
+    assert run_filter(PROG, 0, arch=0x40000003) == KILL  # i386 through int 0x80
+
+
+@settings(max_examples=300, deadline=None)
+@given(nr=st.integers(0, 500), args=st.tuples(*[st.integers(0, 2**64 - 1)] * 6))
+def test_filter_never_crashes_and_only_allows_or_errs(nr: int, args: tuple[int, ...]) -> None:
+    action = run_filter(PROG, nr, args)
+    assert action == ALLOW or action & 0xFFFF0000 == 0x00050000
+    if nr not in (16, 41, 53, 56, 62, 90, 91, 268, 452, 2, 257, 85) and action == ALLOW:
+        assert nr not in {pair[0] for pair in _seccomp._DENY_EPERM.values()}
+
+
+def test_result_round_trip() -> None:
+    header = {"exit_code": 3, "timed_out": False, "truncated_out": True, "truncated_err": False}
+    data = encode_result(header, b"out\xff", b"err")
+    got, out, err = decode_result(data)
+    assert (got["exit_code"], out, err) == (3, b"out\xff", b"err")
+    for cut in (0, 3, 9, len(data) - 1):
+        with pytest.raises(ProtocolError):
+            decode_result(data[:cut])
+
+
+@given(st.binary(max_size=200))
+def test_garbage_is_never_a_result(data: bytes) -> None:
+    try:
+        decode_result(data)
+    except ProtocolError:
+        return
+    raise AssertionError("garbage decoded")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a whiteout is a 0/0 character device: mknod needs root")
+def test_copy_back_replays_an_upper_layer(tmp_path: Path) -> None:
+    upper, real = tmp_path / "upper", tmp_path / "real"
+    (real / "dir").mkdir(parents=True)
+    (real / "dir" / "old").write_text("old")
+    (real / "deleted").write_text("x")
+    (upper / "dir").mkdir(parents=True)
+    (upper / "dir" / "new").write_text("new")
+    os.chmod(upper / "dir" / "new", 0o4755)
+    os.mknod(upper / "deleted", stat.S_IFCHR | 0o600, os.makedev(0, 0))
+    os.mkfifo(upper / "fifo")
+    os.symlink("/etc/passwd", upper / "link")
+    fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        notes = _copyback.apply_upper(str(upper), fd)
+    finally:
+        os.close(fd)
+    assert sorted(os.listdir(real)) == ["dir"]
+    assert sorted(os.listdir(real / "dir")) == ["new", "old"]
+    assert stat.S_IMODE((real / "dir" / "new").stat().st_mode) == 0o755  # setuid dropped
+    assert len(notes) == 2 and all("not kept" in n for n in notes)
