@@ -15,6 +15,18 @@ def _json(schema: dict[str, Any]) -> dict[str, Any]:
     return {"content": {"application/json": {"schema": schema}}}
 
 
+def _success(**result: Any) -> dict[str, Any]:
+    """A successful answer: ``{"ok": true, "result": {...}, "latency_s"?}``."""
+    return {
+        "type": "object",
+        "properties": {
+            "ok": {"const": True},
+            "result": {"type": "object", "properties": result},
+            "latency_s": {"type": "number"},
+        },
+    }
+
+
 def _answers(result: str, *errors: int) -> dict[str, Any]:
     out: dict[str, Any] = {"200": {"description": "the call was carried out", **_json(_ref(result))}}
     for status in errors:
@@ -195,61 +207,32 @@ OPENAPI: dict[str, Any] = {
                     "attachments": {"type": "array", "items": {"type": "string"}},
                 },
             },
-            "SQLResult": {
-                "type": "object",
-                "properties": {
-                    "ok": {"const": True},
-                    "result": {
-                        "type": "object",
-                        "properties": {
-                            "columns": {"type": "array", "items": {"type": "string"}},
-                            "rows": {"type": "array"},
-                            "row_count": {"type": "integer"},
-                            "truncated": {"type": "boolean"},
-                            "csv_path": {"type": "string"},
-                            "vm_steps": {"type": "integer"},
-                        },
-                    },
-                    "latency_s": {"type": "number"},
-                },
-            },
-            "PythonResult": {
-                "type": "object",
-                "properties": {
-                    "ok": {"const": True},
-                    "result": {
-                        "type": "object",
-                        "properties": {
-                            "exit_code": {"type": "integer"},
-                            "stdout": {"type": "string"},
-                            "stderr": {"type": "string"},
-                            "timed_out": {"type": "boolean"},
-                            "output_truncated": {"type": "boolean"},
-                        },
-                    },
-                    "latency_s": {"type": "number"},
-                },
-            },
-            "Delivery": {
-                "type": "object",
-                "properties": {
-                    "ok": {"const": True},
-                    "result": {
-                        "type": "object",
-                        "properties": {
-                            "message_id": {"type": "string"},
-                            "sender": {"type": "string"},
-                            "to": {"type": "array"},
-                            "cc": {"type": "array"},
-                            "subject": {"type": "string"},
-                            "body": {"type": "string"},
-                            "attachments": {"type": "array"},
-                            "size": {"type": "integer"},
-                        },
-                    },
-                    "latency_s": {"type": "number"},
-                },
-            },
+            "SQLResult": _success(
+                columns={"type": "array", "items": {"type": "string"}},
+                rows={"type": "array"},
+                row_count={"type": "integer"},
+                truncated={"type": "boolean"},
+                csv_path={"type": "string"},
+                vm_steps={"type": "integer"},
+            ),
+            "PythonResult": _success(
+                exit_code={"type": "integer"},
+                stdout={"type": "string"},
+                stderr={"type": "string"},
+                timed_out={"type": "boolean"},
+                output_truncated={"type": "boolean"},
+                sandbox_tier={"enum": ["FULL", "REDUCED", "UNSAFE", "BASIC"]},
+            ),
+            "Delivery": _success(
+                message_id={"type": "string"},
+                sender={"type": "string"},
+                to={"type": "array"},
+                cc={"type": "array"},
+                subject={"type": "string"},
+                body={"type": "string"},
+                attachments={"type": "array"},
+                size={"type": "integer"},
+            ),
             "File": {
                 "type": "object",
                 "properties": {
