@@ -207,10 +207,11 @@ def test_action_error_pickles() -> None:
 
 
 def test_unterminated_code_fence_is_parsed_in_linear_time() -> None:
-    action = "```" + "a" * 16_000
+    # A quadratic parser needs minutes for this (it needed 1.8 s at 16,000); a linear one, microseconds.
+    action = "```" + "a" * 190_000
     start = time.perf_counter()
     assert _code(action) == "no_call"
-    assert time.perf_counter() - start < 0.3
+    assert time.perf_counter() - start < 5.0
 
 
 @pytest.mark.parametrize("answer", ["<tool_call>", "see </tool_call> here"])

