@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from simulators.python import RunLimits
 from simulators.python.sandbox import SandboxRunner
 from simulators.python.sandbox import runner as sandbox_runner
+from tests.procs import descendants, with_marker
 
 LIMITS = RunLimits(
     wall_s=2.0, cpu_s=2, memory_bytes=512 << 20, file_bytes=1 << 20, open_files=64, processes=32, output_bytes=64 << 10
@@ -110,46 +111,14 @@ def rss_kb(pid: int) -> int:
     return 0
 
 
-def tree(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[0] not in ("Z", "X"):
-                children.setdefault(int(fields[1]), []).append(int(entry))
-    found, stack = [], [root]
-    while stack:
-        for kid in children.get(stack.pop(), []):
-            found.append(kid)
-            stack.append(kid)
-    return found
-
-
-def marked(marker: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if marker.encode() in f.read():
-                        found.append(int(entry))
-            except OSError:
-                continue
-    return found
-
-
 def leftover_processes(runner: SandboxRunner, marker: str, timeout: float = 5.0) -> int:
     """Processes beyond the zygote's idle tree plus marked ones, after waiting for them to go."""
     idle = (1 if runner.layers.get("pidns") else 0) + 2 * sandbox_runner._WARM_SLOTS
     end = time.monotonic() + timeout
     while True:
-        extra = max(0, len(tree(runner.pid or 0)) - idle) + len(marked(marker))
+        extra = max(0, len(descendants(runner.pid or 0)) - idle) + len(with_marker(marker))
         if extra == 0 or time.monotonic() > end:
-            for pid in marked(marker):
+            for pid in with_marker(marker):
                 os.kill(pid, signal.SIGKILL)
             return extra
         time.sleep(0.05)
@@ -206,7 +175,7 @@ def main() -> int:
             workspace.mkdir()
         if i == max(20, args.n // 10):
             fds_start = len(os.listdir("/proc/self/fd"))
-            rss_start = rss_kb(os.getpid()) + sum(rss_kb(p) for p in [runner.pid or 0, *tree(runner.pid or 0)[:1]])
+            rss_start = rss_kb(os.getpid()) + sum(rss_kb(p) for p in [runner.pid or 0, *descendants(runner.pid or 0)[:1]])
         benign = rng.random() < args.benign
         if benign:
             code, expected = _benign(rng)
@@ -251,7 +220,7 @@ def main() -> int:
 
     leaked += leftover_processes(runner, marker)
     fds_end = len(os.listdir("/proc/self/fd"))
-    rss_end = rss_kb(os.getpid()) + sum(rss_kb(p) for p in [runner.pid or 0, *tree(runner.pid or 0)[:1]])
+    rss_end = rss_kb(os.getpid()) + sum(rss_kb(p) for p in [runner.pid or 0, *descendants(runner.pid or 0)[:1]])
     drift = (rss_end - rss_start) / rss_start if rss_start else float("nan")
     elapsed = time.monotonic() - started
     runner.close()

@@ -10,8 +10,9 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+from agentrl_envs.backends import wire
 from agentrl_envs.backends.base import EpisodeSetup, ToolRequest, ToolResponse
-from agentrl_envs.backends.wire import episode_body, to_response
+from agentrl_envs.backends.wire import to_response
 from agentrl_envs.errors import PermanentError
 from simulators import SimulatorApp
 from simulators.python import RunLimits
@@ -46,14 +47,11 @@ class DirectBackend:
         self.sandbox_tier = self.app.sandbox_tier
 
     def open_episode(self, setup: EpisodeSetup) -> None:
-        status, reply = self.app.open_episode(episode_body(setup))
-        if status == 409 and setup.database is not None:
-            status, reply = self.app.put_database(setup.database.fingerprint, {"tables": setup.database.tables})
-            if status != 204:
-                raise PermanentError(f"the simulator refused the episode database: {reply}")
-            status, reply = self.app.open_episode(episode_body(setup))
-        if status != 201:
-            raise PermanentError(f"the simulator refused to open the episode: {reply}")
+        def call(method: str, path: str, body: dict[str, Any]) -> tuple[int, str]:
+            status, reply = self.app.call(method, path, body)
+            return status, str(reply)
+
+        wire.open_episode(setup, call)
 
     def handle(self, request: ToolRequest) -> ToolResponse:
         status, reply = self.app.tool(request.episode_id, request.tool, dict(request.arguments))

@@ -7,11 +7,13 @@ Requests and responses are real ``httpx`` objects with JSON bodies, the same wir
 from __future__ import annotations
 
 import base64
+from typing import Any
 
 import httpx
 
+from agentrl_envs.backends import wire
 from agentrl_envs.backends.base import EpisodeSetup, ToolRequest, ToolResponse
-from agentrl_envs.backends.wire import AT_HEADER, episode_body, to_response, tool_path
+from agentrl_envs.backends.wire import AT_HEADER, to_response, tool_path
 from agentrl_envs.errors import PermanentError
 from simulators import SimulatorApp
 from simulators.python import RunLimits
@@ -26,15 +28,11 @@ class WireClient:
         self._client = client
 
     def open_episode(self, setup: EpisodeSetup) -> None:
-        body = episode_body(setup)
-        response = self._send("POST", "/v1/episodes", json=body)
-        if response.status_code == 409 and setup.database is not None:
-            put = self._send("PUT", f"/v1/databases/{setup.database.fingerprint}", json={"tables": setup.database.tables})
-            if put.status_code != 204:
-                raise PermanentError(f"the simulator refused the episode database: {put.text[:500]}")
-            response = self._send("POST", "/v1/episodes", json=body)
-        if response.status_code != 201:
-            raise PermanentError(f"the simulator refused to open the episode: HTTP {response.status_code} {response.text[:500]}")
+        def call(method: str, path: str, body: dict[str, Any]) -> tuple[int, str]:
+            response = self._send(method, path, json=body)
+            return response.status_code, response.text
+
+        wire.open_episode(setup, call)
 
     def handle(self, request: ToolRequest) -> ToolResponse:
         response = self._client.post(tool_path(request), json=request.arguments, headers={AT_HEADER: repr(request.at_s)})

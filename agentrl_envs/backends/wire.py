@@ -8,11 +8,13 @@ optional ``latency_s`` and ``fault`` (set by a server-side fault profile).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from agentrl_envs.backends.base import EpisodeSetup, ToolRequest, ToolResponse
+from agentrl_envs.errors import PermanentError
 
-__all__ = ["AT_HEADER", "episode_body", "response_body", "to_response"]
+__all__ = ["AT_HEADER", "episode_body", "open_episode", "response_body", "to_response"]
 
 AT_HEADER = "X-AgentRL-At"
 
@@ -26,6 +28,22 @@ def episode_body(setup: EpisodeSetup) -> dict[str, Any]:
         "seed": setup.seed,
         "mail_domains": list(setup.mail_domains) if setup.mail_domains is not None else None,
     }
+
+
+def open_episode(setup: EpisodeSetup, call: Callable[[str, str, dict[str, Any]], tuple[int, str]]) -> None:
+    """Open an episode: POST it, and on 409 (the server lacks the database) PUT the tables and retry.
+
+    ``call(method, path, json_body)`` sends one request and answers (status, text for errors).
+    """
+    body = episode_body(setup)
+    status, text = call("POST", "/v1/episodes", body)
+    if status == 409 and setup.database is not None:
+        put_status, put_text = call("PUT", f"/v1/databases/{setup.database.fingerprint}", {"tables": setup.database.tables})
+        if put_status != 204:
+            raise PermanentError(f"the simulator refused the episode database: {put_text[:500]}")
+        status, text = call("POST", "/v1/episodes", body)
+    if status != 201:
+        raise PermanentError(f"the simulator refused to open the episode: HTTP {status} {text[:500]}")
 
 
 def tool_path(request: ToolRequest) -> str:

@@ -27,6 +27,7 @@ import pytest
 import agentrl_envs  # noqa: F401 - registers the env ids
 from agentrl_envs.actions import format_call
 from agentrl_envs.agents import OracleAgent
+from tests.procs import with_marker
 
 ENV_ID = "AgentRL/SQLPythonSMTP-v0"
 FORMAT, REFUSED, EITHER = "format", "refused", "either"
@@ -275,28 +276,6 @@ def test_symlink_planted_in_workspace_is_not_attached(env: gym.Env[str, str]) ->
     assert final["success"] is True
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
-
-
-def _processes_with(marker: bytes) -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if marker in f.read():
-                        pids.append(int(entry))
-            except OSError:
-                continue
-    return [p for p in pids if _alive(p)]
-
-
 def test_python_daemon_does_not_outlive_the_step(env: gym.Env[str, str]) -> None:
     """A double-forked, setsid'd daemon dies with the program (pid namespace), or at the latest with the run."""
     marker = f"61.{os.getpid()}"
@@ -315,7 +294,7 @@ def test_python_daemon_does_not_outlive_the_step(env: gym.Env[str, str]) -> None
     *_, info = env.step(call("python", code=code))
     assert "parent done" in info["tool_result"]["stdout"]
     time.sleep(0.3)
-    survivors = _processes_with(marker.encode())
+    survivors = with_marker(marker)
     for pid in survivors:
         os.kill(pid, signal.SIGKILL)
     assert not survivors, f"the agent's daemon survived the run: {survivors}"

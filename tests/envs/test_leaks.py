@@ -21,6 +21,7 @@ import pytest
 import agentrl_envs
 from agentrl_envs.agents import OracleAgent
 from agentrl_envs.tasks.sampler import DATA_VARIANTS, domains_for
+from tests.procs import alive
 
 pytestmark = pytest.mark.slow
 
@@ -30,14 +31,6 @@ WARMUP_EPISODES_PER_ENV = 5
 MAX_FD_GROWTH = 3
 MAX_RSS_GROWTH = 0.10
 TEMP_PREFIXES = ("agentrl-ws-", "agentrl-py-", "agentrl-gold-")
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 def _children() -> set[int]:
@@ -129,7 +122,7 @@ def test_no_leaks_over_1000_oracle_episodes(tmp_path: Any, monkeypatch: pytest.M
             env.close()
     # Each env's sandbox keeps a zygote process while it is open; once closed, nothing remains.
     time.sleep(0.2)
-    leftover_children = {p for p in _children() - children_before if _running(p)}
+    leftover_children = {p for p in _children() - children_before if alive(p)}
     elapsed = time.perf_counter() - start
     leftover_temp = _temp_entries() - temp_before
 

@@ -14,6 +14,7 @@ import pytest
 from simulators.python import RunLimits
 from simulators.python.sandbox import FULL, SandboxRunner
 from simulators.python.sandbox import runner as sandbox_runner
+from tests.procs import descendants, with_marker
 
 SUITE_LIMITS = RunLimits(wall_s=3.0, cpu_s=3, memory_bytes=512 << 20, file_bytes=1 << 20, open_files=64, processes=32)
 
@@ -67,49 +68,6 @@ def dirs(tmp_path: Path) -> Dirs:
 
 
 # -- leak checks -----------------------------------------------------------------------------------
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def alive(pid: int) -> bool:
-    """A live, non-zombie process."""
-    fields = _stat_fields(pid)
-    return fields is not None and fields[0] not in ("Z", "X")
-
-
-def descendants(root: int) -> list[int]:
-    """Live descendants of ``root`` (walking /proc by parent pid)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            fields = _stat_fields(int(entry))
-            if fields is not None and fields[0] not in ("Z", "X"):
-                children.setdefault(int(fields[1]), []).append(int(entry))
-    found, stack = [], [root]
-    while stack:
-        for kid in children.get(stack.pop(), []):
-            found.append(kid)
-            stack.append(kid)
-    return found
-
-
-def with_marker(marker: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if marker.encode() in f.read() and alive(int(entry)):
-                        found.append(int(entry))
-            except OSError:
-                continue
-    return found
 
 
 def idle_tree_size(runner: SandboxRunner) -> int:

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from simulators.python.sandbox import SandboxError, SandboxRunner
+from tests.procs import alive, descendants
 
-from .conftest import SUITE_LIMITS, alive, descendants
+from .conftest import SUITE_LIMITS
 
 
 @pytest.fixture

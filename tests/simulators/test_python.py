@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from simulators.python import PythonResult, PythonRunner, RunLimits
+from tests.procs import alive, with_marker
 
 
 @pytest.fixture(scope="module")
@@ -24,30 +25,13 @@ def _run(runner: PythonRunner, code: str, workspace: Path, **limits: object) -> 
     return runner.run(code, str(workspace), lim)
 
 
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` is a live process. A zombie counts as dead: it was killed but not reaped
-    (its parent is gone and PID 1 of a container may never reap it)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state not in ("Z", "X")
-
-
 def _wait_dead(pid: int, timeout: float = 2.0) -> bool:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        if not _alive(pid):
+        if not alive(pid):
             return True
         time.sleep(0.02)
-    return not _alive(pid)
+    return not alive(pid)
 
 
 def _kill_quietly(pid: int) -> None:
@@ -127,28 +111,13 @@ def test_timeout_kills_a_busy_loop(runner: PythonRunner, tmp_path: Path) -> None
     assert 0.5 <= elapsed < 6.0  # killed at the deadline, not left running
 
 
-def _marked(marker: str) -> list[int]:
-    """Live processes whose command line holds ``marker``. Pids printed inside the run are pids of
-    its own pid namespace, so the tests find the children by a marker instead."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if marker.encode() in f.read() and _alive(int(entry)):
-                        found.append(int(entry))
-            except OSError:
-                continue
-    return found
-
-
 def _none_left(marker: str, timeout: float = 2.0) -> bool:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        if not _marked(marker):
+        if not with_marker(marker):
             return True
         time.sleep(0.02)
-    survivors = _marked(marker)
+    survivors = with_marker(marker)
     for pid in survivors:
         _kill_quietly(pid)
     return not survivors
