@@ -12,9 +12,10 @@ import numpy as np
 
 from agentrl_envs.actions import format_call
 from agentrl_envs.env import ToolUseEnv
+from agentrl_envs.openai_agent import OpenAIChatAgent
 from agentrl_envs.tasks.domains import DOMAINS
 
-__all__ = ["OracleAgent", "RandomAgent"]
+__all__ = ["OpenAIChatAgent", "OracleAgent", "RandomAgent"]
 
 
 def _core(env: gym.Env[Any, Any]) -> ToolUseEnv:

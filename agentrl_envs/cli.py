@@ -5,6 +5,7 @@
     agentrl-envs list
     agentrl-envs play AgentRL/SQL-v0 [--seed N] [--candidates K]
     agentrl-envs eval AgentRL/SQLPythonSMTP-v0 --agent oracle --episodes 50
+    agentrl-envs eval AgentRL/SQL-v0 --agent openai --base-url http://127.0.0.1:8000 --model NAME
     agentrl-envs serve --host 127.0.0.1 --port 8765 [--profile realistic]
     agentrl-envs fit-profile access.log api.jsonl -o profile.yaml
 """
@@ -66,11 +67,12 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("eval", help="run an agent for N episodes and print a summary table")
     _env_args(p, split_default="train,test,heldout")
-    p.add_argument("--agent", choices=("oracle", "random"), default="oracle")
+    p.add_argument("--agent", choices=("oracle", "random", "openai"), default="oracle")
     p.add_argument("--episodes", type=_positive, default=20, help="episodes per split (default 20)")
     p.add_argument("--seed", type=int, default=0, help="first seed; episode i uses seed+i")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    _openai_args(p)
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("serve", help="serve the simulator API over HTTP (see GET /openapi.json)")
@@ -282,6 +284,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     splits = _splits(args.split)
     _check_id(args.env_id)
+    chat = _openai_agent(args)
     stats: dict[tuple[str, str], list[tuple[bool, float, int]]] = defaultdict(list)
     start = time.perf_counter()
     bar = tqdm(
@@ -293,7 +296,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     )
     for split in splits:
         env = _make(args, split)
-        agent = OracleAgent(env) if args.agent == "oracle" else RandomAgent(env, seed=args.seed)
+        agent: Any = chat or (OracleAgent(env) if args.agent == "oracle" else RandomAgent(env, seed=args.seed))
         try:
             for i in range(args.episodes):
                 observation, info = env.reset(seed=args.seed + i)
@@ -303,10 +306,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
                     ret = ret + float(reward)
                     done = terminated or truncated
                 stats[(split, info["domain"])].append((bool(info["success"]), ret, int(info["step"])))
+                if chat is not None:
+                    chat.report_outcome(info)
                 bar.update(1)
         finally:
             env.close()
     bar.close()
+    if chat is not None:
+        chat.close()
+        print("endpoint: " + ", ".join(f"{k} {v}" for k, v in chat.stats.as_dict().items()), file=sys.stderr)
     rows = []
     for (split, domain), eps in sorted(stats.items()):
         rows.append(_summary_row(split, domain, eps))
@@ -326,6 +334,48 @@ def cmd_eval(args: argparse.Namespace) -> int:
             sys.stdout,
         )
     return 0
+
+
+def _openai_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("--agent openai (any OpenAI-compatible /v1/chat/completions endpoint)")
+    g.add_argument("--base-url", default=None, help="server root, e.g. http://127.0.0.1:8000")
+    g.add_argument("--model", default=None, help="the request's model field (an adapter name on agentrl-train serve)")
+    g.add_argument(
+        "--api-key-env", metavar="VAR", default=None, help="environment variable holding the API key (none sent otherwise)"
+    )
+    g.add_argument("--temperature", type=float, default=None, help="sampling temperature (the server's default otherwise)")
+    g.add_argument("--max-tokens", type=_positive, default=None, help="completion token limit per turn")
+    g.add_argument("--feedback", action="store_true", help="POST each episode's outcome to {base-url}/v1/feedback")
+
+
+def _openai_agent(args: argparse.Namespace) -> Any:
+    """The OpenAIChatAgent for ``--agent openai`` (None for the other agents)."""
+    import os
+
+    options = ("base_url", "model", "api_key_env", "temperature", "max_tokens")
+    given = [f"--{k.replace('_', '-')}" for k in options if getattr(args, k) is not None] + ["--feedback"] * args.feedback
+    if args.agent != "openai":
+        if given:
+            raise agentrl_envs.ConfigError(f"{', '.join(given)} only apply to --agent openai")
+        return None
+    if args.base_url is None or args.model is None:
+        raise agentrl_envs.ConfigError("--agent openai needs --base-url URL and --model NAME")
+    api_key = None
+    if args.api_key_env is not None:
+        api_key = os.environ.get(args.api_key_env)
+        if not api_key:
+            raise agentrl_envs.ConfigError(f"--api-key-env {args.api_key_env[:60]!r}: that environment variable is not set")
+    from agentrl_envs.agents import OpenAIChatAgent
+
+    return OpenAIChatAgent(
+        args.base_url,
+        args.model,
+        api_key,
+        temperature=args.temperature,
+        max_tokens=args.max_tokens,
+        feedback=args.feedback,
+        seed=args.seed,
+    )
 
 
 def _summary_row(split: str, domain: str, eps: list[tuple[bool, float, int]]) -> tuple[str, str, int, float, float, float]:

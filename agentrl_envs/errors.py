@@ -7,6 +7,9 @@
     │                        step(): it becomes an error observation and a format penalty)
     ├── ConfigError          a bad make() keyword, profile, backend spec or CLI option
     ├── EpisodeError         step() before reset(), or after the episode ended
+    ├── AgentError           an agent could not produce an action (its model endpoint failed)
+    │   ├── EndpointUnavailableError  still failing after bounded retries (transport, timeout, 429, 5xx)
+    │   └── EndpointResponseError     an answer that retrying will not fix (4xx, not a chat completion)
     └── BackendError         a tool call could not be carried out by the backend
         ├── TransientError   worth retrying (timeouts, 5xx, 429, connection resets)
         └── PermanentError   retrying will not help (bad URL, 4xx from the service)
@@ -18,9 +21,12 @@ from __future__ import annotations
 
 __all__ = [
     "ActionError",
+    "AgentError",
     "AgentRLError",
     "BackendError",
     "ConfigError",
+    "EndpointResponseError",
+    "EndpointUnavailableError",
     "EpisodeError",
     "PermanentError",
     "TransientError",
@@ -52,6 +58,18 @@ class ConfigError(AgentRLError, ValueError):
 
 class EpisodeError(AgentRLError, RuntimeError):
     """The env was used out of order (step before reset, step after the episode ended)."""
+
+
+class AgentError(AgentRLError, RuntimeError):
+    """An agent could not produce an action; the episode cannot go on with this agent."""
+
+
+class EndpointUnavailableError(AgentError):
+    """The model endpoint kept failing (transport errors, timeouts, 429, 5xx) after bounded retries."""
+
+
+class EndpointResponseError(AgentError):
+    """The model endpoint answered, but with a 4xx or a body that is not a chat completion."""
 
 
 class BackendError(AgentRLError):

@@ -1,0 +1,460 @@
+"""An agent that drives the envs through any OpenAI-compatible chat endpoint.
+
+:class:`OpenAIChatAgent` keeps the episode as chat messages and asks ``POST {base_url}/v1/chat/completions``
+for each action, so the same envs evaluate a served adapter, a vLLM server or a hosted model. It needs
+httpx only (no torch).
+
+What reaches the env, and what is raised instead:
+
+- native ``tool_calls`` become ``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` text (several
+  calls become several blocks, which the env answers with its ``multiple_calls`` format penalty; invalid
+  JSON arguments are passed on as the string the model wrote, which the env answers with ``bad_json``);
+- otherwise the message's content goes to the env as it is: ``<tool_call>`` text parses there, and
+  anything else gets the env's format penalty. Whatever the model wrote is the model's doing, so it is
+  judged by the env, never raised.
+- an endpoint that cannot be reached (transport errors, timeouts, 408, 429, 5xx) is retried with capped
+  exponential backoff and seeded jitter, honouring ``Retry-After``; after ``max_retries`` retries the agent
+  raises :class:`~agentrl_envs.errors.EndpointUnavailableError`. Any other 4xx, a body over
+  ``max_response_bytes``, or a body that is not a chat completion (not JSON, no ``choices[0].message``
+  object) raises :class:`~agentrl_envs.errors.EndpointResponseError` at once. Both are
+  :class:`~agentrl_envs.errors.AgentError`: an agent that cannot reach its model has no action to give,
+  and a format penalty would score the endpoint's outage as the model's mistake.
+
+History: after a native tool call the next observation is a ``tool`` message with the call's
+``tool_call_id`` (one per call); after text (a ``<tool_call>`` in content, or no call) it is a ``user``
+message, because there is no call id to answer.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import random
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import httpx
+
+from agentrl_envs.actions import MAX_ACTION_CHARS, format_call, parse_action
+from agentrl_envs.errors import ActionError, ConfigError, EndpointResponseError, EndpointUnavailableError, EpisodeError
+
+__all__ = ["EndpointStats", "OpenAIChatAgent"]
+
+EPISODE_HEADER = "x-episode-id"
+_RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+
+
+@dataclass
+class EndpointStats:
+    """Counts over the agent's lifetime (all episodes)."""
+
+    requests: int = 0
+    """HTTP requests sent (chat and feedback), retries included."""
+    retries: int = 0
+    """Requests that repeated a failed one."""
+    transport_errors: int = 0
+    """Connection failures and timeouts (no HTTP status came back)."""
+    timeouts: int = 0
+    """The part of ``transport_errors`` that were timeouts."""
+    http_errors: int = 0
+    """Responses with a 4xx or 5xx status."""
+    parse_failures: int = 0
+    """Replies whose action the env's grammar rejects (no call, bad JSON, wrong types, several calls)."""
+    bad_responses: int = 0
+    """Bodies that were not a chat completion (each raised EndpointResponseError)."""
+    feedback_sent: int = 0
+    """Episode outcomes POSTed to ``/v1/feedback``."""
+    feedback_errors: int = 0
+    """Outcomes that could not be delivered (a warning, never an exception)."""
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+class OpenAIChatAgent:
+    """Acts through an OpenAI-compatible ``/v1/chat/completions`` endpoint.
+
+    ``act(observation, info)`` starts a new conversation whenever ``info`` comes from ``reset()``
+    (system prompt from ``info["system_prompt"]``, ``info["tools"]`` sent as ``tools``) and sends the
+    header ``x-episode-id`` (fresh per episode) so a router can keep an episode on one version.
+
+    Args:
+        base_url: the server, e.g. ``http://127.0.0.1:8000`` (a trailing ``/v1`` is accepted too).
+        model: the ``model`` field of each request (an adapter name on ``agentrl-train serve``).
+        api_key: sent as ``Authorization: Bearer ...`` when given.
+        temperature, max_tokens: sent when given (the server's defaults otherwise).
+        timeout_s: read/write/pool timeout of one request; connect_timeout_s: of the connection.
+        max_retries: retries of a request after a transport error, timeout, 408, 429 or 5xx.
+        backoff_s, max_backoff_s: the first retry waits about ``backoff_s``, doubling up to ``max_backoff_s``
+            (times a jitter in [0.5, 1) from the agent's seeded generator).
+        max_retry_after_s: cap on a server's ``Retry-After``.
+        max_response_bytes: larger bodies are refused (EndpointResponseError).
+        extra_headers: added to every request (they may override the defaults).
+        extra_body: merged into every chat request (e.g. ``{"top_p": 0.9}``).
+        feedback: POST each episode's outcome to ``{base_url}/v1/feedback`` in :meth:`report_outcome`.
+        seed: seeds episode ids and jitter.
+        sleep: how to wait between retries (tests pass a recorder).
+        http_client: an httpx.Client to use instead of the agent's own (not closed by :meth:`close`).
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        *,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+        timeout_s: float = 120.0,
+        connect_timeout_s: float = 10.0,
+        max_retries: int = 4,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 8.0,
+        max_retry_after_s: float = 30.0,
+        max_response_bytes: int = 8 * 1024 * 1024,
+        extra_headers: Mapping[str, str] | None = None,
+        extra_body: Mapping[str, Any] | None = None,
+        feedback: bool = False,
+        seed: int | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        http_client: httpx.Client | None = None,
+    ) -> None:
+        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+            raise ConfigError(f"base_url={str(base_url)[:80]!r}: use an http:// or https:// URL, e.g. http://127.0.0.1:8000")
+        if not isinstance(model, str) or not model.strip():
+            raise ConfigError(f"model={model!r}: use the model (or adapter) name the server serves, e.g. 'tiny'")
+        for name, value in (("timeout_s", timeout_s), ("connect_timeout_s", connect_timeout_s), ("max_backoff_s", max_backoff_s)):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+                raise ConfigError(f"{name}={value!r}: use a positive number of seconds")
+        for name, value in (("backoff_s", backoff_s), ("max_retry_after_s", max_retry_after_s)):
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
+                raise ConfigError(f"{name}={value!r}: use a non-negative number of seconds")
+        if not isinstance(max_retries, int) or isinstance(max_retries, bool) or not 0 <= max_retries <= 100:
+            raise ConfigError(f"max_retries={max_retries!r}: use an int in 0-100")
+        if not isinstance(max_response_bytes, int) or max_response_bytes < 1024:
+            raise ConfigError(f"max_response_bytes={max_response_bytes!r}: use an int >= 1024")
+        if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
+            raise ConfigError(f"max_tokens={max_tokens!r}: use a positive int or None")
+        if temperature is not None and (not isinstance(temperature, (int, float)) or not 0 <= temperature <= 2):
+            raise ConfigError(f"temperature={temperature!r}: use a number in [0, 2] or None")
+        headers = dict(extra_headers or {})
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
+            raise ConfigError("extra_headers: use a mapping of str to str")
+        root = base_url.rstrip("/")
+        self.base_url = root[: -len("/v1")] if root.endswith("/v1") else root
+        self.model = model
+        self.temperature, self.max_tokens = temperature, max_tokens
+        self.max_retries, self.backoff_s, self.max_backoff_s = max_retries, float(backoff_s), float(max_backoff_s)
+        self.max_retry_after_s, self.max_response_bytes = float(max_retry_after_s), max_response_bytes
+        self.extra_body = dict(extra_body or {})
+        self.feedback = feedback
+        self.stats = EndpointStats()
+        self.messages: list[dict[str, Any]] = []
+        self.tools: list[dict[str, Any]] = []
+        self.episode_id: str | None = None
+        self._headers = {"accept": "application/json", "content-type": "application/json"}
+        if api_key:
+            self._headers["authorization"] = f"Bearer {api_key}"
+        self._headers.update({k.lower(): v for k, v in headers.items()})
+        self._rng = random.Random(seed)
+        self._sleep = sleep
+        self._owns_client = http_client is None
+        timeout = httpx.Timeout(float(timeout_s), connect=float(connect_timeout_s))
+        self._client = http_client if http_client is not None else httpx.Client(timeout=timeout, follow_redirects=False)
+        self._pending_ids: list[str] = []
+        self._counts = {"tool_calls": 0, "api_errors": 0, "timeouts": 0}
+        self._reported: str | None = None
+
+    # -- the agent interface ---------------------------------------------------------------------
+
+    def act(self, observation: str, info: dict[str, Any]) -> str:
+        """The next action: one chat completion, turned into the env's action text.
+
+        Raises:
+            EndpointUnavailableError: the endpoint kept failing after ``max_retries`` retries.
+            EndpointResponseError: a 4xx, or a body that is not a chat completion.
+            EpisodeError: the first call did not get the ``info`` from ``reset()``.
+        """
+        if "tools" in info and info.get("step") == 0:
+            self._start(observation, info)
+        elif not self.messages:
+            raise EpisodeError(
+                "OpenAIChatAgent.act() needs the info from env.reset() first (it holds the system prompt and tools)"
+            )
+        else:
+            self._observe(observation, info)
+        message = self._complete()
+        action, reply = self._to_action(message)
+        self.messages.append(reply)
+        try:
+            parse_action(action)
+        except ActionError:
+            self.stats.parse_failures += 1
+        return action
+
+    def report_outcome(self, info: dict[str, Any]) -> dict[str, Any]:
+        """The finished episode's outcome; POSTed to ``/v1/feedback`` when ``feedback=True``.
+
+        Call it with the ``info`` of the episode's last step. Rates are per tool call, from the faults
+        the agent saw (``info["fault_stats"]`` values win where it carries them). A failed POST is
+        counted in ``stats.feedback_errors`` and warned about, never raised; each episode is sent once.
+        """
+        if self.episode_id is None:
+            raise EpisodeError("report_outcome() needs an episode: call act() with the reset info first")
+        if self._reported != self.episode_id:
+            self._count(info)
+        calls = self._counts["tool_calls"]
+        raw_stats = info.get("fault_stats")
+        fault_stats: dict[str, Any] = raw_stats if isinstance(raw_stats, dict) else {}
+        outcome: dict[str, Any] = {
+            "episode_id": self.episode_id,
+            "model": self.model,
+            "task_id": info.get("task_id"),
+            "success": bool(info.get("success", False)),
+            "steps": int(info.get("step", 0)),
+            "tool_calls": calls,
+            "api_error_rate": float(fault_stats.get("api_error_rate", self._counts["api_errors"] / calls if calls else 0.0)),
+            "timeout_rate": float(fault_stats.get("timeout_rate", self._counts["timeouts"] / calls if calls else 0.0)),
+            "fault_stats": dict(fault_stats),
+        }
+        if self.feedback and self._reported != self.episode_id:
+            try:
+                self._post("/v1/feedback", outcome)
+                self.stats.feedback_sent += 1
+            except (EndpointUnavailableError, EndpointResponseError) as exc:
+                self.stats.feedback_errors += 1
+                warnings.warn(f"episode outcome not delivered: {exc}", RuntimeWarning, stacklevel=2)
+        self._reported = self.episode_id
+        return outcome
+
+    def close(self) -> None:
+        """Close the agent's own HTTP client (a client passed in is left open)."""
+        if self._owns_client:
+            self._client.close()
+
+    def __enter__(self) -> OpenAIChatAgent:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- conversation ----------------------------------------------------------------------------
+
+    def _start(self, observation: str, info: dict[str, Any]) -> None:
+        tools = info.get("tools")
+        self.tools = [t for t in tools if isinstance(t, dict)] if isinstance(tools, list) else []
+        system = info.get("system_prompt")
+        self.messages = [{"role": "system", "content": system}] if isinstance(system, str) and system else []
+        self.messages.append({"role": "user", "content": observation})
+        self.episode_id = f"ep-{self._rng.getrandbits(64):016x}"
+        self._pending_ids = []
+        self._counts = {"tool_calls": 0, "api_errors": 0, "timeouts": 0}
+
+    def _observe(self, observation: str, info: dict[str, Any]) -> None:
+        self._count(info)
+        if self._pending_ids:
+            for call_id in self._pending_ids:
+                self.messages.append({"role": "tool", "tool_call_id": call_id, "content": observation})
+        else:
+            self.messages.append({"role": "user", "content": observation})
+        self._pending_ids = []
+
+    def _count(self, info: dict[str, Any]) -> None:
+        """Tally one step's tool call and fault (for the outcome's rates)."""
+        tool = info.get("tool")
+        if not isinstance(tool, str) or tool == "finish":
+            return
+        self._counts["tool_calls"] += 1
+        fault = info.get("fault")
+        if isinstance(fault, dict) and fault:
+            if fault.get("type") == "timeout":
+                self._counts["timeouts"] += 1
+            elif fault.get("origin") in ("injected", "service"):
+                self._counts["api_errors"] += 1
+
+    def _complete(self) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.model, "messages": self.messages}
+        if self.tools:
+            body["tools"] = self.tools
+        if self.temperature is not None:
+            body["temperature"] = self.temperature
+        if self.max_tokens is not None:
+            body["max_tokens"] = self.max_tokens
+        body.update(self.extra_body)
+        data = self._post("/v1/chat/completions", body)
+        choices = data.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            error = data.get("error")
+            detail = f": {str(error.get('message', error) if isinstance(error, dict) else error)[:300]}" if error else ""
+            raise self._bad_response(f"the reply has no choices{detail}")
+        message = choices[0].get("message")
+        if not isinstance(message, dict):
+            raise self._bad_response("choices[0].message is not an object")
+        return message
+
+    def _to_action(self, message: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        """The env action for one assistant message, and the message to keep in the history."""
+        text = _text(message.get("content"))[:MAX_ACTION_CHARS]
+        raw_calls = message.get("tool_calls")
+        calls: list[tuple[str, str, Any]] = []
+        for i, call in enumerate(raw_calls if isinstance(raw_calls, list) else []):
+            function = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                continue
+            call_id = call.get("id") if isinstance(call.get("id"), str) and call.get("id") else f"call_{i}"
+            calls.append((str(call_id)[:200], function["name"][:200], function.get("arguments")))
+        if not calls:
+            return (_text(message.get("content")), {"role": "assistant", "content": text})
+        self._pending_ids = [call_id for call_id, _, _ in calls]
+        reply: dict[str, Any] = {
+            "role": "assistant",
+            "content": text or None,
+            "tool_calls": [
+                {"id": call_id, "type": "function", "function": {"name": name, "arguments": _arguments_text(args)}}
+                for call_id, name, args in calls
+            ],
+        }
+        return "".join(_call_text(name, args) for _, name, args in calls), reply
+
+    # -- transport -------------------------------------------------------------------------------
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST JSON with bounded retries; the decoded JSON object of the answer."""
+        url = self.base_url + path
+        headers = {**self._headers, EPISODE_HEADER: self.episode_id or ""}
+        payload = json.dumps(body).encode()
+        last, delay = "", 0.0
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                self.stats.retries += 1
+                self._sleep(delay)
+            self.stats.requests += 1
+            try:
+                status, retry_after, content = self._send(url, payload, headers)
+            except httpx.TimeoutException as exc:
+                self.stats.transport_errors += 1
+                self.stats.timeouts += 1
+                last, delay = f"timed out ({type(exc).__name__})", self._backoff(attempt)
+                continue
+            except httpx.TransportError as exc:
+                self.stats.transport_errors += 1
+                last, delay = f"{type(exc).__name__}: {str(exc)[:200]}", self._backoff(attempt)
+                continue
+            if status in _RETRY_STATUSES:
+                self.stats.http_errors += 1
+                wait = _retry_after_s(retry_after)
+                last = f"HTTP {status}: {_detail(content)}"
+                delay = min(wait, self.max_retry_after_s) if wait is not None else self._backoff(attempt)
+                continue
+            if status >= 400:
+                self.stats.http_errors += 1
+                raise EndpointResponseError(f"POST {url} answered HTTP {status}: {_detail(content)}; {_hint(status)}")
+            try:
+                data = json.loads(content)
+            except (ValueError, RecursionError):
+                raise self._bad_response(f"POST {url}: the body is not JSON ({content[:80]!r})") from None
+            if not isinstance(data, dict):
+                raise self._bad_response(f"POST {url}: the body is JSON but not an object")
+            return data
+        raise EndpointUnavailableError(
+            f"POST {url} failed {self.max_retries + 1} times (last: {last}); check that the server is up at "
+            f"{self.base_url}, or raise max_retries / timeout_s"
+        )
+
+    def _send(self, url: str, payload: bytes, headers: dict[str, str]) -> tuple[int, str | None, bytes]:
+        """One request, reading at most ``max_response_bytes`` of the body."""
+        with self._client.stream("POST", url, content=payload, headers=headers) as response:
+            chunks, size = [], 0
+            for chunk in response.iter_bytes():
+                size += len(chunk)
+                if size > self.max_response_bytes:
+                    raise self._bad_response(
+                        f"POST {url}: the body is over max_response_bytes={self.max_response_bytes}; "
+                        "lower max_tokens or raise max_response_bytes"
+                    )
+                chunks.append(chunk)
+            return response.status_code, response.headers.get("retry-after"), b"".join(chunks)
+
+    def _backoff(self, attempt: int) -> float:
+        return min(self.max_backoff_s, self.backoff_s * 2.0**attempt) * (0.5 + 0.5 * self._rng.random())
+
+    def _bad_response(self, message: str) -> EndpointResponseError:
+        self.stats.bad_responses += 1
+        return EndpointResponseError(f"{message}; is {self.base_url} an OpenAI-compatible server?")
+
+
+def _text(content: Any) -> str:
+    """Message content as text: a string, or the text parts of a list of content parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
+
+
+def _arguments_text(arguments: Any) -> str:
+    return arguments if isinstance(arguments, str) else json.dumps({} if arguments is None else arguments)
+
+
+def _call_text(name: str, arguments: Any) -> str:
+    """The env action for one native call: arguments that decode to an object are written canonically;
+    anything else is passed on as written, for the env to reject with its reason."""
+    if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
+        arguments = {}
+    if isinstance(arguments, str):
+        try:
+            decoded = json.loads(arguments)
+        except (ValueError, RecursionError):
+            decoded = None
+        if isinstance(decoded, dict):
+            arguments = decoded
+    if isinstance(arguments, dict):
+        return format_call(name, arguments)
+    # Same escaping as format_call: a '<tool_call>' inside a string must not read as a second call.
+    text = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+    return (
+        "<tool_call>"
+        + text.replace("<tool_call>", "\\u003ctool_call>").replace("</tool_call>", "\\u003c/tool_call>")
+        + "</tool_call>"
+    )
+
+
+def _retry_after_s(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header (delta-seconds or an HTTP date); None when absent or bad."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when is None:
+            return None
+        seconds = when.timestamp() - time.time()
+    return max(0.0, seconds) if seconds == seconds else None
+
+
+def _detail(content: bytes) -> str:
+    """The server's error message, short."""
+    try:
+        data = json.loads(content)
+    except (ValueError, RecursionError):
+        return content[:200].decode(errors="replace") or "(empty body)"
+    error = data.get("error", data) if isinstance(data, dict) else data
+    message = error.get("message", error) if isinstance(error, dict) else error
+    return str(message)[:300]
+
+
+def _hint(status: int) -> str:
+    if status in (401, 403):
+        return "check the API key (--api-key-env)"
+    if status == 404:
+        return "check the base URL (the server root, without /v1/chat/completions) and the model name"
+    if status == 413:
+        return "the conversation is too long for the server; lower --max-steps"
+    return "the request was refused; fix it rather than retrying"
