@@ -31,6 +31,7 @@ import email.utils
 import json
 import random
 import time
+import uuid
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -95,7 +96,8 @@ class OpenAIChatAgent:
         extra_headers: added to every request (they may override the defaults).
         extra_body: merged into every chat request (e.g. ``{"top_p": 0.9}``).
         feedback: POST each episode's outcome to ``{base_url}/v1/feedback`` in :meth:`report_outcome`.
-        seed: seeds episode ids and jitter.
+        seed: seeds the retry jitter. Episode ids are random (uuid4) whatever the seed, so that two
+            clients of one router never share one.
         sleep: how to wait between retries (tests pass a recorder).
         http_client: an httpx.Client to use instead of the agent's own (not closed by :meth:`close`).
     """
@@ -143,6 +145,10 @@ class OpenAIChatAgent:
         headers = dict(extra_headers or {})
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
             raise ConfigError("extra_headers: use a mapping of str to str")
+        if api_key is not None and not isinstance(api_key, str):
+            raise ConfigError(f"api_key: use a str, got {type(api_key).__name__}")
+        if any(c in text for text in [api_key or "", *headers, *headers.values()] for c in "\r\n\0"):
+            raise ConfigError("api_key and extra_headers must not contain CR, LF or NUL (they would split the HTTP header)")
         root = base_url.rstrip("/")
         self.base_url = root[: -len("/v1")] if root.endswith("/v1") else root
         self.model = model
@@ -249,7 +255,7 @@ class OpenAIChatAgent:
         system = info.get("system_prompt")
         self.messages = [{"role": "system", "content": system}] if isinstance(system, str) and system else []
         self.messages.append({"role": "user", "content": observation})
-        self.episode_id = f"ep-{self._rng.getrandbits(64):016x}"
+        self.episode_id = f"ep-{uuid.uuid4().hex[:24]}"
         self._pending_ids = []
         self._counts = {"tool_calls": 0, "api_errors": 0, "timeouts": 0}
 
@@ -333,7 +339,7 @@ class OpenAIChatAgent:
                 self._sleep(delay)
             self.stats.requests += 1
             try:
-                status, retry_after, content = self._send(url, payload, headers)
+                status, answer_headers, content = self._send(url, payload, headers)
             except httpx.TimeoutException as exc:
                 self.stats.transport_errors += 1
                 self.stats.timeouts += 1
@@ -345,10 +351,16 @@ class OpenAIChatAgent:
                 continue
             if status in _RETRY_STATUSES:
                 self.stats.http_errors += 1
-                wait = _retry_after_s(retry_after)
+                wait = _retry_after_s(answer_headers.get("retry-after"))
                 last = f"HTTP {status}: {_detail(content)}"
                 delay = min(wait, self.max_retry_after_s) if wait is not None else self._backoff(attempt)
                 continue
+            if 300 <= status < 400:
+                self.stats.http_errors += 1
+                where = answer_headers.get("location", "")[:200]
+                raise EndpointResponseError(
+                    f"POST {url} answered HTTP {status} (redirect to {where!r}); use that server as base_url"
+                )
             if status >= 400:
                 self.stats.http_errors += 1
                 raise EndpointResponseError(f"POST {url} answered HTTP {status}: {_detail(content)}; {_hint(status)}")
@@ -364,7 +376,7 @@ class OpenAIChatAgent:
             f"{self.base_url}, or raise max_retries / timeout_s"
         )
 
-    def _send(self, url: str, payload: bytes, headers: dict[str, str]) -> tuple[int, str | None, bytes]:
+    def _send(self, url: str, payload: bytes, headers: dict[str, str]) -> tuple[int, httpx.Headers, bytes]:
         """One request, reading at most ``max_response_bytes`` of the body."""
         with self._client.stream("POST", url, content=payload, headers=headers) as response:
             chunks, size = [], 0
@@ -376,7 +388,7 @@ class OpenAIChatAgent:
                         "lower max_tokens or raise max_response_bytes"
                     )
                 chunks.append(chunk)
-            return response.status_code, response.headers.get("retry-after"), b"".join(chunks)
+            return response.status_code, response.headers, b"".join(chunks)
 
     def _backoff(self, attempt: int) -> float:
         return min(self.max_backoff_s, self.backoff_s * 2.0**attempt) * (0.5 + 0.5 * self._rng.random())

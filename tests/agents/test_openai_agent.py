@@ -10,6 +10,8 @@ import gymnasium as gym
 import httpx
 import pytest
 import respx
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import agentrl_envs  # noqa: F401
 from agentrl_envs.actions import MAX_ACTION_CHARS, format_call
@@ -22,6 +24,7 @@ CHAT = f"{BASE}/v1/chat/completions"
 TOOLS = [{"type": "function", "function": {"name": "finish", "description": "end", "parameters": {"type": "object"}}}]
 RESET_INFO: dict[str, Any] = {"step": 0, "tools": TOOLS, "system_prompt": "You are an agent."}
 STEP_INFO: dict[str, Any] = {"step": 1, "tool": "sql", "fault": {}}
+KEYS = ("choices", "message", "content", "tool_calls", "function", "name", "arguments", "id", "text", "error")
 
 
 def completion(message: dict[str, Any]) -> dict[str, Any]:
@@ -300,6 +303,13 @@ def test_other_4xx_raise_at_once_with_the_servers_message(status: int, hint: str
     assert route.call_count == 1 and a.stats.http_errors == 1
 
 
+@respx.mock
+def test_a_redirect_is_not_followed_and_says_where_to() -> None:
+    respx.post(CHAT).mock(return_value=httpx.Response(307, headers={"location": "https://elsewhere.test/v1/chat/completions"}))
+    with pytest.raises(EndpointResponseError, match=r"redirect to 'https://elsewhere\.test"):
+        agent().act("task", RESET_INFO)
+
+
 def test_a_real_timeout_on_a_silent_loopback_server_is_retried_then_raised() -> None:
     import socket
 
@@ -391,7 +401,7 @@ def test_undeliverable_feedback_warns_and_is_counted() -> None:
 
 
 @respx.mock
-def test_episode_ids_are_seeded_and_fresh_per_episode_and_extra_headers_are_sent() -> None:
+def test_episode_ids_are_fresh_per_episode_and_client_even_with_one_seed_and_extra_headers_are_sent() -> None:
     route = respx.post(f"{BASE}/v1/chat/completions").mock(return_value=httpx.Response(200, json=text("x")))
     ids = []
     for _ in range(2):
@@ -400,7 +410,7 @@ def test_episode_ids_are_seeded_and_fresh_per_episode_and_extra_headers_are_sent
         a.act("task", RESET_INFO)
         ids.append([c.request.headers["x-episode-id"] for c in route.calls[-2:]])
         a.close()
-    assert ids[0] == ids[1] and ids[0][0] != ids[0][1]
+    assert len({*ids[0], *ids[1]}) == 4
     assert route.calls[-1].request.headers["x-tenant"] == "t" and request_body(route)["top_p"] == 0.5
     assert "authorization" not in route.calls[-1].request.headers
 
@@ -419,6 +429,9 @@ def test_episode_ids_are_seeded_and_fresh_per_episode_and_extra_headers_are_sent
         {"max_tokens": 0},
         {"max_response_bytes": 10},
         {"extra_headers": {"x": 1}},
+        {"extra_headers": {"x": "a\r\nx-evil: 1"}},
+        {"api_key": "sk\nx"},
+        {"api_key": 5},
     ],
 )
 def test_bad_configuration_is_a_config_error(kwargs: dict[str, Any]) -> None:
@@ -431,3 +444,32 @@ def test_errors_pickle() -> None:
     for exc in (EndpointUnavailableError("down"), EndpointResponseError("bad")):
         again = pickle.loads(pickle.dumps(exc))
         assert type(again) is type(exc) and str(again) == str(exc) and isinstance(again, AgentError)
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=30),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(KEYS) | st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+CLIENT = httpx.Client()  # one for every example (a client's TLS setup costs more than an example)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=JSON, message=JSON)
+def test_any_json_reply_gives_a_str_action_or_an_endpoint_response_error(body: Any, message: Any) -> None:
+    with respx.mock:
+        respx.post(CHAT).mock(
+            side_effect=[httpx.Response(200, json=body), httpx.Response(200, json={"choices": [{"message": message}]})]
+        )
+        for _ in range(2):
+            a = agent(http_client=CLIENT)
+            try:
+                action = a.act("task", RESET_INFO)
+            except EndpointResponseError:
+                assert a.stats.bad_responses == 1
+            else:
+                assert isinstance(action, str)
+                assert a.messages[-1]["role"] == "assistant"
+                json.dumps(a.messages)  # the history stays sendable
