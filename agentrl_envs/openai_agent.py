@@ -40,7 +40,14 @@ from typing import Any
 import httpx
 
 from agentrl_envs.actions import MAX_ACTION_CHARS, format_call, parse_action
-from agentrl_envs.errors import ActionError, ConfigError, EndpointResponseError, EndpointUnavailableError, EpisodeError
+from agentrl_envs.errors import (
+    ActionError,
+    AgentError,
+    ConfigError,
+    EndpointResponseError,
+    EndpointUnavailableError,
+    EpisodeError,
+)
 
 __all__ = ["EndpointStats", "OpenAIChatAgent"]
 
@@ -183,16 +190,25 @@ class OpenAIChatAgent:
             EndpointUnavailableError: the endpoint kept failing after ``max_retries`` retries.
             EndpointResponseError: a 4xx, or a body that is not a chat completion.
             EpisodeError: the first call did not get the ``info`` from ``reset()``.
+
+        After an error the history is as it was before the call, so the same call can be made again.
         """
-        if "tools" in info and info.get("step") == 0:
+        starting = "tools" in info and info.get("step") == 0
+        if starting:
             self._start(observation, info)
         elif not self.messages:
             raise EpisodeError(
                 "OpenAIChatAgent.act() needs the info from env.reset() first (it holds the system prompt and tools)"
             )
-        else:
+        saved = (len(self.messages), self._pending_ids, dict(self._counts))
+        if not starting:
             self._observe(observation, info)
-        message = self._complete()
+        try:
+            message = self._complete()
+        except AgentError:
+            del self.messages[saved[0] :]
+            self._pending_ids, self._counts = saved[1], saved[2]
+            raise
         action, reply = self._to_action(message)
         self.messages.append(reply)
         try:
@@ -205,7 +221,7 @@ class OpenAIChatAgent:
         """The finished episode's outcome; POSTed to ``/v1/feedback`` when ``feedback=True``.
 
         Call it with the ``info`` of the episode's last step. Rates are per tool call, from the faults
-        the agent saw (``info["fault_stats"]`` values win where it carries them). A failed POST is
+        the agent saw (timeouts count in ``timeout_rate``, injected and service faults in ``api_error_rate``) (``info["fault_stats"]`` values win where it carries them). A failed POST is
         counted in ``stats.feedback_errors`` and warned about, never raised; each episode is sent once.
         """
         if self.episode_id is None:

@@ -293,6 +293,24 @@ def test_exhausted_retries_raise_endpoint_unavailable(failure: Any) -> None:
     assert route.call_count == 4 and a.stats.retries == 3 and len(sleeps) == 3
 
 
+@respx.mock
+def test_a_failed_act_leaves_the_history_as_it_was_so_it_can_be_repeated() -> None:
+    route = respx.post(CHAT).mock(
+        side_effect=[
+            httpx.Response(200, json=native("sql", "{}", "c1")),
+            *[httpx.Response(503)] * 2,
+            httpx.Response(200, json=text("x")),
+        ]
+    )
+    a = agent(max_retries=1)
+    a.act("task", RESET_INFO)
+    with pytest.raises(EndpointUnavailableError):
+        a.act("result", STEP_INFO)
+    assert [m["role"] for m in a.messages] == ["system", "user", "assistant"]
+    assert a.act("result", STEP_INFO) == "x"
+    assert request_body(route)["messages"][3:] == [{"role": "tool", "tool_call_id": "c1", "content": "result"}]
+
+
 @pytest.mark.parametrize(("status", "hint"), [(400, "refused"), (401, "API key"), (404, "base URL"), (422, "refused")])
 @respx.mock
 def test_other_4xx_raise_at_once_with_the_servers_message(status: int, hint: str) -> None:
