@@ -1,0 +1,146 @@
+"""Checkpoints with exact resume: trainable weights, optimizer, every RNG, env seeds and episode state.
+
+A checkpoint is a folder ``checkpoints/update-NNNNNN/`` written to a temporary name and renamed, so
+it is complete or absent; ``checkpoints/latest`` names the newest. Resuming restores the weights,
+the optimizer, the SGD generator, each env's sampling generator and its current episode (reset on
+its seed, actions replayed), so a stopped and resumed run ends with the same parameters as one that
+was not stopped (same seed, CPU).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from agentrl_envs.errors import AgentRLError
+
+__all__ = ["CheckpointError", "load_latest", "save"]
+
+
+class CheckpointError(AgentRLError):
+    """A checkpoint is missing, incomplete or does not match this run."""
+
+
+def _dir(out: Path) -> Path:
+    return out / "checkpoints"
+
+
+def save(
+    out: Path,
+    update: int,
+    global_steps: int,
+    policy: Any,
+    optimizer: Any,
+    pool: Any,
+    sgd_rng: Any,
+    history: list[Any],
+    dist: Any,
+    keep: int = 2,
+) -> Path:
+    """Write the checkpoint of ``update`` (every rank writes its env state; rank 0 the rest)."""
+    from safetensors.torch import save_file
+
+    root = _dir(out)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"update-{update:06d}"
+    tmp = root / f".tmp-update-{update:06d}-rank{dist.rank}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    torch.save({"pool": pool.state(), "rank": dist.rank, "world": dist.world}, tmp / f"envs-rank{dist.rank}.pt")
+    if dist.is_main:
+        save_file({n: p.detach().cpu().contiguous() for n, p in policy.trainable_parameters()}, tmp / "trainable.safetensors")
+        torch.save(
+            {
+                "update": update,
+                "global_steps": global_steps,
+                "optimizer": optimizer.state_dict(),
+                "sgd_rng": sgd_rng.bit_generator.state,
+                "python_rng": random.getstate(),
+                "numpy_rng": np.random.get_state(),
+                "torch_rng": torch.get_rng_state(),
+                "history": history,
+                "world": dist.world,
+            },
+            tmp / "state.pt",
+        )
+    dist.barrier()
+    if dist.is_main:
+        final.mkdir(exist_ok=True)
+    dist.barrier()
+    for f in tmp.iterdir():
+        os.replace(f, final / f.name)
+    tmp.rmdir()
+    dist.barrier()
+    if dist.is_main:
+        (final / "complete").write_text("ok\n")
+        (root / "latest.tmp").write_text(final.name + "\n")
+        os.replace(root / "latest.tmp", root / "latest")
+        _prune(root, keep=keep)
+    dist.barrier()
+    return final
+
+
+def load_latest(
+    out: Path, policy: Any, optimizer: Any, pool: Any, sgd_rng: Any, *, rank: int = 0, world: int = 1
+) -> dict[str, Any]:
+    """Restore the newest complete checkpoint of the run folder ``out``.
+
+    Raises:
+        CheckpointError: none there, one that is incomplete or corrupt, or another world size.
+    """
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    root = _dir(out)
+    latest = root / "latest"
+    if not latest.exists():
+        raise CheckpointError(f"--resume: no checkpoint in {root}; run without --resume to start fresh")
+    folder = root / latest.read_text().strip()
+    if not (folder / "complete").exists():
+        raise CheckpointError(f"--resume: checkpoint {folder} is incomplete; delete it and point 'latest' at an older one")
+    try:
+        weights = load_file(folder / "trainable.safetensors")
+        state = torch.load(folder / "state.pt", weights_only=False)
+        envs = torch.load(folder / f"envs-rank{rank}.pt", weights_only=False)
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"--resume: checkpoint {folder} lacks {Path(exc.filename or '').name}") from None
+    except (SafetensorError, RuntimeError, EOFError, OSError, ValueError) as exc:
+        raise CheckpointError(f"--resume: checkpoint {folder} is corrupt ({type(exc).__name__}: {exc})") from None
+    if state.get("world", 1) != world:
+        raise CheckpointError(
+            f"--resume: checkpoint {folder} was written by {state.get('world')} ranks, this run has {world}; "
+            "resume with the same world size"
+        )
+    params = dict(policy.trainable_parameters())
+    missing = sorted(set(params) - set(weights))
+    if missing:
+        raise CheckpointError(
+            f"--resume: checkpoint {folder} does not fit this model (missing {missing[0]}); same --model and LoRA settings?"
+        )
+    with torch.no_grad():
+        for name, p in params.items():
+            if weights[name].shape != p.shape:
+                raise CheckpointError(
+                    f"--resume: {name} has shape {tuple(weights[name].shape)} in the checkpoint, {tuple(p.shape)} here"
+                )
+            p.copy_(weights[name])
+    optimizer.load_state_dict(state["optimizer"])
+    sgd_rng.bit_generator.state = state["sgd_rng"]
+    random.setstate(state["python_rng"])
+    np.random.set_state(state["numpy_rng"])
+    torch.set_rng_state(state["torch_rng"])
+    pool.restore(envs["pool"])
+    return state
+
+
+def _prune(root: Path, keep: int) -> None:
+    done = sorted(p for p in root.glob("update-*") if (p / "complete").exists())
+    for p in done[: max(len(done) - max(keep, 1), 0)]:
+        shutil.rmtree(p, ignore_errors=True)

@@ -1,0 +1,136 @@
+"""``agentrl-train``: ppo, sft, eval (and the adapter tools), every option with its help text.
+
+Options come from the config dataclasses (:mod:`agentrl_train.config`): each field is a flag, a
+``--config run.yaml`` file sets any of them, and flags given on the command line win.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from typing import Any
+
+from agentrl_envs.errors import AgentRLError
+
+__all__ = ["main"]
+
+
+def _add_config_options(p: argparse.ArgumentParser, sections: tuple[str, ...]) -> None:
+    from agentrl_train.config import SECTIONS
+
+    p.add_argument(
+        "--config", metavar="YAML", help="YAML file of options (sections model/env/ppo/sft/run, or flat keys); flags override it"
+    )
+    for section in sections:
+        group = p.add_argument_group(section, SECTIONS[section].__doc__)
+        for f in dataclasses.fields(SECTIONS[section]):
+            flag = "--" + f.name.replace("_", "-")
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            help_text = f"{f.metadata['help']} (default: {default!r})"
+            if isinstance(default, bool):
+                group.add_argument(
+                    flag, dest=f.name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text
+                )
+            else:
+                metavar = f.name.upper() if not isinstance(default, (dict, list)) else "YAML"
+                group.add_argument(flag, dest=f.name, default=argparse.SUPPRESS, metavar=metavar, help=help_text)
+
+
+def _overrides(args: argparse.Namespace, skip: tuple[str, ...] = ("config", "command", "func")) -> dict[str, Any]:
+    return {k: v for k, v in vars(args).items() if k not in skip}
+
+
+def _cmd_ppo(args: argparse.Namespace) -> int:
+    from agentrl_train.config import load_config
+
+    overrides = _overrides(args, ("config", "command", "func", "nproc"))
+    if getattr(args, "nproc", 1) and int(getattr(args, "nproc", 1)) > 1:
+        from agentrl_train import distributed
+
+        return distributed.exec_torchrun(int(args.nproc), sys.argv[1:])
+    cfg = load_config(args.config, overrides)
+    from agentrl_train import distributed
+    from agentrl_train.train import train
+
+    with distributed.setup() as dist:
+        train(cfg, dist=dist, log=print if dist.is_main else (lambda *a, **k: None))
+    return 0
+
+
+def _cmd_sft(args: argparse.Namespace) -> int:
+    from agentrl_train.config import load_config
+    from agentrl_train.sft import sft
+
+    overrides = _overrides(args)
+    overrides.setdefault("out", "runs/sft")
+    overrides.setdefault("mode", "generate")
+    cfg = load_config(args.config, overrides)
+    sft(cfg)
+    return 0
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from agentrl_train.evaluate import evaluate_run
+
+    result = evaluate_run(args.run, args.split, args.episodes, error_profile=args.error_profile, checkpoint=args.checkpoint)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        from agentrl_train.evaluate import markdown_table
+
+        print(markdown_table({args.split: result}), end="")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="agentrl-train", description="PPO + LoRA training of tool-using LLM agents on agentrl envs"
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("ppo", help="train a LoRA policy with PPO", description="Train a LoRA policy with PPO on an agentrl env.")
+    _add_config_options(p, ("model", "env", "ppo", "run"))
+    p.add_argument(
+        "--nproc", type=int, default=1, metavar="N", help="processes on this machine: N > 1 execs torchrun --nproc-per-node N"
+    )
+    p.set_defaults(func=_cmd_ppo)
+
+    p = sub.add_parser("sft", help="behaviour cloning on oracle transcripts (warm start for generate mode)")
+    _add_config_options(p, ("model", "env", "sft", "run"))
+    p.set_defaults(func=_cmd_sft)
+
+    p = sub.add_parser("eval", help="evaluate a saved policy (a run folder) on a split")
+    p.add_argument("--run", required=True, metavar="DIR", help="run folder (its final/ adapter, or --checkpoint)")
+    p.add_argument("--split", default="test", choices=["train", "test", "heldout"], help="task split (default: test)")
+    p.add_argument("--episodes", type=int, default=50, metavar="N", help="greedy episodes (default: 50)")
+    p.add_argument("--error-profile", default=None, metavar="P", help="fault profile by name or YAML path (default: the run's)")
+    p.add_argument(
+        "--checkpoint", default=None, metavar="NAME", help="evaluate checkpoints/NAME instead of final/ ('latest' for the newest)"
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object (success_rate, mean_return, ...)")
+    p.set_defaults(func=_cmd_eval)
+
+    for extra in ("agentrl_train.adapters.cli",):
+        try:
+            mod = __import__(extra, fromlist=["add_fuse_parser"])
+        except ImportError:
+            continue
+        for name in ("add_fuse_parser", "add_remap_parser"):
+            if hasattr(mod, name):
+                getattr(mod, name)(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except AgentRLError as exc:
+        print(f"agentrl-train {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

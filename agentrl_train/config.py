@@ -1,0 +1,324 @@
+"""Run configuration: one set of dataclasses with defaults that work, loaded from YAML and flags.
+
+A run's configuration is :class:`TrainConfig`: five sections (``model``, ``env``, ``ppo``, ``sft``, ``run``),
+each a dataclass whose fields carry their help text. Every field is also a command-line option
+(``num_envs`` -> ``--num-envs``; names are unique across sections), a YAML config (``--config
+run.yaml``) nests them by section, and options given on the command line override the file. The
+resolved configuration is written into the run folder as ``config.yaml``.
+
+Bad values raise :class:`ConfigError` naming the option and what to use instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agentrl_envs.errors import ConfigError
+
+__all__ = ["EnvConfig", "ModelConfig", "PPOConfig", "RunConfig", "SFTConfig", "TrainConfig", "load_config", "option_names"]
+
+
+def _f(default: Any, help: str, **kw: Any) -> Any:
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help, **kw})
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass
+class ModelConfig:
+    """The policy: a base causal LM, its LoRA adapters and a value head."""
+
+    model: str = _f("tiny", "'tiny' (built from a config and pretrained locally, cached) or a local Hugging Face model folder")
+    lora_preset: str = _f("seed", "LoRA ranks by layer kind: seed (attention 64, MLP 16), mlp-heavy (16/64), uniform (32/32)")
+    lora_ranks: dict = _f(
+        {}, "explicit ranks by module kind or name ({'attn': 8, 'mlp': 4} or {'q_proj': 8}); overrides the preset"
+    )
+    lora_alpha_ratio: float = _f(2.0, "lora_alpha = ratio x rank for every module")
+    lora_dropout: float = _f(0.0, "LoRA dropout (off while sampling either way)")
+    adapter: str = _f("exec", "name of the adapter this run trains")
+    init_adapter: str = _f("", "start from this saved adapter folder (e.g. an sft run's final/) instead of a fresh one")
+    device: str = _f("auto", "auto (CUDA when present, else CPU), cpu or cuda")
+    threads: int = _f(0, "torch CPU threads (0: 1 per process on CPU; env workers use the other cores)")
+    tiny_pretrain_steps: int = _f(600, "tiny only: causal-LM pretraining steps on env text (no oracle actions)")
+    tiny_corpus_episodes: int = _f(240, "tiny only: random-policy episodes drawn for the pretraining corpus")
+
+
+@dataclass
+class EnvConfig:
+    """The environments the policy acts in."""
+
+    env: str = _f("AgentRL/SQLPythonSMTP-v0", "env id (see `agentrl-envs list`)")
+    split: str = _f("train", "task split to train on: train, test or heldout")
+    num_envs: int = _f(8, "sub-envs of the vector env")
+    vectorization: str = _f("async", "async (one process per sub-env) or sync (one process; for debugging)")
+    mode: str = _f("candidates", "candidates (a distribution over info['candidates']) or generate (token-level sampling)")
+    candidates: int = _f(4, "K candidate actions per step in candidates mode")
+    error_profile: str = _f("none", "fault profile by name or YAML path")
+    env_kwargs: dict = _f({}, "extra keyword arguments for gym.make")
+
+
+@dataclass
+class PPOConfig:
+    """The algorithm: rollout size, PPO losses, schedules, clipping and advantage estimation."""
+
+    updates: int = _f(60, "PPO updates (each: one rollout of rollout_steps x num_envs transitions, then epochs of SGD)")
+    rollout_steps: int = _f(8, "env steps per sub-env per update")
+    epochs: int = _f(2, "passes over each rollout")
+    micro_batch: int = _f(16, "transitions per forward/backward pass (memory)")
+    accumulation: int = _f(0, "micro-batches per optimizer step (0: the whole rollout is one optimizer step per epoch)")
+    lr: float = _f(1e-3, "AdamW learning rate of the LoRA weights")
+    value_lr: float = _f(3e-3, "AdamW learning rate of the value head")
+    gamma: float = _f(0.99, "discount")
+    lam: float = _f(0.95, "GAE lambda")
+    advantage: str = _f("hierarchical", "gae, or hierarchical (GAE inside sub-tasks, segmented by info['subtask_index'])")
+    clip: float = _f(0.2, "PPO ratio clip")
+    value_clip: float = _f(0.2, "value clip around the rollout's values (0: off)")
+    vf_coef: float = _f(0.5, "value loss coefficient (after the critic warmup)")
+    critic_warmup: int = _f(
+        0, "updates over which the value loss weight rises 0 -> 1 (0: 1000 env steps' worth, at most a tenth of the run)"
+    )
+    kl_coef: float = _f(0.02, "coefficient of the k3 KL penalty to the reference (adapters disabled)")
+    kl_clamp: float = _f(10.0, "clamp of the log-ratio inside the k3 estimator")
+    ent_start: float = _f(0.01, "entropy coefficient at the start (log decay)")
+    ent_end: float = _f(0.001, "entropy coefficient at the end")
+    grad_clip: float = _f(1.0, "max gradient norm")
+    clip_mode: str = _f("per-layer", "per-layer (each transformer block and the value head on its own) or global")
+    reward_norm: str = _f("zscore", "zscore (batch z-score of rewards with min_sigma) or none")
+    min_sigma: float = _f(0.1, "floor of the reward std in the batch z-score")
+    whiten_advantages: bool = _f(True, "whiten advantages over valid samples")
+    scoring: str = _f("mean", "candidates mode: a candidate's score is the mean (or sum) of its tokens' log-probs")
+    temperature: float = _f(0.05, "candidates mode: policy = softmax(score / temperature)")
+    max_new_tokens: int = _f(160, "generate mode: token budget of one action")
+    max_prompt_tokens: int = _f(1536, "prompt tokens kept (the system prompt and instruction always; oldest turns dropped)")
+    target_kl: float = _f(
+        0.0, "stop an update's epochs early when the approximate KL to the rollout policy exceeds this (0: off)"
+    )
+    shuffle_rewards: bool = _f(False, "control experiment: permute rewards across the batch (nothing should be learned)")
+
+
+@dataclass
+class SFTConfig:
+    """Behaviour cloning on oracle transcripts (``agentrl-train sft``), the warm start of generate mode."""
+
+    episodes: int = _f(200, "oracle episodes of the training split to clone")
+    sft_epochs: int = _f(3, "passes over the transcripts")
+    sft_lr: float = _f(1e-3, "AdamW learning rate of the LoRA weights")
+    sft_batch: int = _f(8, "episodes per optimizer step")
+
+
+@dataclass
+class RunConfig:
+    """Seeds, output folder, evaluation, checkpoints and records."""
+
+    seed: int = _f(0, "seed of the model, the sampling and the envs (env k gets seed + k)")
+    out: str = _f("runs/ppo", "run folder")
+    eval_every: int = _f(10, "updates between greedy evaluations (0: only at the end)")
+    eval_episodes: int = _f(24, "episodes per split in each evaluation")
+    eval_splits: list = _f(["train", "test"], "splits evaluated during training")
+    final_eval_splits: list = _f(["train", "test", "heldout"], "splits in the final eval table")
+    checkpoint_every: int = _f(10, "updates between checkpoints (0: only the final one)")
+    keep_checkpoints: int = _f(2, "checkpoints kept on disk")
+    resume: bool = _f(False, "resume from the run folder's latest checkpoint")
+    record: bool = _f(True, "record every transition into the run's mmap replay buffer")
+    replay_mb: int = _f(64, "replay buffer size in MiB")
+    shards: bool = _f(False, "also write Arrow shards of the trajectories")
+    tensorboard: bool = _f(True, "write TensorBoard event files")
+    progress: bool = _f(True, "show a progress bar")
+    max_updates_this_call: int = _f(0, "stop after this many updates in this invocation (0: run to the end); for resume tests")
+
+
+@dataclass
+class TrainConfig:
+    """A whole run."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def validate(self) -> TrainConfig:
+        """Check every value; raise ConfigError naming the option. Returns self."""
+        m, e, p, r = self.model, self.env, self.ppo, self.run
+        _choice("lora_preset", m.lora_preset, ("seed", "mlp-heavy", "uniform"))
+        _choice("device", m.device, ("auto", "cpu", "cuda"))
+        _choice("mode", e.mode, ("candidates", "generate"))
+        _choice("vectorization", e.vectorization, ("async", "sync"))
+        _choice("split", e.split, ("train", "test", "heldout"))
+        _choice("advantage", p.advantage, ("gae", "hierarchical"))
+        _choice("clip_mode", p.clip_mode, ("per-layer", "global"))
+        _choice("reward_norm", p.reward_norm, ("zscore", "none"))
+        _choice("scoring", p.scoring, ("mean", "sum"))
+        for name in ("num_envs", "updates", "rollout_steps", "epochs", "micro_batch", "max_new_tokens", "max_prompt_tokens"):
+            _positive(name, _get(self, name))
+        for name in ("episodes", "sft_epochs", "sft_batch", "sft_lr"):
+            _positive(name, _get(self, name))
+        for name in ("lr", "value_lr", "temperature", "grad_clip", "lora_alpha_ratio", "min_sigma"):
+            _positive(name, _get(self, name))
+        for name in ("accumulation", "critic_warmup", "eval_every", "checkpoint_every", "eval_episodes", "tiny_pretrain_steps"):
+            _non_negative(name, _get(self, name))
+        for name in ("clip", "value_clip", "vf_coef", "kl_coef", "ent_start", "ent_end", "target_kl", "lora_dropout"):
+            _non_negative(name, _get(self, name))
+        for name in ("gamma", "lam"):
+            if not 0.0 <= _get(self, name) <= 1.0:
+                raise ConfigError(f"--{_flag(name)}={_get(self, name)!r}: use a value in [0, 1]")
+        if e.mode == "candidates" and e.candidates < 2:
+            raise ConfigError(f"--candidates={e.candidates}: candidates mode needs K >= 2 candidates per step")
+        if p.ent_end > p.ent_start:
+            raise ConfigError(f"--ent-end={p.ent_end} is above --ent-start={p.ent_start}: the entropy coefficient decays")
+        if not m.adapter.isidentifier():
+            raise ConfigError(f"--adapter={m.adapter!r}: use a name made of letters, digits and _ (e.g. exec)")
+        for split in [*r.eval_splits, *r.final_eval_splits]:
+            _choice("eval_splits", split, ("train", "test", "heldout"))
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+SECTIONS = {"model": ModelConfig, "env": EnvConfig, "ppo": PPOConfig, "sft": SFTConfig, "run": RunConfig}
+
+
+def option_names() -> dict[str, tuple[str, dataclasses.Field[Any]]]:
+    """Every field name -> (section, field); names are unique across sections."""
+    out: dict[str, tuple[str, dataclasses.Field[Any]]] = {}
+    for section, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            assert f.name not in out, f"duplicate option {f.name}"
+            out[f.name] = (section, f)
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """Defaults, then the YAML file (sections or flat keys), then ``overrides`` (flat option names)."""
+    cfg = TrainConfig()
+    if path:
+        p = Path(path)
+        try:
+            data = yaml.safe_load(p.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"--config {path}: no such file") from None
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"--config {path}: not valid YAML ({exc})") from None
+        if data is None:
+            data = {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"--config {path}: the top level must be a mapping of sections (model, env, ppo, run)")
+        for key, value in data.items():
+            if key in SECTIONS:
+                if not isinstance(value, dict):
+                    raise ConfigError(f"--config {path}: section {key!r} must be a mapping")
+                for name, v in value.items():
+                    _set(cfg, str(name), v, section=key)
+            else:
+                _set(cfg, str(key), value)
+    for name, value in (overrides or {}).items():
+        _set(cfg, name, value)
+    return cfg.validate()
+
+
+def dump_config(cfg: TrainConfig, path: Path) -> None:
+    path.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False), encoding="utf-8")
+
+
+def config_from_dict(data: dict[str, Any]) -> TrainConfig:
+    """A TrainConfig from :meth:`TrainConfig.to_dict` output (a run folder's config.yaml)."""
+    cfg = TrainConfig()
+    for section, values in data.items():
+        if section not in SECTIONS or not isinstance(values, dict):
+            raise ConfigError(f"config section {section!r}: expected one of {sorted(SECTIONS)}")
+        for name, v in values.items():
+            _set(cfg, name, v, section=section)
+    return cfg.validate()
+
+
+# -- internals -----------------------------------------------------------------------------------
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _get(cfg: TrainConfig, name: str) -> Any:
+    section, _ = option_names()[name]
+    return getattr(getattr(cfg, section), name)
+
+
+def _set(cfg: TrainConfig, name: str, value: Any, section: str | None = None) -> None:
+    name = name.replace("-", "_")
+    options = option_names()
+    if name not in options or (section is not None and options[name][0] != section):
+        pool = [n for n, (s, _) in options.items() if section is None or s == section]
+        near = difflib.get_close_matches(name, pool, n=1)
+        hint = f"; did you mean {near[0]!r}?" if near else f"; known options: {', '.join(sorted(pool))}"
+        where = f" in section {section!r}" if section else ""
+        raise ConfigError(f"unknown option {name!r}{where}{hint}")
+    sec, f = options[name]
+    setattr(getattr(cfg, sec), name, _coerce(name, f, value))
+
+
+def _coerce(name: str, f: dataclasses.Field[Any], value: Any) -> Any:
+    kind = type(f.default) if f.default is not dataclasses.MISSING else type(f.default_factory())  # type: ignore[misc]
+    flag = f"--{_flag(name)}"
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
+            return value.lower() in ("true", "1", "yes", "on")
+        raise ConfigError(f"{flag}={value!r}: use true or false")
+    if kind is int:
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise ConfigError(f"{flag}={value!r}: use an integer")
+        try:
+            return int(value)
+        except ValueError:
+            raise ConfigError(f"{flag}={value!r}: use an integer") from None
+    if kind is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ConfigError(f"{flag}={value!r}: use a number")
+        try:
+            out = float(value)
+        except ValueError:
+            raise ConfigError(f"{flag}={value!r}: use a number") from None
+        if out != out or out in (float("inf"), float("-inf")):
+            raise ConfigError(f"{flag}={value!r}: use a finite number")
+        return out
+    if kind is str:
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            raise ConfigError(f"{flag}={value!r}: use a string")
+        return str(value)
+    if kind in (dict, list):
+        if isinstance(value, str):
+            try:
+                value = yaml.safe_load(value)
+            except yaml.YAMLError:
+                raise ConfigError(f"{flag}={value!r}: use a YAML/JSON {kind.__name__}") from None
+            if value is None:
+                value = kind()
+            if kind is list and isinstance(value, str):
+                value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, kind):
+            raise ConfigError(f"{flag}={value!r}: use a {kind.__name__}")
+        return value
+    raise ConfigError(f"{flag}: unsupported option type {kind!r}")  # pragma: no cover
+
+
+def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"--{_flag(name)}={value!r}: use one of {', '.join(choices)}")
+
+
+def _positive(name: str, value: Any) -> None:
+    if not value > 0:
+        raise ConfigError(f"--{_flag(name)}={value!r}: use a value > 0")
+
+
+def _non_negative(name: str, value: Any) -> None:
+    if not value >= 0:
+        raise ConfigError(f"--{_flag(name)}={value!r}: use a value >= 0")

@@ -1,0 +1,131 @@
+"""Greedy evaluation of a policy on fixed episodes of a split (optionally under a fault profile)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from agentrl_train.rollout import act, episode_seed
+
+__all__ = ["EVAL_SEED", "evaluate", "evaluate_splits", "markdown_table"]
+
+EVAL_SEED = 1_000_003  #: evaluation episodes use seeds disjoint from any training run's
+
+
+class _Slot:
+    """The per-env state :func:`agentrl_train.rollout.act` reads, for one plain env."""
+
+    def __init__(self) -> None:
+        self.first_index = 0
+        self.messages: list[list[dict[str, str]]] = [[]]
+        self.tools: list[Any] = [None]
+        self.infos: list[dict[str, Any]] = [{}]
+        self.generators = [torch.Generator().manual_seed(0)]
+
+
+@torch.no_grad()
+def evaluate(policy: Any, cfg: Any, split: str, episodes: int, *, error_profile: str | None = None) -> dict[str, Any]:
+    """Greedy episodes ``0..episodes-1`` of ``split``; the same episodes for every policy and run.
+
+    Returns ``success_rate``, ``mean_return``, ``mean_length`` and, when any fault happened, the fault
+    ``recovery_rate`` (episodes with a fault that still succeeded).
+    """
+    kwargs: dict[str, Any] = {"split": split, "error_profile": error_profile or cfg.env.error_profile, **cfg.env.env_kwargs}
+    if cfg.env.mode == "candidates":
+        kwargs["candidates"] = cfg.env.candidates
+    env = gym.make(cfg.env.env, **kwargs)
+    slot = _Slot()
+    policy.eval()
+    results = []
+    try:
+        for j in range(episodes):
+            obs, info = env.reset(seed=episode_seed(EVAL_SEED, j, 0))
+            slot.messages[0] = [{"role": "system", "content": info["system_prompt"]}, {"role": "user", "content": str(obs)}]
+            slot.tools[0], slot.infos[0] = info["tools"], info
+            ret, n, done = 0.0, 0, False
+            while not done:
+                tr = act(policy, slot, 0, cfg, greedy=True, reference=False)
+                obs, r, term, trunc, info = env.step(tr.action_text)
+                slot.messages[0] += [{"role": "assistant", "content": tr.action_text}, {"role": "tool", "content": str(obs)}]
+                slot.infos[0] = info
+                ret, n, done = ret + float(r), n + 1, term or trunc
+            fs = info.get("fault_stats") or {}
+            results.append(
+                {"success": bool(info.get("success")), "return": ret, "length": n, "faults": int(fs.get("faults", 0) or 0)}
+            )
+    finally:
+        env.close()
+    faulted = [r for r in results if r["faults"] > 0]
+    return {
+        "split": split,
+        "episodes": episodes,
+        "error_profile": kwargs["error_profile"],
+        "success_rate": float(np.mean([r["success"] for r in results])) if results else math.nan,
+        "mean_return": float(np.mean([r["return"] for r in results])) if results else math.nan,
+        "mean_length": float(np.mean([r["length"] for r in results])) if results else math.nan,
+        "episodes_with_faults": len(faulted),
+        "recovery_rate": float(np.mean([r["success"] for r in faulted])) if faulted else None,
+    }
+
+
+def evaluate_splits(policy: Any, cfg: Any, splits: list[str], episodes: int) -> dict[str, dict[str, Any]]:
+    return {s: evaluate(policy, cfg, s, episodes) for s in splits}
+
+
+def markdown_table(table: dict[str, dict[str, Any]]) -> str:
+    lines = [
+        "| split | episodes | profile | success | mean return | mean length | fault recovery |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for split, r in table.items():
+        rec = "-" if r.get("recovery_rate") is None else f"{r['recovery_rate']:.2f} ({r['episodes_with_faults']} ep.)"
+        lines.append(
+            f"| {split} | {r['episodes']} | {r['error_profile']} | {r['success_rate']:.2f} | {r['mean_return']:.2f} | {r['mean_length']:.1f} | {rec} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def evaluate_run(
+    run: str, split: str, episodes: int, *, error_profile: str | None = None, checkpoint: str | None = None
+) -> dict[str, Any]:
+    """Evaluate a run folder's policy (``final/``, or ``checkpoints/NAME``) on ``split``.
+
+    Raises:
+        ConfigError: not a run folder, or no saved policy in it.
+    """
+    from pathlib import Path
+
+    import yaml
+    from safetensors.torch import load_file
+
+    from agentrl_envs.errors import ConfigError
+    from agentrl_train.config import config_from_dict
+    from agentrl_train.train import build_policy
+
+    folder = Path(run)
+    if not (folder / "config.yaml").exists():
+        raise ConfigError(f"--run {run}: not a run folder (no config.yaml); point at the --out folder of a ppo or sft run")
+    if episodes < 1:
+        raise ConfigError(f"--episodes {episodes}: use a positive number")
+    cfg = config_from_dict(yaml.safe_load((folder / "config.yaml").read_text()))
+    cfg.model.init_adapter = ""
+    policy = build_policy(cfg, log=lambda *a, **k: None)
+    if checkpoint:
+        ckpts = folder / "checkpoints"
+        name = (ckpts / "latest").read_text().strip() if checkpoint == "latest" and (ckpts / "latest").exists() else checkpoint
+        f = ckpts / name / "trainable.safetensors"
+        if not f.exists():
+            raise ConfigError(f"--checkpoint {checkpoint}: no {f}")
+        weights = load_file(f)
+        with torch.no_grad():
+            for n, p in policy.trainable_parameters():
+                p.copy_(weights[n])
+    else:
+        if not (folder / "final").is_dir():
+            raise ConfigError(f"--run {run}: no final/ folder (the run did not finish); use --checkpoint latest")
+        policy.load_adapter_weights(folder / "final")
+    return evaluate(policy, cfg, split, episodes, error_profile=error_profile)

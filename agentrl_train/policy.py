@@ -1,0 +1,380 @@
+"""The policy: a causal LM with named LoRA adapters and a value head on the shared backbone.
+
+One forward of the backbone gives token log-probs (the LM head is applied to the positions that need
+them only) and the value of the state (a linear head on the last prompt token's hidden state). The
+reference policy for the KL penalty is the same model with its adapters disabled: no second copy.
+
+Two ways to act, both with the same code for sampling and for the update, so the log-probs computed
+during the update equal the rollout's:
+
+- :meth:`Policy.score_candidates`: the K candidate actions of ``info["candidates"]`` scored by their
+  tokens' log-probs given one shared prompt (the prompt's keys/values computed once and repeated K
+  times); mean per token (default) or sum.
+- :meth:`Policy.generate` / :meth:`Policy.sequence_logprobs`: token-level sampling until
+  ``</tool_call>`` or a budget; the trainer keeps the sampled ids (token in, token out).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from agentrl_envs.errors import ConfigError
+
+__all__ = ["LORA_PRESETS", "Policy", "ScoreOut", "load_base", "lora_targets"]
+
+ATTN = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj")
+MLP = ("gate_proj", "up_proj", "down_proj", "gate_up_proj")
+LORA_PRESETS: dict[str, dict[str, int]] = {
+    "seed": {"attn": 64, "mlp": 16},
+    "mlp-heavy": {"attn": 16, "mlp": 64},
+    "uniform": {"attn": 32, "mlp": 32},
+}
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device=cuda: no CUDA device is visible; use --device auto or cpu")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def load_base(model: str, device: torch.device, *, tiny_spec: Any = None, log: Any = print) -> tuple[nn.Module, Any]:
+    """The base causal LM and its tokenizer: ``tiny`` (built and cached locally) or a local folder.
+
+    Raises:
+        ConfigError: the folder does not exist or holds no causal LM, or its tokenizer has no chat template.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if model == "tiny":
+        from agentrl_train.tiny import TinySpec, build_tiny
+
+        path = build_tiny(tiny_spec or TinySpec(), log=log)
+    else:
+        path = Path(model).expanduser()
+        if not path.is_dir():
+            raise ConfigError(
+                f"--model {model}: no such folder. Use 'tiny' or a local Hugging Face model folder "
+                "(config.json + weights + tokenizer); nothing is downloaded"
+            )
+        if not (path / "config.json").exists():
+            raise ConfigError(f"--model {model}: no config.json in that folder; point at a saved Hugging Face model")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except Exception as exc:
+        raise ConfigError(f"--model {model}: cannot load its tokenizer ({type(exc).__name__}: {exc})") from None
+    if not getattr(tokenizer, "chat_template", None):
+        raise ConfigError(
+            f"--model {model}: its tokenizer has no chat template; set tokenizer.chat_template (one that renders "
+            "`tools` and <tool_call> calls, e.g. Qwen2.5's) and save it with the model"
+        )
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    try:
+        lm = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+    except Exception as exc:
+        raise ConfigError(f"--model {model}: cannot load a causal LM from it ({type(exc).__name__}: {exc})") from None
+    lm.to(device)
+    lm.eval()
+    for p in lm.parameters():
+        p.requires_grad_(False)
+    return lm, tokenizer
+
+
+def lora_targets(
+    lm: nn.Module, preset: str = "seed", ranks: dict[str, int] | None = None, alpha_ratio: float = 2.0
+) -> dict[str, Any]:
+    """LoRA target modules with ranks by layer kind, as peft ``rank_pattern`` / ``alpha_pattern``.
+
+    Attention projections (``q/k/v/o_proj``, fused ``qkv_proj``) and MLP projections (``gate/up/down_proj``,
+    fused ``gate_up_proj``) inside the transformer blocks; never embeddings, positions or ``lm_head``.
+    ``ranks`` overrides the preset by kind (``attn``, ``mlp``) or by module name (``q_proj``).
+    """
+    if preset not in LORA_PRESETS:
+        raise ConfigError(f"--lora-preset={preset!r}: use one of {', '.join(LORA_PRESETS)}")
+    by_kind = dict(LORA_PRESETS[preset])
+    ranks = dict(ranks or {})
+    present: set[str] = set()
+    for name, module in lm.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        if isinstance(module, nn.Linear) and leaf in ATTN + MLP and re.search(r"\.layers\.\d+\.", name):
+            present.add(leaf)
+    if not present:
+        raise ConfigError("this model has no q/k/v/o_proj, qkv_proj or gate/up/down_proj layers to put LoRA on")
+    for key, value in ranks.items():
+        if key not in ("attn", "mlp") and key not in present:
+            raise ConfigError(
+                f"--lora-ranks: unknown module {key!r}; this model has {', '.join(sorted(present))} (or use attn / mlp)"
+            )
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"--lora-ranks: rank of {key!r} is {value!r}; use a positive int")
+    by_kind.update({k: v for k, v in ranks.items() if k in ("attn", "mlp")})
+    rank_pattern = {m: ranks.get(m, by_kind["attn" if m in ATTN else "mlp"]) for m in sorted(present)}
+    alpha_pattern = {m: alpha_ratio * r for m, r in rank_pattern.items()}
+    return {"target_modules": sorted(present), "rank_pattern": rank_pattern, "alpha_pattern": alpha_pattern}
+
+
+@dataclass
+class ScoreOut:
+    """Candidates scored on one prompt."""
+
+    scores_K: torch.Tensor  #: per-candidate score (mean or sum of token log-probs)
+    value: torch.Tensor  #: V(prompt), a scalar
+    token_logprobs: list[torch.Tensor]  #: per candidate, its tokens' log-probs
+
+
+class Policy(nn.Module):
+    """A base LM wrapped by peft with named adapters, plus a value head.
+
+    Args:
+        lm: the base causal LM (frozen).
+        tokenizer: its tokenizer (with a chat template).
+        adapter: name of the adapter to create and train.
+        lora: ``lora_targets(...)`` output.
+        dropout: LoRA dropout.
+    """
+
+    def __init__(self, lm: nn.Module, tokenizer: Any, adapter: str, lora: dict[str, Any], dropout: float = 0.0) -> None:
+        super().__init__()
+        from peft import LoraConfig, get_peft_model
+
+        self.tokenizer = tokenizer
+        self.lora = lora
+        cfg = LoraConfig(
+            r=max(lora["rank_pattern"].values()),
+            lora_alpha=max(lora["alpha_pattern"].values()),
+            target_modules=lora["target_modules"],
+            rank_pattern=lora["rank_pattern"],
+            alpha_pattern=lora["alpha_pattern"],
+            lora_dropout=dropout,
+            bias="none",
+            task_type="CAUSAL_LM",
+        )
+        self.lm = get_peft_model(lm, cfg, adapter_name=adapter)
+        self.adapter = adapter
+        hidden = lm.config.hidden_size
+        dev = next(lm.parameters()).device
+        self.value_head = nn.Linear(hidden, 1, device=dev, dtype=torch.float32)
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+        self.stop_ids = self._stop_ids()
+
+    # -- structure ------------------------------------------------------------------------------
+
+    @property
+    def causal(self) -> nn.Module:
+        return self.lm.base_model.model
+
+    @property
+    def device(self) -> torch.device:
+        return self.value_head.weight.device
+
+    def trainable_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        return [(n, p) for n, p in self.named_parameters() if p.requires_grad]
+
+    def load_adapter_weights(self, folder: str | Path) -> None:
+        """Load saved weights of this adapter (a ``save`` folder or a peft adapter folder)."""
+        from peft.utils import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        folder = Path(folder)
+        candidates = [folder / self.adapter, folder, *[p for p in folder.iterdir() if p.is_dir()]] if folder.is_dir() else []
+        for sub in candidates:
+            f = sub / "adapter_model.safetensors"
+            if f.exists():
+                result = set_peft_model_state_dict(self.lm, load_file(f, device=str(self.device)), adapter_name=self.adapter)
+                bad = [k for k in getattr(result, "unexpected_keys", []) if "lora" in k]
+                if bad:
+                    raise ConfigError(f"--init-adapter {folder}: weights do not fit this model ({bad[0]} ...)")
+                vh = folder / "value_head.safetensors"
+                if vh.exists():
+                    self.value_head.load_state_dict(load_file(vh, device=str(self.device)))
+                return
+        raise ConfigError(f"--init-adapter {folder}: no adapter_model.safetensors there; point at a run's final/ folder")
+
+    def save(self, folder: str | Path) -> None:
+        """peft ``save_pretrained`` layout (``folder/<adapter>/``) plus ``value_head.safetensors``."""
+        from safetensors.torch import save_file
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.lm.save_pretrained(folder, selected_adapters=[self.adapter])
+        if self.adapter == "default":  # peft writes the default adapter at the top level
+            pass
+        save_file(
+            {k: v.detach().cpu().contiguous() for k, v in self.value_head.state_dict().items()}, folder / "value_head.safetensors"
+        )
+
+    @contextlib.contextmanager
+    def reference(self) -> Iterator[None]:
+        """The reference policy: the same model with every adapter disabled."""
+        with self.lm.disable_adapter():
+            yield
+
+    # -- acting -----------------------------------------------------------------------------------
+
+    def encode_prompt(self, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None, max_tokens: int) -> list[int]:
+        """Chat-template the messages (generation prompt added), dropping the oldest turns past ``max_tokens``.
+
+        The system prompt and the first user message (the instruction) are always kept.
+        """
+        keep_head, turns = messages[:2], messages[2:]
+        while True:
+            text = self.tokenizer.apply_chat_template(keep_head + turns, tools=tools, tokenize=False, add_generation_prompt=True)
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            if len(ids) <= max_tokens or not turns:
+                return ids[-max_tokens:] if len(ids) > max_tokens else ids
+            turns = turns[2:] if len(turns) >= 2 else []
+
+    def render(self, messages: list[dict[str, str]], tools: Any, generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt)
+
+    def continue_stream(
+        self, stream: list[int], messages: list[dict[str, str]], tools: Any, new_ids: list[int], max_tokens: int
+    ) -> list[int]:
+        """Token in, token out: the next prompt is this prompt + the sampled ids + the template's tokens
+        for the end of the turn and the tool's reply (``messages`` ends with the assistant turn and the
+        tool turn). The sampled ids are never re-tokenized. Past ``max_tokens`` the oldest turns go.
+        """
+        before = self.render(messages[:-2], tools, True)
+        action = messages[-2]["content"]
+        after = self.render(messages, tools, True)
+        if not after.startswith(before + action):  # a template that is not prefix-stable: re-render
+            return self.encode_prompt(messages, tools, max_tokens)
+        tail = self.tokenizer(after[len(before + action) :], add_special_tokens=False)["input_ids"]
+        out = [*stream, *new_ids, *tail]
+        if len(out) > max_tokens:
+            return self.encode_prompt(messages, tools, max_tokens)
+        return out
+
+    def encode_episode(self, messages: list[dict[str, str]], tools: Any) -> tuple[list[int], list[bool]]:
+        """Token ids of a whole transcript and a mask that is True on the assistant's tokens only."""
+        ids: list[int] = []
+        mask: list[bool] = []
+        done = ""
+        for n in range(1, len(messages) + 1):
+            if messages[n - 1]["role"] == "assistant":
+                head = self.render(messages[: n - 1], tools, True)
+                full = self.render(messages[:n], tools, False)
+                if not (head.startswith(done) and full.startswith(head)):
+                    raise ConfigError("the chat template is not prefix-stable; cannot mask assistant tokens for SFT")
+                h = self.tokenizer(head[len(done) :], add_special_tokens=False)["input_ids"]
+                b = self.tokenizer(full[len(head) :], add_special_tokens=False)["input_ids"]
+                ids += h + b
+                mask += [False] * len(h) + [True] * len(b)
+                done = full
+            else:
+                full = self.render(messages[:n], tools, False)
+                if not full.startswith(done):
+                    raise ConfigError("the chat template is not prefix-stable; cannot mask assistant tokens for SFT")
+                t = self.tokenizer(full[len(done) :], add_special_tokens=False)["input_ids"]
+                ids += t
+                mask += [False] * len(t)
+                done = full
+        return ids, mask
+
+    def encode_action(self, text: str) -> list[int]:
+        """Tokens of a candidate action, ended by the end-of-turn token."""
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        eos = self.tokenizer.eos_token_id
+        return [*ids, eos] if eos is not None else ids
+
+    def _prompt(self, prompt_ids: Sequence[int]) -> tuple[torch.Tensor, Any]:
+        ids = torch.tensor([list(prompt_ids)], device=self.device)
+        out = self.causal.model(input_ids=ids, use_cache=True)
+        return out.last_hidden_state, out.cache
+
+    def _value(self, hidden_last: torch.Tensor) -> torch.Tensor:
+        return self.value_head(hidden_last.float()).squeeze(-1)
+
+    def _logprobs(self, hidden: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.causal.lm_head(hidden).float()
+        logp = torch.log_softmax(logits, dim=-1)
+        return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1), logp
+
+    def score_candidates(self, prompt_ids: Sequence[int], candidates: Sequence[Sequence[int]], scoring: str = "mean") -> ScoreOut:
+        """Score K candidates on one prompt in one batched forward over the prompt's cached keys/values."""
+        hidden_1P, cache = self._prompt(prompt_ids)
+        P, K = len(prompt_ids), len(candidates)
+        lens = [len(c) for c in candidates]
+        C = max(lens)
+        pad = self.tokenizer.pad_token_id or 0
+        cand_KC = torch.full((K, C), pad, dtype=torch.long, device=self.device)
+        for k, c in enumerate(candidates):
+            cand_KC[k, : len(c)] = torch.tensor(c, device=self.device)
+        cache.batch_repeat_interleave(K)
+        pos_KC = torch.arange(P, P + C, device=self.device).expand(K, C)
+        hidden_KC = self.causal.model(input_ids=cand_KC, cache=cache, use_cache=True, position_ids=pos_KC).last_hidden_state
+        # Token j of a candidate is predicted by the hidden state before it: the prompt's last, then its own.
+        pred_KC = torch.cat([hidden_1P[:, -1:].expand(K, 1, -1), hidden_KC[:, :-1]], dim=1)
+        lp_KC, _ = self._logprobs(pred_KC, cand_KC)
+        mask_KC = torch.arange(C, device=self.device).expand(K, C) < torch.tensor(lens, device=self.device).unsqueeze(1)
+        lp_KC = lp_KC * mask_KC
+        total_K = lp_KC.sum(1)
+        scores = total_K / torch.tensor(lens, device=self.device, dtype=total_K.dtype) if scoring == "mean" else total_K
+        return ScoreOut(scores, self._value(hidden_1P[0, -1]), [lp_KC[k, : lens[k]] for k in range(K)])
+
+    def value(self, prompt_ids: Sequence[int]) -> torch.Tensor:
+        hidden_1P, _ = self._prompt(prompt_ids)
+        return self._value(hidden_1P[0, -1])
+
+    @torch.no_grad()
+    def generate(
+        self, prompt_ids: Sequence[int], max_new_tokens: int, *, greedy: bool = False, generator: torch.Generator | None = None
+    ) -> tuple[list[int], list[float], float]:
+        """Sample an action token by token; stop at ``</tool_call>``, end of turn, or the budget.
+
+        Returns the new ids, their log-probs under the policy (temperature 1) and V(prompt).
+        """
+        hidden_1P, cache = self._prompt(prompt_ids)
+        value = float(self._value(hidden_1P[0, -1]))
+        h = hidden_1P[:, -1]
+        ids: list[int] = []
+        lps: list[float] = []
+        pos = len(prompt_ids)
+        for _ in range(max_new_tokens):
+            logp = torch.log_softmax(self.causal.lm_head(h).float(), dim=-1)[0]
+            if greedy:
+                tok = int(torch.argmax(logp))
+            else:
+                tok = int(torch.multinomial(logp.exp(), 1, generator=generator))
+            ids.append(tok)
+            lps.append(float(logp[tok]))
+            if tok in self.stop_ids:
+                break
+            out = self.causal.model(
+                input_ids=torch.tensor([[tok]], device=self.device),
+                cache=cache,
+                use_cache=True,
+                position_ids=torch.tensor([[pos]], device=self.device),
+            )
+            cache, h, pos = out.cache, out.last_hidden_state[:, -1], pos + 1
+        return ids, lps, value
+
+    def sequence_logprobs(
+        self, prompt_ids: Sequence[int], new_ids: Sequence[int]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Log-probs and entropies of ``new_ids`` after the prompt (one forward, with grad) and V(prompt)."""
+        ids = torch.tensor([[*prompt_ids, *new_ids]], device=self.device)
+        hidden = self.causal.model(input_ids=ids).last_hidden_state[0]
+        P, N = len(prompt_ids), len(new_ids)
+        lp_N, logp_NV = self._logprobs(hidden[P - 1 : P - 1 + N], ids[0, P : P + N])
+        entropy_N = -(logp_NV.exp() * logp_NV).sum(-1)
+        return lp_N, entropy_N, self._value(hidden[P - 1])
+
+    def _stop_ids(self) -> set[int]:
+        tok = self.tokenizer
+        out = {i for i in (tok.eos_token_id,) if i is not None}
+        for s in ("</tool_call>", "<|im_end|>", "<|eot_id|>", "<|end|>"):
+            i = tok.convert_tokens_to_ids(s)
+            if isinstance(i, int) and i != tok.unk_token_id and i >= 0:
+                out.add(i)
+        return out

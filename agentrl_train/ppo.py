@@ -1,0 +1,149 @@
+"""PPO pieces as small pure functions: schedules, advantages, the losses and per-layer clipping.
+
+Everything here is called from :mod:`agentrl_train.train`'s loop and tested on its own.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+import torch
+
+from agentrl_envs.rewards.advantages import gae, hierarchical_gae
+
+__all__ = [
+    "advantages",
+    "clip_gradients",
+    "critic_weight",
+    "entropy_coef",
+    "k3_kl",
+    "normalize_rewards",
+    "policy_loss",
+    "value_loss",
+    "warmup_updates",
+    "whiten",
+]
+
+
+def entropy_coef(update: int, updates: int, start: float = 0.01, end: float = 0.001) -> float:
+    """Logarithmic decay from ``start`` (update 0) to ``end`` (the last update)."""
+    if updates <= 1 or start <= 0 or end <= 0:
+        return start if updates <= 1 else start + (end - start) * min(update / (updates - 1), 1.0)
+    frac = min(max(update / (updates - 1), 0.0), 1.0)
+    return math.exp(math.log(start) + (math.log(end) - math.log(start)) * frac)
+
+
+def warmup_updates(critic_warmup: int, updates: int, steps_per_update: int) -> int:
+    """Updates of critic-loss warmup: as given, else 1000 env steps' worth, at most a tenth of the run."""
+    if critic_warmup > 0:
+        return critic_warmup
+    return max(1, min(math.ceil(1000 / max(steps_per_update, 1)), max(1, updates // 10)))
+
+
+def critic_weight(update: int, warmup: int) -> float:
+    """Value-loss weight rising linearly 0 -> 1 over the first ``warmup`` updates (1 after)."""
+    return 1.0 if warmup <= 0 else min(1.0, (update + 1) / warmup)
+
+
+def normalize_rewards(
+    rewards: np.ndarray, valid: np.ndarray, mode: str = "zscore", min_sigma: float = 0.1, stats: Any = None
+) -> np.ndarray:
+    """Batch z-score of the valid rewards, with the std floored at ``min_sigma``.
+
+    ``stats``, when given, is ``(count, sum, sum_sq)`` over the global batch (all-reduced by DDP).
+    """
+    if mode == "none":
+        return rewards.copy()
+    if stats is None:
+        r = rewards[valid]
+        stats = (r.size, r.sum(), (r * r).sum())
+    n, s, ss = stats
+    if n == 0:
+        return rewards.copy()
+    mean = s / n
+    var = max(ss / n - mean * mean, 0.0)
+    out = (rewards - mean) / max(math.sqrt(var), min_sigma)
+    return np.where(valid, out, 0.0)
+
+
+def advantages(rollout: Any, rewards: np.ndarray, kind: str, gamma: float, lam: float) -> tuple[np.ndarray, np.ndarray]:
+    """GAE or hierarchical GAE over a rollout's ``[T, N]`` arrays; returns ``(advantages, returns)``."""
+    args = dict(
+        rewards=rewards,
+        values=rollout.values_TN,
+        terminated=rollout.terminated_TN,
+        truncated=rollout.truncated_TN,
+        gamma=gamma,
+        lam=lam,
+        last_values=rollout.last_values_N,
+        truncation_values=rollout.truncation_values_TN,
+    )
+    if kind == "hierarchical":
+        return hierarchical_gae(boundaries=rollout.boundaries_TN, **args)
+    return gae(**args)
+
+
+def whiten(x: np.ndarray, stats: Any = None, eps: float = 1e-8) -> np.ndarray:
+    """Zero mean, unit std; ``stats`` = ``(count, sum, sum_sq)`` when global (DDP)."""
+    if stats is None:
+        stats = (x.size, x.sum(), (x * x).sum())
+    n, s, ss = stats
+    if n == 0:
+        return x
+    mean = s / n
+    std = math.sqrt(max(ss / n - mean * mean, 0.0))
+    return (x - mean) / (std + eps)
+
+
+def policy_loss(
+    logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, clip: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-unit clipped surrogate ``max(-A r, -A clip(r))``; also the ratio and whether it was clipped."""
+    ratio = torch.exp(logp - old_logp)
+    loss = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 1 - clip, 1 + clip))
+    return loss, ratio, ((ratio - 1).abs() > clip).float()
+
+
+def value_loss(value: torch.Tensor, old_value: torch.Tensor, ret: torch.Tensor, clip: float) -> torch.Tensor:
+    """Per-sample ``0.5 * max((v - R)^2, (v_clipped - R)^2)``; unclipped when ``clip`` is 0."""
+    unclipped = (value - ret) ** 2
+    if clip <= 0:
+        return 0.5 * unclipped
+    clipped = old_value + torch.clamp(value - old_value, -clip, clip)
+    return 0.5 * torch.maximum(unclipped, (clipped - ret) ** 2)
+
+
+def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor, clamp: float = 10.0) -> torch.Tensor:
+    """k3 estimator of KL(pi || ref) per unit: ``exp(d) - 1 - d`` with ``d = ref - logp`` clamped."""
+    d = torch.clamp(ref_logp - logp, -clamp, clamp)
+    return torch.exp(d) - 1 - d
+
+
+_LAYER = re.compile(r"\.layers\.(\d+)\.")
+
+
+def clip_groups(named: list[tuple[str, torch.nn.Parameter]]) -> dict[str, list[torch.nn.Parameter]]:
+    """Parameters by transformer block (``layer.3``), the value head, and the rest."""
+    groups: dict[str, list[torch.nn.Parameter]] = defaultdict(list)
+    for name, p in named:
+        m = _LAYER.search(name)
+        key = f"layer.{m.group(1)}" if m else ("value_head" if name.startswith("value_head") else "other")
+        groups[key].append(p)
+    return dict(groups)
+
+
+def clip_gradients(groups: dict[str, list[torch.nn.Parameter]], max_norm: float, mode: str = "per-layer") -> dict[str, float]:
+    """Clip per block (each group to ``max_norm`` on its own) or globally; returns norms before clipping."""
+    if mode == "global":
+        params = [p for ps in groups.values() for p in ps if p.grad is not None]
+        return {"global": float(torch.nn.utils.clip_grad_norm_(params, max_norm))}
+    norms = {}
+    for key, ps in groups.items():
+        ps = [p for p in ps if p.grad is not None]
+        if ps:
+            norms[key] = float(torch.nn.utils.clip_grad_norm_(ps, max_norm))
+    return norms

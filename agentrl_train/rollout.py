@@ -1,0 +1,346 @@
+"""Rollouts: the policy acting in a vector env, one transition per sub-env per step.
+
+The vector env runs with autoreset disabled and the trainer resets a finished sub-env itself
+(``reset(seed=..., options={"reset_mask": ...})``), so that episode ``e`` of global env ``k`` always
+gets the seed ``episode_seed(run_seed, k, e)``, and each env has its own sampling generator. A run
+with 2 ranks x N envs and one with 1 rank x 2N envs therefore play the same episodes with the same
+actions, and a checkpoint can restore every env exactly by replaying its current episode's actions.
+There are no reset rows: every row of a rollout is a transition (``valid`` marks the rest).
+
+A truncated episode is bootstrapped from V(final observation) (``truncation_values``), a terminated
+one from 0; the last row of a rollout from V(current state) (``last_values``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+import agentrl_envs  # noqa: F401  (registers the ids)
+from agentrl_envs.errors import ConfigError
+
+__all__ = ["EnvPool", "Rollout", "Transition", "collect", "episode_seed"]
+
+
+def episode_seed(run_seed: int, env_index: int, episode: int) -> int:
+    """The seed of episode ``episode`` of global env ``env_index`` (independent of the world size)."""
+    return int(
+        np.random.SeedSequence([abs(run_seed), env_index, episode, 0 if run_seed >= 0 else 1]).generate_state(1)[0] & 0x7FFFFFFF
+    )
+
+
+@dataclass
+class Transition:
+    """One action of one sub-env, with what the update needs to recompute its log-probs."""
+
+    env_index: int  #: global env index k
+    prompt_ids: list[int]
+    action_text: str
+    cand_ids: list[list[int]] = field(default_factory=list)  #: candidates mode: token ids of each candidate
+    action: int = -1  #: candidates mode: index of the chosen candidate
+    new_ids: list[int] = field(default_factory=list)  #: generate mode: the sampled token ids
+    logprob: float = 0.0  #: candidates: log pi(a); generate: sum of token log-probs
+    token_logprobs: list[float] = field(default_factory=list)  #: generate mode: per token
+    ref_logprobs: list[float] = field(default_factory=list)  #: per unit (1 in candidates mode, per token in generate)
+    value: float = 0.0
+
+
+@dataclass
+class Rollout:
+    """``T`` steps of ``N`` sub-envs; arrays are ``[T, N]``."""
+
+    transitions: list[list[Transition]]  #: [T][N]
+    rewards_TN: np.ndarray
+    terminated_TN: np.ndarray
+    truncated_TN: np.ndarray
+    values_TN: np.ndarray
+    truncation_values_TN: np.ndarray
+    boundaries_TN: np.ndarray  #: first step of a new sub-task (by info["subtask_index"])
+    last_values_N: np.ndarray
+    episodes: list[dict[str, Any]]  #: finished episodes: return, success, length, fault stats
+    env_seconds: float = 0.0
+    model_seconds: float = 0.0
+    tokens: int = 0
+
+
+class EnvPool:
+    """A vector env plus the trainer's per-env episode state (messages, token stream, seeds).
+
+    Args:
+        env_id: registered id.
+        num_envs: local sub-envs.
+        first_index: global index of local env 0 (rank x num_envs under DDP).
+        run_seed: the run's seed.
+        vectorization: ``async`` or ``sync``.
+        make_kwargs: for ``gym.make`` (split, candidates, error_profile, ...).
+        wrap: optional callable applied to the vector env (e.g. a trajectory recorder).
+    """
+
+    def __init__(
+        self,
+        env_id: str,
+        num_envs: int,
+        *,
+        first_index: int = 0,
+        run_seed: int = 0,
+        vectorization: str = "async",
+        make_kwargs: dict[str, Any] | None = None,
+        wrap: Any = None,
+    ) -> None:
+        if env_id not in gym.registry:
+            near = [k for k in gym.registry if k.startswith("AgentRL/")]
+            raise ConfigError(f"--env {env_id!r}: no such env id; use one of {', '.join(sorted(near))}")
+        self.env_id = env_id
+        self.num_envs = num_envs
+        self.first_index = first_index
+        self.run_seed = run_seed
+        kwargs = dict(make_kwargs or {})
+        vec = gym.make_vec(
+            env_id,
+            num_envs=num_envs,
+            vectorization_mode=vectorization,
+            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.DISABLED},
+            wrappers=[Replayable],
+            **kwargs,
+        )
+        vec.set_attr("replay_index", [first_index + i for i in range(num_envs)])
+        self.vec = vec  #: the plain vector env (call / set_attr); ``envs`` may be wrapped by a recorder
+        self.envs = wrap(vec) if wrap is not None else vec
+        self.episode = [0] * num_envs  #: episodes started per env
+        self.actions: list[list[str]] = [[] for _ in range(num_envs)]  #: current episode's actions (for exact resume)
+        self.messages: list[list[dict[str, str]]] = [[] for _ in range(num_envs)]
+        self.streams: list[list[int]] = [[] for _ in range(num_envs)]  #: generate mode: the token stream (token in, token out)
+        self.tools: list[Any] = [None] * num_envs
+        self.infos: list[dict[str, Any]] = [{} for _ in range(num_envs)]
+        self.returns = [0.0] * num_envs
+        self.lengths = [0] * num_envs
+        self.last_subtask = [0] * num_envs
+        self.generators = [
+            torch.Generator().manual_seed(episode_seed(run_seed, first_index + i, 1 << 30)) for i in range(num_envs)
+        ]
+
+    def reset(self, mask: np.ndarray | None = None) -> None:
+        """(Re)start the masked envs on their next episode seed."""
+        mask = np.ones(self.num_envs, dtype=bool) if mask is None else mask
+        seeds = [
+            episode_seed(self.run_seed, self.first_index + i, self.episode[i]) if mask[i] else None for i in range(self.num_envs)
+        ]
+        obs, info = self.envs.reset(seed=seeds, options={"reset_mask": mask})
+        for i in np.flatnonzero(mask):
+            self.episode[i] += 1
+            sub = _sub(info, i)
+            self.infos[i] = sub
+            self.tools[i] = sub["tools"]
+            self.messages[i] = [{"role": "system", "content": sub["system_prompt"]}, {"role": "user", "content": str(obs[i])}]
+            self.actions[i] = []
+            self.streams[i] = []
+            self.returns[i] = 0.0
+            self.lengths[i] = 0
+            self.last_subtask[i] = -1
+
+    def set_training_step(self, step: int) -> None:
+        self.vec.call("set_training_step", int(step))
+
+    def close(self) -> None:
+        self.envs.close()
+
+    # -- exact resume ------------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "episode": list(self.episode),
+            "actions": [list(a) for a in self.actions],
+            "messages": [list(m) for m in self.messages],
+            "streams": [list(x) for x in self.streams],
+            "returns": list(self.returns),
+            "lengths": list(self.lengths),
+            "last_subtask": list(self.last_subtask),
+            "tools": list(self.tools),
+            "generators": [g.get_state() for g in self.generators],
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Put every env back where the checkpoint left it: reset on the episode's seed, replay its actions."""
+        if len(state["episode"]) != self.num_envs:
+            raise ConfigError(
+                f"checkpoint has {len(state['episode'])} local envs, this run {self.num_envs}: resume with the same --num-envs"
+            )
+        self.episode = list(state["episode"])
+        plan = {
+            self.first_index + i: (
+                episode_seed(self.run_seed, self.first_index + i, self.episode[i] - 1),
+                list(state["actions"][i]),
+            )
+            for i in range(self.num_envs)
+        }
+        results = self.vec.call("replay", plan)
+        for i, (obs, info) in enumerate(results):
+            if str(obs) != state["messages"][i][-1]["content"]:
+                raise ConfigError(
+                    f"resume: replaying env {self.first_index + i}'s actions did not reproduce its last observation; "
+                    "the env's version or backend changed since the checkpoint"
+                )
+            self.infos[i] = info
+            self.tools[i] = state["tools"][i]
+        self.actions = [list(a) for a in state["actions"]]
+        self.messages = [list(m) for m in state["messages"]]
+        self.streams = [list(x) for x in state["streams"]]
+        self.returns, self.lengths = list(state["returns"]), list(state["lengths"])
+        self.last_subtask = list(state["last_subtask"])
+        for g, s in zip(self.generators, state["generators"]):
+            g.set_state(s)
+
+
+class Replayable(gym.Wrapper[Any, Any, Any, Any]):
+    """Lets the trainer put a sub-env back into a recorded state: reset on a seed, replay actions.
+
+    ``replay_index`` is set per sub-env (``vec.set_attr("replay_index", [...])``), so one
+    ``vec.call("replay", plan)`` with ``plan = {index: (seed, actions)}`` restores every sub-env.
+    """
+
+    replay_index: int = -1
+
+    def replay(self, plan: dict[int, tuple[int, list[str]]]) -> tuple[Any, dict[str, Any]]:
+        seed, actions = plan[self.replay_index]
+        obs, info = self.env.reset(seed=seed)
+        for a in actions:
+            obs, _, term, trunc, info = self.env.step(a)
+            if term or trunc:
+                raise ConfigError("resume: a replayed episode ended early; the checkpoint does not match this env")
+        return obs, info
+
+
+def _sub(info: dict[str, Any], i: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in info.items():
+        if key.startswith("_"):
+            continue
+        mask = info.get(f"_{key}")
+        if mask is not None and not mask[i]:
+            continue
+        if isinstance(value, dict):
+            out[key] = _sub(value, i)
+        else:
+            out[key] = value[i]
+    return out
+
+
+@torch.no_grad()
+def act(policy: Any, pool: EnvPool, i: int, cfg: Any, *, greedy: bool = False, reference: bool = True) -> Transition:
+    """The policy's action for local env i in its current state (no grad, dropout off)."""
+    ppo, mode = cfg.ppo, cfg.env.mode
+    k = pool.first_index + i
+    if mode == "generate" and getattr(pool, "streams", None) and pool.streams[i]:
+        prompt = pool.streams[i]
+    else:
+        prompt = policy.encode_prompt(pool.messages[i], pool.tools[i], ppo.max_prompt_tokens)
+    if mode == "candidates":
+        cands = list(pool.infos[i].get("candidates") or [])
+        if len(cands) < 2:
+            raise ConfigError("candidates mode needs info['candidates']: make the env with candidates=K (K >= 2)")
+        cand_ids = [policy.encode_action(c) for c in cands]
+        out = policy.score_candidates(prompt, cand_ids, ppo.scoring)
+        logp_K = torch.log_softmax(out.scores_K / ppo.temperature, dim=-1)
+        a = int(torch.argmax(logp_K)) if greedy else int(torch.multinomial(logp_K.exp().cpu(), 1, generator=pool.generators[i]))
+        ref: list[float] = []
+        if reference:
+            with policy.reference():
+                ref_out = policy.score_candidates(prompt, cand_ids, ppo.scoring)
+            ref = [float(torch.log_softmax(ref_out.scores_K / ppo.temperature, dim=-1)[a])]
+        return Transition(
+            k, prompt, cands[a], cand_ids=cand_ids, action=a, logprob=float(logp_K[a]), ref_logprobs=ref, value=float(out.value)
+        )
+    gen = None if greedy else pool.generators[i]
+    new_ids, lps, value = policy.generate(prompt, ppo.max_new_tokens, greedy=greedy, generator=gen)
+    text = policy.tokenizer.decode(new_ids, skip_special_tokens=False)
+    for end in ("<|im_end|>", "<|eot_id|>", "<|end|>"):
+        text = text.removesuffix(end)
+    ref = []
+    if reference:
+        with policy.reference():
+            ref_lp, _, _ = policy.sequence_logprobs(prompt, new_ids)
+        ref = ref_lp.tolist()
+    return Transition(
+        k, prompt, text, new_ids=new_ids, logprob=float(sum(lps)), token_logprobs=lps, ref_logprobs=ref, value=value
+    )
+
+
+def collect(policy: Any, pool: EnvPool, cfg: Any, recorder: Any = None) -> Rollout:
+    """Run ``cfg.ppo.rollout_steps`` steps of every sub-env with the sampling policy."""
+    T, N = cfg.ppo.rollout_steps, pool.num_envs
+    shape = (T, N)
+    rewards, term, trunc = np.zeros(shape), np.zeros(shape, dtype=bool), np.zeros(shape, dtype=bool)
+    values, tvalues, bounds = np.zeros(shape), np.zeros(shape), np.zeros(shape, dtype=bool)
+    transitions: list[list[Transition]] = []
+    episodes: list[dict[str, Any]] = []
+    env_s = model_s = 0.0
+    tokens = 0
+    policy.eval()
+    for t in range(T):
+        t0 = time.perf_counter()
+        row = [act(policy, pool, i, cfg) for i in range(N)]
+        model_s += time.perf_counter() - t0
+        tokens += sum(len(tr.prompt_ids) + sum(len(c) for c in tr.cand_ids) + len(tr.new_ids) for tr in row)
+        for i, tr in enumerate(row):
+            working = int(pool.infos[i].get("subtask_index", 0))
+            bounds[t, i] = pool.last_subtask[i] != -1 and working != pool.last_subtask[i]
+            pool.last_subtask[i] = working
+            values[t, i] = tr.value
+        if recorder is not None:
+            recorder.annotate(log_prob=np.array([tr.logprob for tr in row], dtype=np.float32), value=values[t].astype(np.float32))
+        t0 = time.perf_counter()
+        obs, rew, te, tu, info = pool.envs.step([tr.action_text for tr in row])
+        env_s += time.perf_counter() - t0
+        transitions.append(row)
+        rewards[t], term[t], trunc[t] = rew, te, tu
+        done = np.logical_or(te, tu)
+        for i, tr in enumerate(row):
+            sub = _sub(info, i)
+            pool.infos[i] = sub
+            pool.actions[i].append(tr.action_text)
+            pool.messages[i] += [{"role": "assistant", "content": tr.action_text}, {"role": "tool", "content": str(obs[i])}]
+            if tr.new_ids:
+                pool.streams[i] = policy.continue_stream(
+                    tr.prompt_ids, pool.messages[i], pool.tools[i], tr.new_ids, cfg.ppo.max_prompt_tokens
+                )
+            pool.returns[i] += float(rew[i])
+            pool.lengths[i] += 1
+            if done[i]:
+                episodes.append(
+                    {
+                        "env_index": tr.env_index,
+                        "return": pool.returns[i],
+                        "length": pool.lengths[i],
+                        "success": bool(sub.get("success", False)),
+                        "truncated": bool(tu[i]),
+                        "faults": int(sub.get("fault_stats", {}).get("faults", 0))
+                        if isinstance(sub.get("fault_stats"), dict)
+                        else 0,
+                    }
+                )
+                if tu[i] and not te[i]:
+                    t0 = time.perf_counter()
+                    with torch.no_grad():
+                        tvalues[t, i] = float(
+                            policy.value(policy.encode_prompt(pool.messages[i], pool.tools[i], cfg.ppo.max_prompt_tokens))
+                        )
+                    model_s += time.perf_counter() - t0
+        if done.any():
+            t0 = time.perf_counter()
+            pool.reset(done)
+            env_s += time.perf_counter() - t0
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        last = np.array(
+            [
+                float(policy.value(policy.encode_prompt(pool.messages[i], pool.tools[i], cfg.ppo.max_prompt_tokens)))
+                for i in range(N)
+            ]
+        )
+    model_s += time.perf_counter() - t0
+    return Rollout(transitions, rewards, term, trunc, values, tvalues, bounds, last, episodes, env_s, model_s, tokens)

@@ -1,0 +1,123 @@
+"""What a run writes: metrics.jsonl, TensorBoard events, a progress bar, the learning curve, resources."""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["RunLogger", "open_replay", "progress"]
+
+
+class RunLogger:
+    """Rank 0's log of a run: one JSON line per update and per evaluation, mirrored to TensorBoard."""
+
+    def __init__(self, out: Path, cfg: Any, enabled: bool = True) -> None:
+        self.out, self.enabled = out, enabled
+        self.history: list[dict[str, Any]] = []
+        self.started = time.time()
+        self.writer = None
+        if enabled and cfg.run.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.writer = SummaryWriter(str(out / "tensorboard"))
+        self._f = open(out / "metrics.jsonl", "a", encoding="utf-8") if enabled else None
+
+    def log(self, row: dict[str, Any]) -> None:
+        row = {"kind": "update", "wall_s": round(time.time() - self.started, 3), **row}
+        self._write(row)
+        if self.writer is not None:
+            for k, v in row.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and k not in ("update", "kind"):
+                    self.writer.add_scalar(f"train/{k}", v, row["env_steps"])
+
+    def log_eval(self, update: int, env_steps: int, table: dict[str, dict[str, Any]]) -> None:
+        for split, r in table.items():
+            row = {"kind": "eval", "update": update, "env_steps": env_steps, "wall_s": round(time.time() - self.started, 3), **r}
+            self._write(row)
+            if self.writer is not None:
+                self.writer.add_scalar(f"eval/{split}/success_rate", r["success_rate"], env_steps)
+                self.writer.add_scalar(f"eval/{split}/mean_return", r["mean_return"], env_steps)
+
+    def _write(self, row: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        self.history.append(row)
+        assert self._f is not None
+        self._f.write(json.dumps(row) + "\n")
+        self._f.flush()
+
+    def plot_curve(self, path: Path) -> None:
+        """Return and greedy success vs env steps: train rollouts and each evaluated split."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+        upd = [r for r in self.history if r["kind"] == "update"]
+        ax1.plot([r["env_steps"] for r in upd], [r["return"] for r in upd], label="rollout return (sampled)", color="0.6")
+        for split in sorted({r["split"] for r in self.history if r["kind"] == "eval"}):
+            ev = [r for r in self.history if r["kind"] == "eval" and r["split"] == split]
+            ax1.plot([r["env_steps"] for r in ev], [r["mean_return"] for r in ev], marker="o", label=f"{split} (greedy)")
+            ax2.plot([r["env_steps"] for r in ev], [r["success_rate"] for r in ev], marker="o", label=f"{split} (greedy)")
+        ax2.plot([r["env_steps"] for r in upd], [r["success"] for r in upd], label="rollout success (sampled)", color="0.6")
+        ax1.set(xlabel="env steps", ylabel="return", title="return")
+        ax2.set(xlabel="env steps", ylabel="success rate", ylim=(-0.02, 1.02), title="success")
+        for ax in (ax1, ax2):
+            ax.legend(fontsize=7)
+            ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+
+    def close(self, summary: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        summary = {**summary, "wall_s": round(time.time() - self.started, 2), "peak_rss_mb": peak_rss_mb()}
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+        if self.writer is not None:
+            self.writer.close()
+        if self._f is not None:
+            self._f.close()
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class _Bar:
+    def __init__(self, total: int, initial: int, enabled: bool) -> None:
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=initial, desc="ppo", unit="upd", dynamic_ncols=True)
+
+    def update(self, row: dict[str, Any]) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix(
+                ret=f"{row['return']:.2f}", succ=f"{row['success']:.2f}", kl=f"{row['kl_ref']:.3f}", refresh=False
+            )
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def progress(cfg: Any, initial: int, enabled: bool) -> _Bar:
+    return _Bar(cfg.ppo.updates, initial, enabled and cfg.run.progress)
+
+
+def open_replay(out: Path, cfg: Any, dist: Any) -> Any:
+    """This rank's replay buffer in the run folder (created, or reopened on resume)."""
+    from agentrl_envs.data import ReplayBuffer
+
+    path = out / f"replay-rank{dist.rank}.ring"
+    if cfg.run.resume and path.exists():
+        return ReplayBuffer.open(path)
+    return ReplayBuffer.create(path, capacity_bytes=cfg.run.replay_mb << 20, overwrite=True)

@@ -1,0 +1,304 @@
+"""PPO + LoRA on agentrl envs: the training loop, top to bottom (CleanRL style).
+
+``agentrl-train ppo`` calls :func:`train` with a :class:`~agentrl_train.config.TrainConfig`. One
+update = one rollout of ``rollout_steps x num_envs`` transitions with the sampling policy, then
+``epochs`` passes of minibatch SGD on the clipped PPO objective. The run folder gets the resolved
+config, ``metrics.jsonl``, TensorBoard events, checkpoints (exact resume), ``final/``, the eval
+table and the learning curve.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from agentrl_train import checkpoint, evaluate, ppo, runlog
+from agentrl_train.config import TrainConfig, dump_config
+from agentrl_train.policy import Policy, load_base, lora_targets, pick_device
+from agentrl_train.rollout import EnvPool, Transition, collect
+
+__all__ = ["accumulate", "build_policy", "train", "unit_terms"]
+
+
+def build_policy(cfg: TrainConfig, log: Any = print) -> Policy:
+    """Base model + LoRA adapter (fresh, or ``--init-adapter``) + value head, seeded by ``--seed``."""
+    from agentrl_train.tiny import TinySpec
+
+    m = cfg.model
+    device = pick_device(m.device)
+    if device.type == "cpu":
+        # One intra-op thread: a tiny model gains little from more, and spinning OpenMP threads stall
+        # whenever the env workers (or anything else) take a core.
+        torch.set_num_threads(m.threads or 1)
+    spec = TinySpec(pretrain_steps=m.tiny_pretrain_steps, corpus_episodes=m.tiny_corpus_episodes)
+    lm, tok = load_base(m.model, device, tiny_spec=spec, log=log)
+    torch.manual_seed(cfg.run.seed)
+    policy = Policy(lm, tok, m.adapter, lora_targets(lm, m.lora_preset, m.lora_ranks, m.lora_alpha_ratio), m.lora_dropout)
+    if m.init_adapter:
+        policy.load_adapter_weights(m.init_adapter)
+    return policy
+
+
+def unit_terms(policy: Policy, tr: Transition, cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Recompute (with grad) one transition's per-unit log-probs and entropies, and its value.
+
+    A unit is the chosen candidate (candidates mode) or a sampled token (generate mode). Returns
+    ``(logp_U, entropy_U, value, old_logp_U)``.
+    """
+    if cfg.env.mode == "candidates":
+        out = policy.score_candidates(tr.prompt_ids, tr.cand_ids, cfg.ppo.scoring)
+        logp_K = torch.log_softmax(out.scores_K / cfg.ppo.temperature, dim=-1)
+        entropy = -(logp_K.exp() * logp_K).sum().reshape(1)
+        return logp_K[tr.action : tr.action + 1], entropy, out.value, torch.tensor([tr.logprob], device=policy.device)
+    lp_N, ent_N, value = policy.sequence_logprobs(tr.prompt_ids, tr.new_ids)
+    return lp_N, ent_N, value, torch.tensor(tr.token_logprobs, device=policy.device)
+
+
+def accumulate(
+    policy: Policy,
+    samples: list[tuple[Transition, float, float]],
+    group: list[Any],
+    cfg: TrainConfig,
+    ent_coef: float,
+    critic_w: float,
+    dist: Any,
+    stats: dict[str, list[float]],
+) -> None:
+    """Forward and backward the micro-batches of one optimizer step; gradients summed across ranks.
+
+    Every loss is divided by the global number of units (policy terms) or samples (value term) of the
+    step, so any split of the step into micro-batches and ranks gives the same gradient.
+    """
+    n_units = dist.sum(sum(_units(samples[j][0], cfg) for mb in group for j in mb))
+    n_samples = dist.sum(sum(len(mb) for mb in group))
+    for m_i, mb in enumerate(group):
+        with dist.no_sync(policy, last=m_i == len(group) - 1):
+            loss = torch.zeros((), device=policy.device)
+            for j in mb:
+                tr, adv, ret = samples[j]
+                logp, ent, value, old = unit_terms(policy, tr, cfg)
+                pg, ratio, clipped = ppo.policy_loss(logp, old, torch.full_like(logp, adv), cfg.ppo.clip)
+                kl = ppo.k3_kl(logp, torch.tensor(tr.ref_logprobs, device=logp.device), cfg.ppo.kl_clamp)
+                vl = ppo.value_loss(value, torch.tensor(tr.value), torch.tensor(ret), cfg.ppo.value_clip)
+                unit_loss = pg + cfg.ppo.kl_coef * kl - ent_coef * ent
+                loss = loss + unit_loss.sum() / n_units + cfg.ppo.vf_coef * critic_w * vl / n_samples
+                with torch.no_grad():
+                    stats["pg"].append(float(pg.mean()))
+                    stats["vf"].append(float(vl))
+                    stats["entropy"].append(float(ent.mean()))
+                    stats["kl_ref"].append(float(kl.mean()))
+                    stats["approx_kl"].append(float(((ratio - 1) - torch.log(ratio)).mean()))
+                    stats["clipfrac"].append(float(clipped.mean()))
+            loss.backward()
+    dist.all_reduce_grads(policy)
+
+
+def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, Any]:
+    """Run PPO; returns the final summary (also written to ``summary.json``)."""
+    dist = dist or _Single()
+    out = Path(cfg.run.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if dist.is_main:
+        dump_config(cfg, out / "config.yaml")
+
+    # -- seeding: the model seed is shared by every rank; env k's seeds depend on k only -----------
+    random.seed(cfg.run.seed)
+    np.random.seed(cfg.run.seed)
+    torch.manual_seed(cfg.run.seed)
+    sgd_rng = np.random.default_rng(cfg.run.seed)
+
+    policy = build_policy(cfg, log=log)
+    dist.check_same_weights(policy)
+    named = policy.trainable_parameters()
+    lora_params = [p for n, p in named if not n.startswith("value_head")]
+    optimizer = torch.optim.AdamW(
+        [{"params": lora_params, "lr": cfg.ppo.lr}, {"params": list(policy.value_head.parameters()), "lr": cfg.ppo.value_lr}],
+        weight_decay=0.0,
+    )
+    groups = ppo.clip_groups(named)
+
+    make_kwargs = {"split": cfg.env.split, "error_profile": cfg.env.error_profile, **cfg.env.env_kwargs}
+    if cfg.env.mode == "candidates":
+        make_kwargs["candidates"] = cfg.env.candidates
+    sink = runlog.open_replay(out, cfg, dist) if cfg.run.record else None
+    wrap = None
+    if sink is not None:
+        from agentrl_envs.data import RecordVectorTrajectories
+
+        def wrap(vec: Any) -> Any:
+            return RecordVectorTrajectories(vec, sink, policy_id=f"{cfg.model.adapter}")
+
+    pool = EnvPool(
+        cfg.env.env,
+        cfg.env.num_envs,
+        first_index=dist.rank * cfg.env.num_envs,
+        run_seed=cfg.run.seed,
+        vectorization=cfg.env.vectorization,
+        make_kwargs=make_kwargs,
+        wrap=wrap,
+    )
+    logger = runlog.RunLogger(out, cfg, enabled=dist.is_main)
+    start_update, global_steps = 0, 0
+    if cfg.run.resume:
+        state = checkpoint.load_latest(out, policy, optimizer, pool, sgd_rng, rank=dist.rank, world=dist.world)
+        start_update, global_steps = state["update"], state["global_steps"]
+        logger.history = state.get("history", [])
+        log(f"resumed from update {start_update} ({global_steps} env steps)")
+    else:
+        pool.reset()
+
+    steps_per_update = cfg.ppo.rollout_steps * cfg.env.num_envs * dist.world
+    warmup = ppo.warmup_updates(cfg.ppo.critic_warmup, cfg.ppo.updates, steps_per_update)
+    bar = runlog.progress(cfg, start_update, enabled=dist.is_main)
+    update = start_update
+    stop_at = (
+        cfg.ppo.updates
+        if not cfg.run.max_updates_this_call
+        else min(cfg.ppo.updates, start_update + cfg.run.max_updates_this_call)
+    )
+    try:
+        if start_update == 0 and dist.is_main and cfg.run.eval_every:
+            logger.log_eval(0, 0, evaluate.evaluate_splits(policy, cfg, cfg.run.eval_splits, cfg.run.eval_episodes))
+        for update in range(start_update, stop_at):
+            t_update = time.perf_counter()
+            # -- rollout ----------------------------------------------------------------------------
+            pool.set_training_step(global_steps)  # the aux reward schedule runs on global env steps
+            roll = collect(policy, pool, cfg, recorder=pool.envs if sink is not None else None)
+            global_steps += steps_per_update
+            valid = np.ones_like(roll.rewards_TN, dtype=bool)
+
+            # -- rewards -> advantages (statistics are global under DDP) ------------------------------
+            rewards = roll.rewards_TN.copy()
+            if cfg.ppo.shuffle_rewards:  # control: rewards carry no information about the actions
+                rewards = sgd_rng.permutation(rewards.ravel()).reshape(rewards.shape)
+            rewards = ppo.normalize_rewards(rewards, valid, cfg.ppo.reward_norm, cfg.ppo.min_sigma, dist.moments(rewards[valid]))
+            adv_TN, ret_TN = ppo.advantages(roll, rewards, cfg.ppo.advantage, cfg.ppo.gamma, cfg.ppo.lam)
+            if cfg.ppo.whiten_advantages:
+                adv_TN = ppo.whiten(adv_TN, dist.moments(adv_TN[valid]))
+
+            # -- PPO update -----------------------------------------------------------------------
+            policy.train()
+            samples = [(roll.transitions[t][i], float(adv_TN[t, i]), float(ret_TN[t, i])) for t, i in zip(*np.nonzero(valid))]
+            ent_coef = ppo.entropy_coef(update, cfg.ppo.updates, cfg.ppo.ent_start, cfg.ppo.ent_end)
+            cw = ppo.critic_weight(update, warmup)
+            stats: dict[str, list[float]] = {k: [] for k in ("pg", "vf", "entropy", "kl_ref", "approx_kl", "clipfrac")}
+            grad_norms: dict[str, float] = {}
+            t_sgd = time.perf_counter()
+            stop_early = False
+            for _epoch in range(cfg.ppo.epochs):
+                order = sgd_rng.permutation(len(samples))
+                mbs = [order[j : j + cfg.ppo.micro_batch] for j in range(0, len(order), cfg.ppo.micro_batch)]
+                per_step = cfg.ppo.accumulation or len(mbs)
+                for g in range(0, len(mbs), per_step):
+                    accumulate(policy, samples, mbs[g : g + per_step], cfg, ent_coef, cw, dist, stats)
+                    grad_norms = ppo.clip_gradients(groups, cfg.ppo.grad_clip, cfg.ppo.clip_mode)
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                if cfg.ppo.target_kl and dist.decide(float(np.mean(stats["approx_kl"])) > cfg.ppo.target_kl):
+                    stop_early = True
+                    break
+            policy.eval()
+            sgd_s = time.perf_counter() - t_sgd
+
+            # -- logging, evaluation, checkpoints (rank 0) ---------------------------------------
+            row = {
+                "update": update + 1,
+                "env_steps": global_steps,
+                "episodes": len(roll.episodes),
+                "return": _mean([e["return"] for e in roll.episodes]),
+                "success": _mean([float(e["success"]) for e in roll.episodes]),
+                "reward_raw": float(roll.rewards_TN.mean()),
+                **{k: _mean(v) for k, v in stats.items()},
+                "ent_coef": ent_coef,
+                "critic_weight": cw,
+                "early_stop": stop_early,
+                **{f"grad_norm/{k}": v for k, v in grad_norms.items()},
+                "time/rollout_model_s": roll.model_seconds,
+                "time/rollout_env_s": roll.env_seconds,
+                "time/update_s": sgd_s,
+                "time/total_s": time.perf_counter() - t_update,
+                "rollout_tokens": roll.tokens,
+            }
+            logger.log(row)
+            bar.update(row)
+            is_last = update + 1 == cfg.ppo.updates
+            if dist.is_main and cfg.run.eval_every and ((update + 1) % cfg.run.eval_every == 0 or is_last):
+                logger.log_eval(
+                    update + 1, global_steps, evaluate.evaluate_splits(policy, cfg, cfg.run.eval_splits, cfg.run.eval_episodes)
+                )
+            if (cfg.run.checkpoint_every and (update + 1) % cfg.run.checkpoint_every == 0) or update + 1 == stop_at:
+                checkpoint.save(
+                    out,
+                    update + 1,
+                    global_steps,
+                    policy,
+                    optimizer,
+                    pool,
+                    sgd_rng,
+                    logger.history,
+                    dist,
+                    cfg.run.keep_checkpoints,
+                )
+        update = stop_at
+    finally:
+        bar.close()
+        pool.close()
+        if sink is not None:
+            sink.close()
+
+    summary: dict[str, Any] = {"updates": update, "env_steps": global_steps, "finished": update >= cfg.ppo.updates}
+    if update >= cfg.ppo.updates and dist.is_main:
+        policy.save(out / "final")
+        dump_config(cfg, out / "final" / "config.yaml")
+        table = evaluate.evaluate_splits(policy, cfg, cfg.run.final_eval_splits, cfg.run.eval_episodes)
+        summary["eval"] = table
+        (out / "eval.json").write_text(json.dumps(table, indent=2))
+        (out / "eval.md").write_text(evaluate.markdown_table(table))
+        logger.plot_curve(out / "learning_curve.png")
+        log(evaluate.markdown_table(table))
+    logger.close(summary)
+    return summary
+
+
+def _units(tr: Transition, cfg: TrainConfig) -> int:
+    return 1 if cfg.env.mode == "candidates" else max(len(tr.new_ids), 1)
+
+
+def _mean(xs: list[float]) -> float:
+    return float(np.mean(xs)) if xs else math.nan
+
+
+class _Single:
+    """One process: the DDP hooks of the loop are no-ops."""
+
+    rank, world, is_main = 0, 1, True
+
+    def sum(self, x: float) -> float:
+        return x
+
+    def moments(self, x: np.ndarray) -> tuple[int, float, float]:
+        return (int(x.size), float(x.sum()), float((x * x).sum()))
+
+    def decide(self, flag: bool) -> bool:
+        return flag
+
+    def barrier(self) -> None:
+        return None
+
+    def check_same_weights(self, policy: Policy) -> None:
+        return None
+
+    def all_reduce_grads(self, policy: Policy) -> None:
+        return None
+
+    def no_sync(self, policy: Policy, last: bool) -> Any:
+        import contextlib
+
+        return contextlib.nullcontext()
