@@ -80,7 +80,9 @@ def test_fused_adapter_matches_stacked_adapters(setup: dict, tmp_path: Path) -> 
     assert report.max_abs_diff <= ATOL
     x = probe()
     reference = stacked(model, list(adapters.values()), x)
-    assert float((reference - logits(model, x)).abs().max()) > 0.05, "the adapters must move the logits for the test to mean anything"
+    assert float((reference - logits(model, x)).abs().max()) > 0.05, (
+        "the adapters must move the logits for the test to mean anything"
+    )
     fused = PeftModel.from_pretrained(copy.deepcopy(model), str(tmp_path / "fused"))
     assert float((logits(fused, x) - reference).abs().max()) <= ATOL
 
@@ -154,7 +156,7 @@ def test_missing_adapter_folder(setup: dict, tmp_path: Path) -> None:
     with pytest.raises(AdapterNotFoundError, match="does not exist"):
         fuse_adapters(setup["model"], {"x": tmp_path / "nope"}, tmp_path / "out")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(AdapterNotFoundError, match="holds no adapter_config.json"):
+    with pytest.raises(AdapterNotFoundError, match=r"holds no adapter_config\.json"):
         load_adapter(tmp_path / "empty")
     assert not (tmp_path / "out").exists()
 
@@ -179,7 +181,7 @@ def test_garbage_adapter_files(setup: dict, tmp_path: Path) -> None:
     with pytest.raises(AdapterError, match="cannot be read"):
         load_adapter(bad)
     (bad / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 4, "lora_alpha": 8}))
-    with pytest.raises(AdapterNotFoundError, match="no adapter_model.safetensors"):
+    with pytest.raises(AdapterNotFoundError, match=r"no adapter_model\.safetensors"):
         load_adapter(bad)
     (bad / "adapter_model.safetensors").write_bytes(b"\x00" * 100)
     with pytest.raises(AdapterError, match="cannot be read"):
@@ -227,7 +229,10 @@ def test_fuse_cli(setup: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert "max |logit diff|" in out and "preference+tool+exec" in out
     assert (tmp_path / "fused" / "adapter_model.safetensors").is_file()
 
-    assert fuse_main(["--model", str(setup["root"] / "base"), "--adapter", f"x={tmp_path / 'nope'}", "--out", str(tmp_path / "o")]) == 2
+    assert (
+        fuse_main(["--model", str(setup["root"] / "base"), "--adapter", f"x={tmp_path / 'nope'}", "--out", str(tmp_path / "o")])
+        == 2
+    )
     assert "does not exist" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         fuse_main(["--model", "m", "--adapter", "no-equals-sign", "--out", "o"])
