@@ -132,10 +132,10 @@ class LoraAdapter:
             if not isinstance(layer.get_base_layer(), nn.Linear):
                 raise UnsupportedAdapterError(f"adapter {adapter_name!r} adapts {name!r}, which is not an nn.Linear")
             key = name.removeprefix("base_model.model.")
+            lora_A: Any = layer.lora_A[adapter_name]
+            lora_B: Any = layer.lora_B[adapter_name]
             modules[key] = LoraModule(
-                layer.lora_A[adapter_name].weight.detach().clone(),
-                layer.lora_B[adapter_name].weight.detach().clone(),
-                float(layer.scaling[adapter_name]),
+                lora_A.weight.detach().clone(), lora_B.weight.detach().clone(), float(layer.scaling[adapter_name])
             )
         if not modules:
             names = sorted(getattr(model, "peft_config", {}) or [])
@@ -467,17 +467,18 @@ def stacked_logits(base: nn.Module, adapter_dirs: Sequence[Path], input_ids: tor
     from peft import PeftModel
 
     names = [f"stack{i}" for i in range(len(adapter_dirs))]
-    model = PeftModel.from_pretrained(copy.deepcopy(base).float(), str(adapter_dirs[0]), adapter_name=names[0])
+    model: Any = PeftModel.from_pretrained(copy.deepcopy(base).float(), str(adapter_dirs[0]), adapter_name=names[0])
     for name, folder in zip(names[1:], adapter_dirs[1:]):
         model.load_adapter(str(folder), adapter_name=name)
     model.base_model.set_adapter(names)  # PeftModel.set_adapter refuses a list; the LoraModel takes one
     return logits_of(model, input_ids)
 
 
-def _merge_into(model: nn.Module, fused: Mapping[str, LoraModule]) -> None:
+def _merge_into(model: Any, fused: Mapping[str, LoraModule]) -> None:
     embedding = model.get_input_embeddings()
     for name, lora in fused.items():
         layer = model.get_submodule(name)
+        assert isinstance(layer, nn.Linear), name  # check_fits made sure
         if embedding is not None and layer.weight is getattr(embedding, "weight", None):
             raise UnsupportedAdapterError(
                 f"{name!r} shares its weight with the input embeddings; merging would change both. Use the fused "

@@ -75,6 +75,8 @@ def _load_config(ref: ModelRef) -> tuple[Any, str]:
 
     if isinstance(ref, PretrainedConfig):
         return ref, getattr(ref, "_name_or_path", "") or type(ref).__name__
+    if not isinstance(ref, (str, os.PathLike)):
+        raise ConfigError(f"expected a model folder, a model or a config, got {type(ref).__name__}")
     path = Path(ref)
     if not (path / "config.json").is_file():
         raise AdapterNotFoundError(
@@ -144,15 +146,16 @@ def _plan(modules: Mapping[str, LoraModule], layers: Mapping[str, nn.Linear], co
             steps.append(_Step("copy", name, [(name, 0, lora.out_features)]))
         elif leaf in FUSED_PARTS and all(f"{parent}.{p}" in layers for p in FUSED_PARTS[leaf]):
             targets = [f"{parent}.{p}" for p in FUSED_PARTS[leaf]]
-            sizes = [layers[t].out_features for t in targets]
-            if sum(sizes) != lora.out_features:
+            for target in targets:
+                _check_in(name, lora, layers[target], target, target_name)
+            rows = [layers[t].out_features for t in targets]
+            if sum(rows) != lora.out_features:
                 raise RemapError(
                     f"module {name!r} writes {lora.out_features} rows but {', '.join(targets)} in {target_name} write "
-                    f"{'+'.join(map(str, sizes))} = {sum(sizes)}; the head counts differ, so it cannot be split"
+                    f"{'+'.join(map(str, rows))} = {sum(rows)}; the head counts differ, so it cannot be split"
                 )
             start = 0
-            for target, size in zip(targets, sizes):
-                _check_in(name, lora, layers[target], target, target_name)
+            for target, size in zip(targets, rows):
                 steps.append(_Step("split", target, [(name, start, start + size)]))
                 start += size
         elif leaf in PART_OF and f"{parent}.{PART_OF[leaf]}" in layers:
@@ -167,7 +170,7 @@ def _plan(modules: Mapping[str, LoraModule], layers: Mapping[str, nn.Linear], co
     for target, parts in sorted(joins.items()):
         leaf = target.rpartition(".")[2]
         part_names = FUSED_PARTS[leaf]
-        sizes = _part_sizes(leaf, config)
+        sizes: list[int] | None = _part_sizes(leaf, config)
         if sizes is None and len(parts) == len(part_names):
             sizes = [modules[parts[p]].out_features for p in part_names]
         if sizes is None:

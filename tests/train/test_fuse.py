@@ -191,6 +191,26 @@ def test_garbage_adapter_files(setup: dict, tmp_path: Path) -> None:
         load_adapter(bad)
 
 
+def test_hostile_adapter_weights(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 4, "lora_alpha": 8}))
+    key = "base_model.model.model.layers.0.self_attn.q_proj"
+    cases = [
+        ({f"{key}.lora_A.weight": torch.zeros(4, 64), f"{key}.lora_B.weight": torch.zeros(64, 3)}, AdapterError, "do not pair"),
+        ({f"{key}.lora_A.weight": torch.zeros(4, 64)}, AdapterError, "do not pair"),
+        ({f"{key}.lora_A.weight": torch.zeros(2, 64), f"{key}.lora_B.weight": torch.zeros(64, 2)}, AdapterError, "r=4"),
+        ({"base_model.model.lm_head.weight": torch.zeros(256, 64)}, UnsupportedAdapterError, "not a LoRA A/B"),
+        ({}, AdapterError, "no LoRA weights"),
+    ]
+    for tensors, error, message in cases:
+        save_file(tensors, str(bad / "adapter_model.safetensors"))
+        with pytest.raises(error, match=message):
+            load_adapter(bad)
+
+
 def test_dora_is_refused(setup: dict, tmp_path: Path) -> None:
     peft_model = get_peft_model(copy.deepcopy(setup["model"]), LoraConfig(r=2, target_modules=["q_proj"], use_dora=True))
     peft_model.save_pretrained(str(tmp_path / "dora"))
