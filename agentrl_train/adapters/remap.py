@@ -302,8 +302,9 @@ class RemapReport:
         ]
         if self.rank is not None:
             lines.append(f"rank {self.rank} (truncated SVD): relative Frobenius error per module")
+            width = max((len(n) for n in self.rel_errors), default=6)
             for name, err in self.rel_errors.items():
-                lines.append(f"  {name}  r={self.ranks[name]}  {err:.4g}")
+                lines.append(f"  {name:<{width}}  r={self.ranks[name]:<3}  {err:.4g}")
             lines.append(f"max relative error: {self.max_rel_error:.4g}")
         return "\n".join(lines)
 
