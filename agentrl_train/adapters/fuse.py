@@ -135,7 +135,7 @@ class LoraAdapter:
             lora_A: Any = layer.lora_A[adapter_name]
             lora_B: Any = layer.lora_B[adapter_name]
             modules[key] = LoraModule(
-                lora_A.weight.detach().clone(), lora_B.weight.detach().clone(), float(layer.scaling[adapter_name])
+                lora_A.weight.detach().cpu().clone(), lora_B.weight.detach().cpu().clone(), float(layer.scaling[adapter_name])
             )
         if not modules:
             names = sorted(getattr(model, "peft_config", {}) or [])
@@ -458,8 +458,10 @@ def probe_batch(model: nn.Module, seed: int = 0, shape: tuple[int, int] = (2, 16
 
 @torch.no_grad()
 def logits_of(model: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+    """Float32 logits on the CPU, with the batch moved to wherever the model lives."""
     model.eval()
-    return model(input_ids=input_ids).logits.float()
+    device = next(model.parameters()).device
+    return model(input_ids=input_ids.to(device)).logits.float().cpu()
 
 
 def stacked_logits(base: nn.Module, adapter_dirs: Sequence[Path], input_ids: torch.Tensor) -> torch.Tensor:
@@ -485,7 +487,7 @@ def _merge_into(model: Any, fused: Mapping[str, LoraModule]) -> None:
                 "adapter (no --merge) instead"
             )
         with torch.no_grad():
-            layer.weight += lora.delta(torch.float64).to(layer.weight.dtype)
+            layer.weight += lora.delta(torch.float64).to(device=layer.weight.device, dtype=layer.weight.dtype)
 
 
 def _copy_tokenizer_files(src: Path, dst: Path) -> None:

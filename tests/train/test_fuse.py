@@ -76,9 +76,11 @@ def stacked(model: torch.nn.Module, dirs: list[Path], input_ids: torch.Tensor) -
 
 def test_fused_adapter_matches_stacked_adapters(setup: dict, tmp_path: Path) -> None:
     model, adapters = setup["model"], setup["adapters"]
+    x = probe()
+    before = logits(model, x)
     report = fuse_adapters(model, adapters, tmp_path / "fused")
     assert report.max_abs_diff <= ATOL
-    x = probe()
+    assert torch.equal(logits(model, x), before) and not hasattr(model, "peft_config")  # the base is left untouched
     reference = stacked(model, list(adapters.values()), x)
     assert float((reference - logits(model, x)).abs().max()) > 0.05, (
         "the adapters must move the logits for the test to mean anything"
@@ -106,6 +108,13 @@ def test_merged_model_matches_stacked_adapters(setup: dict, tmp_path: Path) -> N
     x = probe()
     assert float((logits(merged, x) - stacked(model, list(adapters.values()), x)).abs().max()) <= ATOL
     assert not hasattr(merged, "peft_config")
+
+
+def test_bfloat16_base_is_checked_in_float32(setup: dict, tmp_path: Path) -> None:
+    half = copy.deepcopy(setup["model"]).to(torch.bfloat16)
+    report = fuse_adapters(half, setup["adapters"], tmp_path / "fused")
+    assert report.max_abs_diff <= ATOL
+    assert next(half.parameters()).dtype == torch.bfloat16
 
 
 def test_adapters_from_a_live_peft_model(setup: dict, tmp_path: Path) -> None:
