@@ -324,7 +324,8 @@ def check_fits(name: str, adapter: LoraAdapter, model: nn.Module, model_name: st
     """Raise unless every module ``adapter`` targets is an ``nn.Linear`` of the same shape in ``model``."""
     layers = dict(model.named_modules())
     linear_names = [n for n, m in layers.items() if isinstance(m, nn.Linear)]
-    trained_on = adapter.base_model_name_or_path or "an unrecorded base model"
+    recorded = adapter.base_model_name_or_path
+    trained_on = f"its adapter_config.json names {recorded!r}" if recorded else "its adapter_config.json does not name it"
     for module_name, lora in adapter.modules.items():
         layer = layers.get(module_name)
         if layer is None:
