@@ -1,0 +1,94 @@
+"""PPO pieces checked against hand computations."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from agentrl_train import ppo
+
+
+def test_entropy_coefficient_decays_logarithmically() -> None:
+    assert ppo.entropy_coef(0, 101) == pytest.approx(0.01)
+    assert ppo.entropy_coef(100, 101) == pytest.approx(0.001)
+    assert ppo.entropy_coef(50, 101) == pytest.approx(math.sqrt(0.01 * 0.001))  # geometric midpoint
+    assert ppo.entropy_coef(0, 1) == 0.01
+    values = [ppo.entropy_coef(u, 20) for u in range(20)]
+    assert all(a > b for a, b in zip(values, values[1:]))
+
+
+def test_critic_warmup_rises_linearly_and_scales_to_short_runs() -> None:
+    assert [ppo.critic_weight(u, 4) for u in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert ppo.warmup_updates(0, updates=1000, steps_per_update=64) == 16  # 1000 env steps' worth
+    assert ppo.warmup_updates(0, updates=30, steps_per_update=64) == 3  # at most a tenth of a short run
+    assert ppo.warmup_updates(7, updates=30, steps_per_update=64) == 7
+
+
+def test_policy_loss_matches_hand_computation() -> None:
+    logp = torch.log(torch.tensor([0.5, 0.9, 0.1]))
+    old = torch.log(torch.tensor([0.25, 0.9, 0.2]))
+    adv = torch.tensor([1.0, -1.0, -2.0])
+    loss, ratio, clipped = ppo.policy_loss(logp, old, adv, 0.2)
+    assert ratio.tolist() == pytest.approx([2.0, 1.0, 0.5])
+    # A>0, r=2 -> clipped at 1.2; A<0, r=1 -> -A; A<0, r=0.5 -> max(1.0, 1.6) = 1.6
+    assert loss.tolist() == pytest.approx([-1.2, 1.0, 1.6])
+    assert clipped.tolist() == [1.0, 0.0, 1.0]
+
+
+def test_value_loss_takes_the_max_of_clipped_and_unclipped() -> None:
+    v, old, ret = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 0.0]), torch.tensor([0.0, 1.0])
+    out = ppo.value_loss(v, old, ret, 0.2)
+    # sample 0: unclipped (1-0)^2=1, clipped (0.2-0)^2=.04 -> 0.5; sample 1: (0-1)^2=1 both -> 0.5
+    assert out.tolist() == pytest.approx([0.5, 0.5])
+    assert ppo.value_loss(torch.tensor([0.5]), torch.tensor([0.0]), torch.tensor([1.0]), 0.0).tolist() == pytest.approx([0.125])
+
+
+def test_k3_is_zero_at_equal_policies_positive_otherwise_and_clamped() -> None:
+    lp = torch.tensor([-1.0, -2.0, -50.0])
+    assert ppo.k3_kl(lp, lp).tolist() == [0.0, 0.0, 0.0]
+    k = ppo.k3_kl(torch.tensor([-1.0]), torch.tensor([-2.0]))
+    assert float(k) == pytest.approx(math.exp(-1) - 1 + 1)
+    big = ppo.k3_kl(torch.tensor([-100.0]), torch.tensor([0.0]), clamp=10.0)
+    assert float(big) == pytest.approx(math.exp(10) - 1 - 10)
+
+
+def test_reward_zscore_uses_min_sigma_and_global_stats() -> None:
+    r = np.array([[1.0, 0.0], [0.0, 0.0]])
+    valid = np.ones_like(r, dtype=bool)
+    z = ppo.normalize_rewards(r, valid, "zscore", min_sigma=0.1)
+    assert z.mean() == pytest.approx(0.0) and z.std() == pytest.approx(1.0)
+    flat = ppo.normalize_rewards(np.zeros((2, 2)), valid, "zscore", min_sigma=0.1)
+    assert np.all(flat == 0.0)
+    const = ppo.normalize_rewards(np.full((2, 2), 0.01), valid, "zscore", min_sigma=0.5)
+    assert np.allclose(const, 0.0)
+    # statistics given from outside (DDP all-reduce) win over the local ones
+    g = ppo.normalize_rewards(np.array([[2.0]]), np.array([[True]]), "zscore", 0.1, stats=(4, 4.0, 8.0))
+    assert float(g[0, 0]) == pytest.approx((2.0 - 1.0) / 1.0)
+    assert np.array_equal(ppo.normalize_rewards(r, valid, "none"), r)
+
+
+def test_per_layer_clipping_clips_each_block_on_its_own() -> None:
+    a = torch.nn.Parameter(torch.zeros(3))
+    b = torch.nn.Parameter(torch.zeros(3))
+    v = torch.nn.Parameter(torch.zeros(2))
+    a.grad, b.grad, v.grad = torch.tensor([3.0, 4.0, 0.0]), torch.tensor([0.3, 0.4, 0.0]), torch.tensor([6.0, 8.0])
+    groups = ppo.clip_groups([("base.model.layers.0.q_proj.lora_A", a), ("base.model.layers.1.q_proj.lora_A", b), ("value_head.weight", v)])
+    assert set(groups) == {"layer.0", "layer.1", "value_head"}
+    norms = ppo.clip_gradients(groups, 1.0, "per-layer")
+    assert norms == pytest.approx({"layer.0": 5.0, "layer.1": 0.5, "value_head": 10.0})
+    assert float(a.grad.norm()) == pytest.approx(1.0)
+    assert float(b.grad.norm()) == pytest.approx(0.5)  # under the limit: untouched
+    assert float(v.grad.norm()) == pytest.approx(1.0)
+    a.grad, b.grad, v.grad = torch.tensor([3.0, 4.0, 0.0]), torch.tensor([0.3, 0.4, 0.0]), torch.tensor([6.0, 8.0])
+    g = ppo.clip_gradients(groups, 1.0, "global")
+    assert g["global"] == pytest.approx(math.sqrt(25 + 0.25 + 100))
+    assert float(b.grad.norm()) < 0.5  # global clipping scales every block
+
+
+def test_whiten() -> None:
+    x = np.array([1.0, 2.0, 3.0, 4.0])
+    w = ppo.whiten(x)
+    assert w.mean() == pytest.approx(0.0) and w.std() == pytest.approx(1.0, rel=1e-6)
