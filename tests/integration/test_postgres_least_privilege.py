@@ -131,7 +131,7 @@ def start_child(url: str, env_id: str = "AgentRL/SQLPythonSMTP-v0", seed: int = 
     return proc, names
 
 
-def wait_until_disconnected(super_url: str, roles: list[str], tokens: list[str], tries: int = 200) -> None:
+def wait_until_disconnected(super_url: str, roles: list[str], tokens: list[str], tries: int = 600) -> None:
     """Wait until no session of these episode roles or backend tokens is left (a closed or killed client's)."""
     # Bounded by a count: the server notices closed client sockets on its own schedule.
     apps = [APP_PREFIX + t for t in tokens]
