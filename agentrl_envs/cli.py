@@ -8,6 +8,9 @@
     agentrl-envs eval AgentRL/SQL-v0 --agent openai --base-url http://127.0.0.1:8000 --model NAME
     agentrl-envs serve --host 127.0.0.1 --port 8765 [--profile realistic]
     agentrl-envs fit-profile access.log api.jsonl -o profile.yaml
+    agentrl-envs pg-sweep postgresql://agentrl:...@db:5432/agentrl [--dry-run]
+
+``agentrl-envs COMMAND --help`` describes every option.
 """
 
 from __future__ import annotations
@@ -67,7 +70,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("eval", help="run an agent for N episodes and print a summary table")
     _env_args(p, split_default="train,test,heldout")
-    p.add_argument("--agent", choices=("oracle", "random", "openai"), default="oracle")
+    p.add_argument("--agent", choices=("oracle", "random", "openai"), default="oracle", help="which agent plays (default oracle)")
     p.add_argument("--episodes", type=_positive, default=20, help="episodes per split (default 20)")
     p.add_argument("--seed", type=int, default=0, help="first seed; episode i uses seed+i")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
@@ -79,8 +82,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=_port, default=8765, help="port (default 8765; 0 picks a free one)")
     p.add_argument("--profile", default="none", help="fault profile injected server-side (a name or a YAML path)")
-    p.add_argument("--sql-deadline-s", type=float, default=2.0)
-    p.add_argument("--python-timeout-s", type=float, default=5.0)
+    p.add_argument("--sql-deadline-s", type=float, default=2.0, help="deadline of one SQL query in seconds (default 2.0)")
+    p.add_argument("--python-timeout-s", type=float, default=5.0, help="wall limit of one Python run in seconds (default 5.0)")
     p.set_defaults(func=cmd_serve)
 
     from agentrl_envs.faults import fit
@@ -97,6 +100,11 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("make-rm-data", help="counterfactual reward-model data: gold calls and perturbations as Parquet")
     counterfactual.add_arguments(p)
     p.set_defaults(func=counterfactual.cmd_make_rm_data)
+
+    p = sub.add_parser("pg-sweep", help="drop agentrl_* schemas and roles that killed processes left in PostgreSQL")
+    p.add_argument("url", metavar="URL", help="postgresql://user:password@host:port/dbname of the account the backends use")
+    p.add_argument("--dry-run", action="store_true", help="list what would be dropped, drop nothing")
+    p.set_defaults(func=cmd_pg_sweep)
     return parser
 
 
@@ -106,7 +114,13 @@ def _env_args(p: argparse.ArgumentParser, split_default: str = "train") -> None:
     p.add_argument("--domain", default=None, help="restrict to one domain of the split")
     p.add_argument("--candidates", type=_non_negative, default=0, help="show K candidate actions each step")
     p.add_argument("--long-horizon", action="store_true", help="chained sub-tasks (SQLPythonSMTP only)")
-    p.add_argument("--max-steps", type=_positive, default=None)
+    p.add_argument("--max-steps", type=_positive, default=None, help="step limit (default: 3 x the gold plan's calls + 4)")
+    p.add_argument(
+        "--error-profile",
+        default="none",
+        metavar="NAME|PATH",
+        help="fault profile: a shipped name (realistic, flaky, outage, rate-limited, auth-expiry) or a YAML path (default none)",
+    )
 
 
 def _positive(text: str) -> int:
@@ -144,7 +158,13 @@ def _check_id(env_id: str) -> None:
 
 def _make(args: argparse.Namespace, split: str, **extra: Any) -> gym.Env[str, str]:
     _check_id(args.env_id)
-    kwargs: dict[str, Any] = {"split": split, "domain": args.domain, "candidates": args.candidates, **extra}
+    kwargs: dict[str, Any] = {
+        "split": split,
+        "domain": args.domain,
+        "candidates": args.candidates,
+        "error_profile": args.error_profile,
+        **extra,
+    }
     if args.long_horizon:
         kwargs["long_horizon"] = True
     if args.max_steps:
@@ -208,6 +228,9 @@ def cmd_play(args: argparse.Namespace, stdin: TextIO | None = None, stdout: Text
             total += float(reward)
             parts = ", ".join(f"{k} {v:+.2f}" for k, v in info["reward_components"].items() if v)
             print(observation, file=out)
+            fault = info.get("fault") or {}
+            if fault:
+                print(f"[fault: {fault.get('type')} (status {fault.get('status')}, {fault.get('origin')})]", file=out)
             print(
                 f"[step {info['step']} | reward {reward:+.2f}{' (' + parts + ')' if parts else ''} | return {total:+.2f}]",
                 file=out,
@@ -272,6 +295,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     serve(args.host, port, profile, sql_deadline_s=args.sql_deadline_s, python_timeout_s=args.python_timeout_s)
     return 0
+
+
+# ---------------------------------------------------------------------------------------- pg-sweep
+
+
+def cmd_pg_sweep(args: argparse.Namespace) -> int:
+    from agentrl_envs.backends.postgres import sweep
+
+    report = sweep(args.url, dry_run=args.dry_run)
+    verb = "would drop" if args.dry_run else "dropped"
+    for name in report.schemas:
+        print(f"{verb} schema {name}")
+    for name in report.roles:
+        print(f"{verb} role {name}")
+    for name, message in report.errors:
+        print(f"agentrl-envs: error: could not drop {name}: {message}", file=sys.stderr)
+    print(
+        f"{len(report.schemas)} schema(s) and {len(report.roles)} role(s) {verb}; "
+        f"{len(report.kept)} kept (live backends); {len(report.errors)} error(s)"
+    )
+    return 1 if report.errors else 0
 
 
 # ---------------------------------------------------------------------------------------- eval

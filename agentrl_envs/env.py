@@ -8,6 +8,7 @@ It does not know whether the backend is simulated or real.
 
 from __future__ import annotations
 
+import numbers
 import time
 import uuid
 from pathlib import Path
@@ -22,7 +23,7 @@ from agentrl_envs.faults import ErrorProfile, load_profile
 from agentrl_envs.faults.injector import FaultInjectingBackend
 from agentrl_envs.faults.stats import FaultStats, classify, penalized
 from agentrl_envs.rewards import RewardConfig, zero_components
-from agentrl_envs.rewards.schedule import parse_aux_reward
+from agentrl_envs.rewards.schedule import AuxRewardConfig, parse_aux_reward
 from agentrl_envs.spaces import UnicodeText
 from agentrl_envs.tasks import TaskSampler
 from agentrl_envs.tasks.base import Task
@@ -30,10 +31,45 @@ from agentrl_envs.tasks.progress import Progress
 from agentrl_envs.tools import TOOLS, Tool
 from agentrl_envs.tools.text import clip, printable
 
-__all__ = ["ToolUseEnv"]
+__all__ = ["AUTORESET_ACTION", "SETTABLE_ATTRIBUTES", "ToolUseEnv"]
 
 ACTION_MAX_CHARS = 200_000
 OBSERVATION_MAX_CHARS = 16_000
+
+#: What :meth:`ToolUseEnv.oracle_action` returns once the episode has ended: under Gymnasium's
+#: NEXT_STEP autoreset the next step of that sub-env is a reset step whose action is ignored, so
+#: ``vec_env.call("oracle_action")`` needs an answer there (raising would kill an async worker).
+AUTORESET_ACTION = format_call("finish", {"answer": ""})
+
+#: Attributes that may change after the env is made (``vec_env.set_attr(name, value)``,
+#: ``env.set_wrapper_attr(name, value)``); each value is validated like the ``gym.make`` keyword.
+SETTABLE_ATTRIBUTES = ("training_step", "aux_reward", "candidates")
+
+# Public attributes fixed at construction, and the gym.make keyword that sets each one.
+_FIXED_ATTRIBUTES = {
+    "split": "split",
+    "domain": "domain",
+    "error_profile": "error_profile",
+    "profile": "error_profile",
+    "realtime": "realtime",
+    "mail_domains": "mail_domains",
+    "python_sandbox": "python_sandbox",
+    "allow_unsafe_sandbox": "allow_unsafe_sandbox",
+    "backend_spec": "backend",
+    "max_steps_arg": "max_steps",
+    "time_budget_s": "time_budget_s",
+    "render_mode": "render_mode",
+    "long_horizon": "long_horizon",
+    "rewards": "format_penalty",
+    "aux": "aux_reward",
+    "python_timeout_s": "python_timeout_s",
+    "sql_deadline_s": "sql_deadline_s",
+    "tools": "",
+    "action_space": "",
+    "observation_space": "",
+}
+# Public attributes Gymnasium itself sets on an env after construction.
+_GYMNASIUM_ATTRIBUTES = frozenset({"spec", "np_random"})
 
 
 class ToolUseEnv(gym.Env[str, str]):
@@ -88,6 +124,7 @@ class ToolUseEnv(gym.Env[str, str]):
         self.python_sandbox = bool(python_sandbox)
         self.allow_unsafe_sandbox = bool(allow_unsafe_sandbox)
         self._sandbox_tier: str | None = None
+        self._backend_facts: dict[str, Any] = {}  # what the backend says about its services (numpy)
         self.backend_spec = backend
         self.max_steps_arg = max_steps
         self.time_budget_s = time_budget_s
@@ -95,9 +132,8 @@ class ToolUseEnv(gym.Env[str, str]):
         self.render_mode = render_mode
         self.long_horizon = long_horizon
         self.rewards = RewardConfig(format_penalty=format_penalty)
-        self.aux = parse_aux_reward(aux_reward)
-        #: The trainer's step, driving the aux reward's schedule (set with ``vec_env.set_attr``).
-        self.training_step = 0
+        self._aux_config = parse_aux_reward(aux_reward)
+        self._training_step = 0
         self.python_timeout_s = python_timeout_s
         self.sql_deadline_s = sql_deadline_s
         self.tools: dict[str, Tool] = {name: TOOLS[name] for name in self.tool_names}
@@ -112,6 +148,7 @@ class ToolUseEnv(gym.Env[str, str]):
         self._transcript: list[str] = []
         self._prev_tool: str | None = None
         self._clear_episode()
+        self._frozen = True  # from here on, __setattr__ validates or refuses public attributes
 
     # -- gymnasium API ---------------------------------------------------------------------------
 
@@ -151,7 +188,7 @@ class ToolUseEnv(gym.Env[str, str]):
         self._transcript = [f"[task {task.task_id}]\n{task.instruction}"]
         info = self._info(tool=None, result={})
         info["instruction"] = task.instruction
-        info["tools"] = [tool.schema() for tool in self.tools.values()]
+        info["tools"] = [tool.schema(self._backend_facts) for tool in self.tools.values()]
         info["system_prompt"] = self.system_prompt()
         info["max_steps"] = self._max_steps
         self._add_candidates(info)
@@ -233,9 +270,19 @@ class ToolUseEnv(gym.Env[str, str]):
     # -- oracle and candidates -------------------------------------------------------------------
 
     def oracle_action(self) -> str:
-        """The gold plan's next action from the current state (used by :class:`OracleAgent`)."""
-        if self._task is None or self._progress is None or self._done:
-            raise EpisodeError("no episode in progress; call reset()")
+        """The gold plan's next action from the current state (used by :class:`OracleAgent`).
+
+        Once the episode has ended it returns :data:`AUTORESET_ACTION` (a ``finish`` call): in a
+        vector env under NEXT_STEP autoreset that sub-env's next step is a reset step and ignores
+        its action, so ``vec_env.call("oracle_action")`` works on every step, sync or async.
+
+        Raises:
+            EpisodeError: before the first ``reset()``.
+        """
+        if self._task is None or self._progress is None:
+            raise EpisodeError("no episode in progress; call reset() first")
+        if self._done:
+            return AUTORESET_ACTION
         name, arguments = self._progress.next_gold_call()
         return format_call(name, arguments)
 
@@ -264,13 +311,75 @@ class ToolUseEnv(gym.Env[str, str]):
     @property
     def aux_weight(self) -> float:
         """The aux reward's current schedule weight (from ``training_step``)."""
-        return self.aux.schedule.weight(int(self.training_step))
+        return self._aux_config.schedule.weight(self._training_step)
+
+    @property
+    def aux(self) -> AuxRewardConfig:
+        """The parsed aux reward configuration (change it through ``aux_reward``)."""
+        return self._aux_config
+
+    @property
+    def aux_reward(self) -> AuxRewardConfig:
+        """The aux reward; settable with any ``aux_reward=`` form of ``gym.make`` (validated)."""
+        return self._aux_config
+
+    @aux_reward.setter
+    def aux_reward(self, spec: Any) -> None:
+        self._aux_config = parse_aux_reward(spec)
+
+    @property
+    def training_step(self) -> int:
+        """The trainer's step, driving the aux reward's schedule (``vec_env.set_attr("training_step", n)``)."""
+        return self._training_step
+
+    @training_step.setter
+    def training_step(self, step: Any) -> None:
+        if not isinstance(step, numbers.Integral) or isinstance(step, bool) or step < 0:
+            raise ConfigError(f"training_step={step!r}: use a non-negative int")
+        self._training_step = int(step)
 
     def set_training_step(self, step: int) -> None:
         """Set the trainer's step (``vec_env.call("set_training_step", n)``)."""
-        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-            raise ConfigError(f"training_step={step!r}: use a non-negative int")
         self.training_step = step
+
+    # -- attribute guard -------------------------------------------------------------------------
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Settable attributes are validated (candidates here, the others by their property
+        # setters); the rest of the public configuration is read when the env is made, so a new
+        # value would silently do nothing: refuse it, and refuse names the env does not have.
+        if name.startswith("_") or not self.__dict__.get("_frozen", False) or name in _GYMNASIUM_ATTRIBUTES:
+            super().__setattr__(name, value)
+            return
+        if name == "candidates":
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"candidates={value!r}: use 0 (off) or a positive int K")
+            super().__setattr__(name, int(value))
+            return
+        if name in SETTABLE_ATTRIBUTES:
+            super().__setattr__(name, value)
+            return
+        if name in _FIXED_ATTRIBUTES:
+            keyword = _FIXED_ATTRIBUTES[name]
+            how = f"make a new env: gym.make(id, {keyword}=...)" if keyword else "make a new env"
+            raise ConfigError(f"{name} is fixed when the env is made; {how}")
+        if hasattr(type(self), name):
+            raise ConfigError(f"{name} is read-only; the attributes that can change are {', '.join(SETTABLE_ATTRIBUTES)}")
+        raise ConfigError(_unknown_attribute(self, name))
+
+    def set_wrapper_attr(self, name: str, value: Any, *, force: bool = True) -> bool:
+        """Set an attribute of the env, as ``vec_env.set_attr`` does; unknown names are refused.
+
+        Gymnasium would otherwise put an unknown name (a typo) on the outermost wrapper, where
+        nothing reads it.
+
+        Raises:
+            ConfigError: for a name the env does not have, a fixed attribute or a bad value.
+        """
+        if not name.startswith("_") and name not in SETTABLE_ATTRIBUTES and not hasattr(self, name):
+            raise ConfigError(_unknown_attribute(self, name))
+        setattr(self, name, value)
+        return True
 
     def _call_tool(self, call: ToolCall) -> tuple[str, dict[str, Any], dict[str, Any] | None, list[int]]:
         assert self._episode_id is not None and self._progress is not None
@@ -327,6 +436,7 @@ class ToolUseEnv(gym.Env[str, str]):
                 allow_unsafe_sandbox=self.allow_unsafe_sandbox,
             )
             self._sandbox_tier = getattr(backend, "sandbox_tier", None)
+            self._backend_facts = {"numpy": bool(getattr(backend, "numpy_available", False))}
             self._backend = FaultInjectingBackend(backend, self.profile) if self.profile.injects else backend
         return self._backend
 
@@ -367,6 +477,13 @@ class ToolUseEnv(gym.Env[str, str]):
             self.close()
         except Exception:
             pass
+
+
+def _unknown_attribute(env: ToolUseEnv, name: str) -> str:
+    return (
+        f"{type(env).__name__} has no attribute {name[:80]!r}; the ones that can change after gym.make are "
+        f"{', '.join(SETTABLE_ATTRIBUTES)}"
+    )
 
 
 def _default_max_steps(task: Task) -> int:

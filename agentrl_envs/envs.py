@@ -22,11 +22,23 @@ _COMMON_ARGS = """
     - ``candidates``: K > 0 puts K shuffled actions in ``info["candidates"]``: the oracle's next
       action and K-1 plausible wrong ones (for classic RL and GLAM-style scoring).
     - ``render_mode``: ``"ansi"`` returns the transcript from ``render()``.
-    - ``backend``: ``"sim"`` (default) or a :class:`~agentrl_envs.backends.Backend` instance.
-    - ``error_profile``: ``"none"`` (fault profiles arrive with issue #3).
+    - ``backend``: ``"sim"`` (default), ``"direct"``, ``"http://host:port"`` (``agentrl-envs serve``),
+      a dict of per-tool backends (``{"sql": "postgresql://...", "smtp": "smtp://..."}``) or a
+      :class:`~agentrl_envs.backends.Backend` instance.
+    - ``error_profile``: ``"none"`` (default), a shipped profile (``realistic``, ``flaky``,
+      ``outage``, ``rate-limited``, ``auth-expiry``) or the path of a YAML profile.
+    - ``aux_reward``: the dense auxiliary reward and its schedule (``None``: the default; ``False``:
+      none; a number: a constant weight; a dict of ``schedule``, ``start``, ``end``, ``steps``, ``terms``).
+    - ``realtime``: sleep for simulated latencies instead of only advancing the virtual clock.
     - ``time_budget_s``: virtual seconds before the episode is truncated.
     - ``format_penalty``: reward for an unparseable action (default -0.1).
     - ``python_timeout_s``, ``sql_deadline_s``: service limits (default 5 s and 2 s).
+    - ``python_sandbox``, ``allow_unsafe_sandbox``: run Python in the hardened sandbox (default);
+      accept its rlimits-only tier.
+    - ``mail_domains``: recipient domains mail may go to (default ``"company"``; ``None``: any).
+
+    After ``gym.make``, ``training_step``, ``aux_reward`` and ``candidates`` can be changed
+    (``vec_env.set_attr``, ``env.set_wrapper_attr``), validated as above; other attributes are refused.
 """
 
 _COMMON_SPACES = """
@@ -43,21 +55,23 @@ _COMMON_SPACES = """
     (tables as CSV lines capped at 20 rows with a truncation note; errors with their type and status).
 
     ``info`` always holds ``task_id``, ``domain``, ``split``, ``step``, ``reward_components``,
-    ``tool``, ``tool_result``, ``fault``, ``virtual_time_s``, ``subtask_index`` and
-    ``subtask_boundary`` (the tool type changed). At reset also ``instruction``, ``tools`` (OpenAI
-    function schemas), ``system_prompt`` and ``max_steps``; at the end ``success``,
-    ``task_components`` and ``partial_credit``.
+    ``tool``, ``tool_result``, ``fault``, ``virtual_time_s``, ``subtask_index``,
+    ``subtask_boundary`` (the tool type changed) and ``sandbox_tier``. At reset also ``instruction``,
+    ``tools`` (OpenAI function schemas), ``system_prompt`` and ``max_steps``; at the end ``success``,
+    ``task_components``, ``partial_credit`` and ``fault_stats``.
 
     ## Rewards
 
     ``task``: 1.0 on the final step when every required component of the task holds (the components
-    are in ``info["task_components"]``); ``format``: the format penalty; ``aux`` and ``fault``: 0.0
-    until dense rewards (#5) and fault profiles (#3) arrive. The step reward is their sum.
+    are in ``info["task_components"]``); ``aux``: the dense auxiliary reward for newly completed
+    progress times the schedule weight; ``fault``: the error profile's penalty for a fault;
+    ``format``: the format penalty. The step reward is their sum.
 
     ## Episode End
 
     Terminated when the agent calls ``finish``; truncated at ``max_steps`` or when the virtual
-    time budget is spent.
+    time budget is spent. After the end, ``oracle_action()`` answers a ``finish`` call, so that
+    ``vec_env.call("oracle_action")`` works at a vector env's NEXT_STEP autoreset step.
 """
 
 _HISTORY = """

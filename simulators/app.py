@@ -124,6 +124,8 @@ class SimulatorApp:
             self.runner = PythonRunner(python_limits)
         #: FULL / REDUCED / UNSAFE for the hardened sandbox, BASIC for the plain subprocess runner
         self.sandbox_tier: str = getattr(self.runner, "tier", "BASIC")
+        #: whether agent programs can import numpy (the plain runner's ``python -I -S`` cannot)
+        self.numpy_available: bool = bool(getattr(self.runner, "numpy_available", False))
         self.workspace_root = workspace_root
         self._episodes: dict[str, _Episode] = {}
         self._lock = threading.Lock()
@@ -162,7 +164,7 @@ class SimulatorApp:
 
             return 200, OPENAPI
         if parts == ["health"] and method == "GET":
-            return _okr({"episodes": len(self._episodes), "sandbox_tier": self.sandbox_tier})
+            return _okr({"episodes": len(self._episodes), "sandbox_tier": self.sandbox_tier, "numpy": self.numpy_available})
         if len(parts) == 3 and parts[:2] == ["v1", "databases"] and method == "PUT":
             return self.put_database(parts[2], payload)
         if parts == ["v1", "episodes"] and method == "POST":

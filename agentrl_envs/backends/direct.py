@@ -45,6 +45,7 @@ class DirectBackend:
             allow_unsafe_sandbox=allow_unsafe_sandbox,
         )
         self.sandbox_tier = self.app.sandbox_tier
+        self.numpy_available = self.app.numpy_available
 
     def open_episode(self, setup: EpisodeSetup) -> None:
         def call(method: str, path: str, body: dict[str, Any]) -> tuple[int, str]:

@@ -44,14 +44,23 @@ class HTTPBackend(WireClient):
     @property
     def sandbox_tier(self) -> str | None:
         """The server's Python sandbox tier (from ``GET /health``; None if it does not say)."""
-        if not hasattr(self, "_tier"):
-            self._tier: str | None = None
+        tier = self._health().get("sandbox_tier")
+        return tier[:16] if isinstance(tier, str) else None
+
+    @property
+    def numpy_available(self) -> bool:
+        """Whether the server's Python offers numpy (from ``GET /health``; False if it does not say)."""
+        return self._health().get("numpy") is True
+
+    def _health(self) -> dict[str, object]:
+        if not hasattr(self, "_health_result"):
+            self._health_result: dict[str, object] = {}
             try:
-                tier = self._client.get("/health").json().get("result", {}).get("sandbox_tier")
-                self._tier = tier[:16] if isinstance(tier, str) else None
+                result = self._client.get("/health").json().get("result", {})
+                self._health_result = result if isinstance(result, dict) else {}
             except (httpx.HTTPError, ValueError, AttributeError):
                 pass
-        return self._tier
+        return self._health_result
 
     def open_episode(self, setup: EpisodeSetup) -> None:
         try:

@@ -82,6 +82,11 @@ class MountedBackend:
         """The tier of the backend that runs Python, when it says."""
         return getattr(self.routes["python"], "sandbox_tier", None)
 
+    @property
+    def numpy_available(self) -> bool:
+        """Whether the backend that runs Python offers numpy, when it says."""
+        return bool(getattr(self.routes["python"], "numpy_available", False))
+
     def open_episode(self, setup: EpisodeSetup) -> None:
         opened: list[Backend] = []
         try:

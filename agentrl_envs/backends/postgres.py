@@ -8,9 +8,16 @@ superuser functions (``COPY ... TO PROGRAM``, ``pg_read_file``). The role carrie
 since an agent can ``SET statement_timeout = 0``, the deadline is also enforced client-side by
 cancelling the query.
 
-The URL's user needs ``CREATEROLE`` and the right to create schemas in the database. Results come
-back like the simulator's (floats for numerics, ISO text for dates), saved as ``results/qN.csv``
-in the episode's workspace.
+The URL's user needs ``CREATEROLE`` and the right to create schemas in the database; it need not be
+a superuser. It owns every schema and table the backend makes; each episode role is granted to it
+(so it may end that role's sessions and ``DROP OWNED BY`` it on PostgreSQL 15 and later), and the
+role itself owns nothing. A cleanup that fails anyway is reported with a :class:`CleanupWarning`,
+never swallowed, and :func:`sweep` (``agentrl-envs pg-sweep URL``) removes what killed processes
+left behind: names carry the backend's token, and the admin session of a live backend advertises
+it as its ``application_name``.
+
+Results come back like the simulator's (floats for numerics, ISO text for dates), saved as
+``results/qN.csv`` in the episode's workspace.
 """
 
 from __future__ import annotations
@@ -21,17 +28,28 @@ import hashlib
 import re
 import secrets
 import threading
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, field
 from typing import Any
 
 from agentrl_envs.backends.base import EpisodeSetup, ToolRequest, ToolResponse
 from agentrl_envs.errors import ConfigError, PermanentError, TransientError
 from simulators.sql import MAX_RESULT_ROWS, format_rows
 
-__all__ = ["PostgresBackend"]
+__all__ = ["CleanupWarning", "PostgresBackend", "SweepReport", "sweep"]
 
 MAX_QUERY_CHARS = 20_000
 _TYPES = {"INTEGER": "BIGINT", "REAL": "DOUBLE PRECISION", "TEXT": "TEXT"}
+#: ``application_name`` prefix of a live backend's admin session; the backend's token follows.
+APP_PREFIX = "agentrl-backend-"
+_EPISODE_PREFIX = "agentrl_ep_"
+_TEMPLATE_PREFIX = "agentrl_tpl_"
+# What the backend names things (episodes: token + digest; older versions: digest only).
+_NAME = re.compile(r"agentrl_ep_(?:(?P<ep>[0-9a-f]{8})_)?[0-9a-f]{20}|agentrl_tpl_(?P<tpl>[0-9a-f]{8})_[0-9a-f]{16}")
+
+
+class CleanupWarning(RuntimeWarning):
+    """A schema or role the backend made could not be dropped; ``agentrl-envs pg-sweep URL`` removes it."""
 
 
 @dataclass
@@ -71,11 +89,22 @@ class PostgresBackend:
         self._templates: set[str] = set()
         self._episodes: dict[str, _Episode] = {}
         self._lock = threading.Lock()
-        self._admin = self._connect(dict(self._info))
+        #: Cleanup failures so far, one message each (also issued as :class:`CleanupWarning`).
+        self.cleanup_errors: list[str] = []
+        self._admin = self._connect(dict(self._info, application_name=APP_PREFIX + self._token))
         self._dbname = self._admin.info.dbname
         with self._admin.transaction():
-            # Agents may not create temporary tables anywhere in this database.
+            # Agents may not create temporary tables anywhere in this database. Only the database's
+            # owner can revoke that from PUBLIC (for anyone else it is a no-op), so check it held:
+            # an agent can switch its session to read-write and the privilege is all that is left.
             self._admin.execute(f"REVOKE TEMPORARY ON DATABASE {_ident(self._dbname)} FROM PUBLIC")
+            row = self._admin.execute("SELECT has_database_privilege('public', current_database(), 'TEMPORARY')").fetchone()
+        if row is not None and row[0]:
+            self._admin.close()
+            raise ConfigError(
+                f"PUBLIC may create temporary tables in database {self._dbname!r}, so agents could too; as the "
+                f"database's owner run: REVOKE TEMPORARY ON DATABASE {_ident(self._dbname)} FROM PUBLIC"
+            )
 
     def _connect(self, info: dict[str, Any]) -> Any:
         info.setdefault("connect_timeout", max(1, int(self.connect_timeout_s)))
@@ -92,7 +121,8 @@ class PostgresBackend:
             return
         tables = setup.database.tables
         template = self._template(setup.database.fingerprint, tables)
-        name = "agentrl_ep_" + hashlib.sha256(f"{self._token}:{setup.episode_id}".encode()).hexdigest()[:20]
+        digest = hashlib.sha256(f"{self._token}:{setup.episode_id}".encode()).hexdigest()[:20]
+        name = f"{_EPISODE_PREFIX}{self._token}_{digest}"
         password = secrets.token_urlsafe(24)
         s, r = _ident(name), _ident(name)
         deadline_ms = int(self.deadline_s * 1000)
@@ -104,6 +134,9 @@ class PostgresBackend:
             ex(
                 f"CREATE ROLE {r} LOGIN PASSWORD {_literal(password)} NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT NOREPLICATION CONNECTION LIMIT 3"
             )
+            # Membership of the episode role (never the reverse): without it a CREATEROLE admin on
+            # PostgreSQL 15+ may neither end the role's sessions nor DROP OWNED BY it.
+            ex(f"GRANT {r} TO CURRENT_USER")
             ex(f"ALTER ROLE {r} SET search_path = {s}")
             ex(f"ALTER ROLE {r} SET statement_timeout = {deadline_ms}")
             ex(f"ALTER ROLE {r} SET idle_in_transaction_session_timeout = {int(self.idle_timeout_s * 1000)}")
@@ -115,7 +148,7 @@ class PostgresBackend:
         self._episodes[setup.episode_id] = _Episode(name, password, self._connect(info))
 
     def _template(self, fingerprint: str, tables: dict[str, dict[str, Any]]) -> str:
-        name = f"agentrl_tpl_{self._token}_" + hashlib.sha256(fingerprint.encode()).hexdigest()[:16]
+        name = f"{_TEMPLATE_PREFIX}{self._token}_" + hashlib.sha256(fingerprint.encode()).hexdigest()[:16]
         if name in self._templates:
             return name
         with self._lock, self._admin.transaction():
@@ -143,15 +176,14 @@ class PostgresBackend:
     def _drop(self, name: str, role: bool) -> None:
         with self._lock:
             try:
-                with self._admin.transaction():
-                    if role:
-                        self._admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (name,))
-                        self._admin.execute(f"DROP OWNED BY {_ident(name)} CASCADE")
-                    self._admin.execute(f"DROP SCHEMA IF EXISTS {_ident(name)} CASCADE")
-                    if role:
-                        self._admin.execute(f"DROP ROLE IF EXISTS {_ident(name)}")
-            except self._psycopg.Error:
-                pass  # best effort: the database may be gone
+                _drop_objects(self._admin, name, role=role)
+            except self._psycopg.Error as exc:
+                message = (
+                    f"PostgreSQL cleanup of {'schema and role' if role else 'schema'} {name} failed: {_first_line(exc)}; "
+                    "it is left in the database: remove leftovers with `agentrl-envs pg-sweep URL`"
+                )
+                self.cleanup_errors.append(message)
+                warnings.warn(message, CleanupWarning, stacklevel=3)
 
     def close(self) -> None:
         for episode_id in list(self._episodes):
@@ -247,6 +279,104 @@ class PostgresBackend:
                 "csv_text": format_rows(columns, rows),
             },
         )
+
+
+def _drop_objects(conn: Any, name: str, role: bool) -> None:
+    """Drop schema ``name`` and, with ``role``, the login role of the same name, in one transaction."""
+    with conn.transaction():
+        if role:
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", (name,))
+        conn.execute(f"DROP SCHEMA IF EXISTS {_ident(name)} CASCADE")
+        if role and conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (name,)).fetchone():
+            # DROP OWNED also revokes what was granted to the role (CONNECT on the database).
+            conn.execute(f"DROP OWNED BY {_ident(name)} CASCADE")
+            conn.execute(f"DROP ROLE {_ident(name)}")
+
+
+# -- sweeping up after killed processes ----------------------------------------------------------
+
+
+@dataclass
+class SweepReport:
+    """What :func:`sweep` found and did.
+
+    Attributes:
+        schemas: leftover ``agentrl_*`` schemas dropped (a dry run: that would be dropped).
+        roles: leftover ``agentrl_ep_*`` roles dropped (a dry run: that would be dropped).
+        kept: names that belong to a live backend or a connected episode, left alone.
+        errors: ``(name, message)`` for each leftover that could not be dropped.
+    """
+
+    schemas: list[str] = field(default_factory=list)
+    roles: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+    errors: list[tuple[str, str]] = field(default_factory=list)
+
+
+def sweep(url: str, dry_run: bool = False, connect_timeout_s: float = 5.0) -> SweepReport:
+    """Drop the ``agentrl_*`` schemas and roles of PostgreSQL backends that are gone.
+
+    A name is kept while its backend lives (its admin session's ``application_name`` carries the
+    token in the name) or while a session of the episode role is connected. Run it as the account
+    the backends use (or one with the same rights); it needs no superuser.
+
+    Args:
+        url: ``postgresql://user:password@host:port/dbname``.
+        dry_run: only report what would be dropped.
+        connect_timeout_s: how long to wait for the connection.
+
+    Raises:
+        ConfigError: for a malformed URL. TransientError: when the server cannot be reached.
+    """
+    import psycopg
+
+    try:
+        info: dict[str, Any] = psycopg.conninfo.conninfo_to_dict(url.replace("postgresql+psycopg://", "postgresql://", 1))
+    except psycopg.ProgrammingError as exc:
+        raise ConfigError(f"PostgreSQL URL {url[:200]!r}: {exc}") from None
+    info.setdefault("connect_timeout", max(1, int(connect_timeout_s)))
+    try:
+        conn = psycopg.connect(autocommit=True, **info)
+    except psycopg.OperationalError as exc:
+        host = f"{info.get('host', 'localhost')}:{info.get('port', 5432)}"
+        raise TransientError(f"cannot connect to PostgreSQL at {host}: {str(exc).strip()[:300]}") from None
+    report = SweepReport()
+    with conn:
+        live_tokens = {
+            str(row[0])[len(APP_PREFIX) :]
+            for row in conn.execute(
+                "SELECT application_name FROM pg_stat_activity WHERE starts_with(application_name, %s)", (APP_PREFIX,)
+            )
+        }
+        connected = {str(row[0]) for row in conn.execute("SELECT usename FROM pg_stat_activity WHERE usename IS NOT NULL")}
+        like = "agentrl\\_%"
+        schemas = sorted(str(r[0]) for r in conn.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE %s", (like,)))
+        roles = sorted(str(r[0]) for r in conn.execute("SELECT rolname FROM pg_roles WHERE rolname LIKE %s", (like,)))
+
+        for name in sorted(set(schemas) | set(roles)):
+            match = _NAME.fullmatch(name)
+            if match is None:  # not a name this backend makes: not ours to drop
+                continue
+            if (match["ep"] or match["tpl"]) in live_tokens or name in connected:
+                report.kept.append(name)
+                continue
+            is_role = name in roles and name.startswith(_EPISODE_PREFIX)
+            if not dry_run:
+                try:
+                    if is_role:
+                        # A role left by an older version, or by an admin that lost the grant.
+                        has = conn.execute("SELECT pg_has_role(current_user, %s, 'USAGE')", (name,)).fetchone()
+                        if not (has and has[0]):
+                            conn.execute(f"GRANT {_ident(name)} TO CURRENT_USER")
+                    _drop_objects(conn, name, role=is_role)
+                except psycopg.Error as exc:
+                    report.errors.append((name, _first_line(exc)))
+                    continue
+            if name in schemas:
+                report.schemas.append(name)
+            if is_role:
+                report.roles.append(name)
+    return report
 
 
 def _rollback(conn: Any, pg: Any) -> None:

@@ -89,6 +89,7 @@ class SimBackend(WireClient):
             allow_unsafe_sandbox=allow_unsafe_sandbox,
         )
         self.sandbox_tier = self.app.sandbox_tier
+        self.numpy_available = self.app.numpy_available
         super().__init__(httpx.Client(transport=httpx.MockTransport(self.app.handle), base_url="http://agentrl.sim"))
 
     def close(self) -> None:

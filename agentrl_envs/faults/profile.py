@@ -60,7 +60,7 @@ FAULT_STATUS: dict[str, int] = {
 }
 FAULT_TYPES = tuple(FAULT_STATUS)
 
-#: Penalties per fault type (the field report's 500: -2.0, 401: -1.5, timeout: -3.0, and the rest).
+#: Penalties per fault type (500: -2.0, 401: -1.5, timeout: -3.0, and the rest).
 DEFAULT_PENALTIES: dict[str, float] = {
     "http_500": -2.0,
     "http_502": -2.0,

@@ -3,9 +3,8 @@
 Components (always present, 0.0 when they do not apply):
 
 - ``task``: 1.0 at the end of an episode whose required task components all hold, else 0.0;
-- ``aux``: the dense auxiliary reward times the schedule weight (filled in by the reward
-  engineering issue #5; 0.0 until then);
-- ``fault``: the error profile's penalty for an injected fault (issue #3; 0.0 with ``none``);
+- ``aux``: the dense auxiliary reward times the schedule weight (see :mod:`agentrl_envs.rewards.schedule`);
+- ``fault``: the error profile's penalty for a fault (0.0 with the ``none`` profile);
 - ``format``: a penalty for an action that is not one well-formed call of an available tool.
 """
 

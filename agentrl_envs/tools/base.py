@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -27,11 +28,16 @@ class Tool:
     description: ClassVar[str]
     parameters: ClassVar[dict[str, Any]]
 
-    def schema(self) -> dict[str, Any]:
+    def schema(self, facts: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The function-calling entry; ``facts`` are what the backend reports (``{"numpy": True}``)."""
         return {
             "type": "function",
-            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+            "function": {"name": self.name, "description": self.describe(facts or {}), "parameters": self.parameters},
         }
+
+    def describe(self, facts: Mapping[str, Any]) -> str:
+        """The description the agent sees, given the backend's ``facts`` (default: ``description``)."""
+        return self.description
 
     def validate(self, arguments: dict[str, Any]) -> dict[str, Any]:
         """Check argument names and types; return the arguments to send (raise ActionError)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -28,6 +29,11 @@ class PythonTool(Tool):
         "required": ["code"],
     }
     max_chars: int = 4000
+
+    def describe(self, facts: Mapping[str, Any]) -> str:
+        if facts.get("numpy"):
+            return self.description.replace("(standard library only)", "(standard library and numpy)")
+        return self.description
 
     def render(self, response: ToolResponse) -> str:
         if not response.ok:

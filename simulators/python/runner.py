@@ -147,7 +147,17 @@ class PythonRunner:
         status_r, status_w = os.pipe() if self.isolation else (-1, -1)
         try:
             proc = subprocess.Popen(
-                [*self.isolation, sys.executable, "-I", "-S", "-c", _BOOTSTRAP, path, *map(str, limits), str(status_w)],
+                [
+                    *self.isolation,
+                    os.path.abspath(sys.executable),
+                    "-I",
+                    "-S",
+                    "-c",
+                    _BOOTSTRAP,
+                    path,
+                    *map(str, limits),
+                    str(status_w),
+                ],
                 cwd=workspace,
                 env=env,
                 stdin=subprocess.DEVNULL,

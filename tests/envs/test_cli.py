@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -120,3 +123,105 @@ def test_play_end_of_input() -> None:
 def test_console_script_runs() -> None:
     out = subprocess.run([sys.executable, "-m", "agentrl_envs.cli", "list"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "AgentRL/SQL-v0" in out.stdout
+
+
+def _options(parser: argparse.ArgumentParser, path: str = "agentrl-envs") -> list[tuple[str, argparse.Action]]:
+    found: list[tuple[str, argparse.Action]] = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found += _options(sub, f"{path} {name}")
+        else:
+            found.append((path, action))
+    return found
+
+
+def test_every_option_has_help_text() -> None:
+    options = _options(_parser())
+    commands = {path for path, _ in options}
+    assert {"agentrl-envs play", "agentrl-envs eval", "agentrl-envs serve", "agentrl-envs pg-sweep"} <= commands
+    assert len(options) > 40
+    missing = [
+        f"{path} {'/'.join(a.option_strings) or a.dest}"
+        for path, a in options
+        if not a.help or a.help == argparse.SUPPRESS or not a.help.strip()
+    ]
+    assert missing == []
+
+
+@pytest.mark.parametrize("command", ["play", "eval"])
+def test_play_and_eval_take_an_error_profile(command: str) -> None:
+    args = _parser().parse_args([command, "AgentRL/SQL-v0", "--error-profile", "flaky"])
+    assert args.error_profile == "flaky"
+    assert _parser().parse_args([command, "AgentRL/SQL-v0"]).error_profile == "none"
+
+
+def test_eval_with_an_error_profile_pays_fault_penalties(capsys: pytest.CaptureFixture[str]) -> None:
+    def mean_return(*extra: str) -> float:
+        code, out, _ = run(
+            ["eval", "AgentRL/SQLPythonSMTP-v0", "--episodes", "8", "--split", "train", "--json", "--no-progress", *extra], capsys
+        )
+        assert code == 0
+        rows = json.loads(out)
+        total = next(r for r in rows if r["split"] == "all")
+        assert total["success_rate"] == 1.0
+        return float(total["mean_return"])
+
+    assert mean_return("--error-profile", "flaky") < mean_return()
+
+
+def test_play_with_an_error_profile_shows_faults() -> None:
+    # The oracle's actions replayed by hand; with 'flaky' some of them meet injected faults.
+    import gymnasium as gym
+
+    env = gym.make("AgentRL/SQLPythonSMTP-v0", error_profile="flaky", max_steps=40)
+    env.reset(seed=3)
+    actions, faults, done = [], 0, False
+    while not done:
+        actions.append(env.unwrapped.oracle_action())
+        _, _, term, trunc, info = env.step(actions[-1])
+        faults += bool(info["fault"])
+        done = term or trunc
+    env.close()
+    text = play(actions, "--error-profile", "flaky", "--max-steps", "40")
+    assert text.count("[fault: ") == faults
+    assert "== SOLVED" in text
+
+
+@pytest.mark.parametrize("profile", ["no-such-profile", "/nonexistent/profile.yaml", "\x00"])
+def test_bad_error_profile_exits_2(profile: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(["eval", "AgentRL/SQL-v0", "--episodes", "1", "--error-profile", profile, "--no-progress"], capsys)
+    assert code == 2
+    assert "error:" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "url", ["not a url", "postgresql://x:y@127.0.0.1:1/db", "postgresql://x@[::1/db", "host=127.0.0.1 port=notaport"]
+)
+def test_pg_sweep_bad_or_unreachable_urls_exit_2(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(["pg-sweep", url, "--dry-run"], capsys)
+    assert code == 2
+    assert "error:" in err and "Traceback" not in err
+
+
+def test_python_found_through_a_relative_path_entry(tmp_path: Path) -> None:
+    """``PATH=.venv/bin:...`` makes sys.executable relative; the sandbox still starts and runs code."""
+    venv_bin = Path(sys.executable).parent
+    cwd = venv_bin.parent.parent
+    relative = os.path.relpath(venv_bin, cwd)
+    assert not os.path.isabs(relative)
+    env = dict(os.environ, PATH=f"{relative}{os.pathsep}{os.environ.get('PATH', '')}")
+    program = (
+        "import sys, gymnasium as gym, agentrl_envs\n"
+        "from agentrl_envs.actions import format_call\n"
+        "assert not sys.executable.startswith('/'), sys.executable\n"
+        "env = gym.make('AgentRL/Python-v0')\n"
+        "env.reset(seed=0)\n"
+        "print(env.step(format_call('python', {'code': 'print(6 * 7)'}))[0])\n"
+        "env.close()\n"
+    )
+    out = subprocess.run(
+        [Path(sys.executable).name, "-c", program], cwd=cwd, env=env, capture_output=True, text=True, timeout=240
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("python ok") and "42" in out.stdout, out.stdout

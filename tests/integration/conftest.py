@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.integration.servers import postgres_cluster, simulator_server, smtp_server
+from tests.integration.servers import PostgresCluster, agentrl_leftovers, postgres_cluster, simulator_server, smtp_server
 
 
 @pytest.fixture(scope="session")
-def pg_url() -> Iterator[str]:
-    with postgres_cluster() as url:
-        yield url
+def pg_cluster() -> Iterator[PostgresCluster]:
+    """The cluster; after the suite, no ``agentrl_*`` schema or role may be left in it."""
+    with postgres_cluster() as cluster:
+        yield cluster
+        gc.collect()  # envs a failed test left open close in __del__
+        left = agentrl_leftovers(cluster.super_url)
+        assert left == [], f"the PostgreSQL tests left {len(left)} schema(s)/role(s) behind: {left[:10]}"
+
+
+@pytest.fixture(scope="session")
+def pg_url(pg_cluster: PostgresCluster) -> str:
+    """The README's least-privilege account (CREATEROLE, CREATE on the database; no superuser)."""
+    return pg_cluster.url
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -84,9 +85,26 @@ def _pg_bin(name: str) -> str | None:
     return candidates[-1] if candidates else None
 
 
+#: The README's least-privilege account for the PostgreSQL backend, run by the cluster's superuser.
+LEAST_PRIVILEGE_SETUP = (
+    "CREATE ROLE agentrl LOGIN CREATEROLE PASSWORD {password}",
+    "CREATE DATABASE agentrl",
+    "GRANT CREATE ON DATABASE agentrl TO agentrl",
+    "REVOKE TEMPORARY ON DATABASE agentrl FROM PUBLIC",
+)
+
+
+@dataclass(frozen=True)
+class PostgresCluster:
+    """A running throwaway cluster: ``url`` is the README's least-privilege account, ``super_url`` the superuser."""
+
+    url: str
+    super_url: str
+
+
 @contextlib.contextmanager
-def postgres_cluster() -> Iterator[str]:
-    """A throwaway PostgreSQL cluster (initdb + pg_ctl in a temp dir); yields an admin URL."""
+def postgres_cluster() -> Iterator[PostgresCluster]:
+    """A throwaway PostgreSQL cluster (initdb + pg_ctl in a temp dir) with the README's role set up."""
     initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
     if not initdb or not pg_ctl:
         unavailable("PostgreSQL server binaries (initdb, pg_ctl) not found; install Debian's postgresql package")
@@ -116,7 +134,7 @@ def postgres_cluster() -> Iterator[str]:
                 "-D",
                 str(data),
                 "-U",
-                "agentrl",
+                "pgsuper",
                 f"--pwfile={pwfile}",
                 "--auth=scram-sha-256",
                 "-E",
@@ -138,10 +156,30 @@ def postgres_cluster() -> Iterator[str]:
         shutil.rmtree(base, ignore_errors=True)
         raise RuntimeError(f"could not start PostgreSQL: {exc.stderr.decode(errors='replace')[-2000:]}") from None
     try:
-        yield f"postgresql://agentrl:{password}@127.0.0.1:{port}/postgres"
+        import psycopg
+
+        with psycopg.connect(f"postgresql://pgsuper:{password}@127.0.0.1:{port}/postgres", autocommit=True) as conn:
+            for statement in LEAST_PRIVILEGE_SETUP:
+                conn.execute(statement.format(password="'" + password + "'"))
+        yield PostgresCluster(
+            url=f"postgresql://agentrl:{password}@127.0.0.1:{port}/agentrl",
+            super_url=f"postgresql://pgsuper:{password}@127.0.0.1:{port}/agentrl",
+        )
     finally:
         subprocess.run([*run_as, pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop"], capture_output=True, timeout=60)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def agentrl_leftovers(super_url: str) -> list[str]:
+    """Every ``agentrl_*`` schema and role in the cluster (the README's admin role itself aside)."""
+    import psycopg
+
+    with psycopg.connect(super_url) as conn:
+        rows = conn.execute(
+            "SELECT 'schema ' || nspname FROM pg_namespace WHERE nspname LIKE 'agentrl\\_%' "
+            "UNION ALL SELECT 'role ' || rolname FROM pg_roles WHERE rolname LIKE 'agentrl\\_%' ORDER BY 1"
+        ).fetchall()
+    return [str(r[0]) for r in rows]
 
 
 @contextlib.contextmanager

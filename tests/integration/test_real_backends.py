@@ -236,3 +236,15 @@ def test_concurrent_calls_for_one_episode_do_not_hang(sim_url: str) -> None:
     assert time.perf_counter() - start < 30
     assert statuses == [200] * 90
     env.close()
+
+
+def test_http_backend_reports_numpy_in_the_tool_description(sim_url: str) -> None:
+    import httpx
+
+    health = httpx.get(sim_url + "/health", timeout=10).json()["result"]
+    assert health["numpy"] is True
+    env = gym.make("AgentRL/Python-v0", backend=sim_url)
+    _, info = env.reset(seed=0)
+    (python,) = [t for t in info["tools"] if t["function"]["name"] == "python"]
+    assert "numpy" in python["function"]["description"]
+    env.close()

@@ -95,7 +95,7 @@ class _Zygote:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", "-c", _BOOT, _PKG_DIR, str(child.fileno())],
+                [os.path.abspath(sys.executable), "-I", "-S", "-c", _BOOT, _PKG_DIR, str(child.fileno())],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 env=_ZYGOTE_ENV,
