@@ -185,6 +185,12 @@ class SimulatorApp:
         """
         parts = [p for p in path.split("/") if p]
         if len(parts) >= 3 and parts[:2] == ["v1", "episodes"]:
+            # Answered here, not by the handler, when the episode is not open: a call that passed
+            # the check must not land in an episode someone opens under that id a moment later.
+            if parts[2] not in self._episodes:
+                if method == "DELETE" and len(parts) == 3:
+                    return 204, None
+                return _err(404, "unknown_episode", f"no open episode {parts[2][:64]!r}")
             denied = self.check_owner(parts[2], episode_token)
             if denied is not None:
                 return denied
