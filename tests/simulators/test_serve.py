@@ -24,7 +24,7 @@ from agentrl_envs.backends.base import DatabaseSpec, EpisodeSetup, ToolRequest
 from agentrl_envs.backends.http import TOKEN_ENV, HTTPBackend
 from agentrl_envs.errors import ConfigError
 from agentrl_envs.faults import load_profile
-from agentrl_envs.server import ServeLimits, SimulatorServer, check_bind
+from agentrl_envs.server import ServeLimits, SimulatorServer, check_bind, serve
 from agentrl_envs.tasks.domains.base import fingerprint
 from simulators import SimulatorApp
 from simulators.app import EPISODE_TOKEN_HEADER, template_fingerprint
@@ -304,6 +304,16 @@ def test_cli_refuses_a_public_bind_without_a_token(monkeypatch: pytest.MonkeyPat
     err = capsys.readouterr().err
     assert "refusing to serve on '0.0.0.0' without a bearer token" in err and TOKEN_ENV in err
     assert cli.main(["serve", "--host", "0.0.0.0", "--port", "0", "--token", "short"]) == 2
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::"])
+def test_serve_itself_refuses_before_binding(host: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    with pytest.raises(ConfigError, match="without a bearer token"):
+        serve(host, 0)
+    monkeypatch.setenv(TOKEN_ENV, "tiny")  # the variable is checked like --token
+    with pytest.raises(ConfigError, match="at least 16"):
+        serve(host, 0)
 
 
 def test_task_fingerprints_are_what_the_server_accepts() -> None:
