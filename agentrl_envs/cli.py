@@ -84,6 +84,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default="none", help="fault profile injected server-side (a name or a YAML path)")
     p.add_argument("--sql-deadline-s", type=float, default=2.0, help="deadline of one SQL query in seconds (default 2.0)")
     p.add_argument("--python-timeout-s", type=float, default=5.0, help="wall limit of one Python run in seconds (default 5.0)")
+    p.add_argument(
+        "--token",
+        default=None,
+        help="bearer token clients must send (default $AGENTRL_SERVE_TOKEN); required unless --host is a loopback address",
+    )
+    p.add_argument("--python-workers", type=_positive, default=4, help="threads running Python calls (default 4)")
+    p.add_argument(
+        "--per-client", type=_positive, default=64, help="calls one client address may have in flight; 429 past it (default 64)"
+    )
     p.set_defaults(func=cmd_serve)
 
     from agentrl_envs.faults import fit
@@ -275,14 +284,19 @@ def _shorthand(line: str, candidates: list[str] | None) -> str:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    import os
     import socket
 
+    from agentrl_envs.backends.http import TOKEN_ENV
     from agentrl_envs.faults import load_profile
-    from agentrl_envs.server import serve
+    from agentrl_envs.server import ServeLimits, check_bind, serve
 
     profile = load_profile(args.profile)
     if args.sql_deadline_s <= 0 or args.python_timeout_s <= 0:
         raise agentrl_envs.ConfigError("--sql-deadline-s and --python-timeout-s must be positive")
+    token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
+    check_bind(args.host, token)
+    limits = ServeLimits(python_workers=args.python_workers, per_client=args.per_client)
     port = args.port
     try:
         with socket.create_server((args.host, port)) as probe:
@@ -290,10 +304,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise agentrl_envs.ConfigError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
     print(
-        f"agentrl simulator on http://{args.host}:{port} (profile {profile.name}); OpenAPI at /openapi.json; Ctrl-C stops it",
+        f"agentrl simulator on http://{args.host}:{port} (profile {profile.name}, "
+        f"{'bearer token required' if token else 'no token'}); OpenAPI at /openapi.json; Ctrl-C stops it",
         flush=True,
     )
-    serve(args.host, port, profile, sql_deadline_s=args.sql_deadline_s, python_timeout_s=args.python_timeout_s)
+    serve(
+        args.host,
+        port,
+        profile,
+        token=token,
+        limits=limits,
+        sql_deadline_s=args.sql_deadline_s,
+        python_timeout_s=args.python_timeout_s,
+    )
     return 0
 
 

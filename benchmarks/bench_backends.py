@@ -49,16 +49,17 @@ def http_throughput(url: str, seconds: float, threads: int) -> tuple[float, floa
     """Tool requests per second against one server from ``threads`` client threads, each with its
     own episode (as N envs would be), each a point lookup."""
     envs = [gym.make("AgentRL/SQL-v0", backend=url) for _ in range(threads)]
-    episodes = []
+    episodes, tokens = [], []
     for i, env in enumerate(envs):
         env.reset(seed=i)
         episodes.append(env.unwrapped._episode_id)
+        tokens.append(env.unwrapped._backend._tokens[episodes[-1]])  # the owner's token (others get 403)
     count = [0] * threads
     latencies: list[float] = []
     stop = time.perf_counter() + seconds
 
     def worker(i: int) -> None:
-        with httpx.Client(base_url=url, timeout=10) as client:
+        with httpx.Client(base_url=url, timeout=10, headers={"X-AgentRL-Episode-Token": tokens[i]}) as client:
             while time.perf_counter() < stop:
                 t = time.perf_counter()
                 r = client.post(f"/v1/episodes/{episodes[i]}/sql", json={"query": "SELECT name FROM staff WHERE staff_id = 3"})

@@ -57,6 +57,7 @@ from agentrl_envs.actions import format_call  # noqa: E402
 from agentrl_envs.backends import DatabaseSpec, EpisodeSetup, ToolRequest  # noqa: E402
 from agentrl_envs.backends.sim import SimBackend  # noqa: E402
 from agentrl_envs.tasks.domains import DOMAINS  # noqa: E402
+from simulators.app import template_fingerprint  # noqa: E402
 from simulators.sql import ReadOnlyDatabase, build_database  # noqa: E402
 
 ENV_IDS = tuple(agentrl_envs.ENV_IDS)
@@ -229,7 +230,7 @@ def bench_sql_aggregate(reps: int) -> None:
     image = build_database(tables)
     backend = SimBackend()
     try:
-        backend.open_episode(EpisodeSetup("bench-agg", DatabaseSpec("bench-agg-10k-v1", tables)))
+        backend.open_episode(EpisodeSetup("bench-agg", DatabaseSpec(template_fingerprint("bench-agg-10k", tables), tables)))
         request = ToolRequest("bench-agg", "sql", {"query": AGG_QUERY})
         raw = raw_connection(image)
         engine = ReadOnlyDatabase(image)

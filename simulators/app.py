@@ -7,6 +7,7 @@ OpenAPI document is served at ``GET /openapi.json``)::
     GET    /health                                        {"ok": true, "result": {"episodes": n}}
     PUT    /v1/databases/{fingerprint}                    {"tables": {...}}: store a template database
     POST   /v1/episodes                                   {"episode_id", "database", "files", "sender"}
+                                                          -> {"episode_id", "episode_token"}
     DELETE /v1/episodes/{episode_id}
     POST   /v1/episodes/{episode_id}/sql                  {"query"}
     POST   /v1/episodes/{episode_id}/python               {"code"}
@@ -17,14 +18,27 @@ OpenAPI document is served at ``GET /openapi.json``)::
 :class:`SimulatorApp` has the same operations as Python methods (``open_episode``, ``tool``, ...)
 for callers that skip the wire, and :meth:`SimulatorApp.handle` / :meth:`handle_bytes` for those
 that speak it.
+
+Template databases are content-addressed: ``{fingerprint}`` is ``<label>-<digest>``, where the
+digest is the start (16 hex digits or more) of the SHA-256 of ``json.dumps(tables, sort_keys=True)``
+(:func:`template_fingerprint`); an upload whose tables hash to another digest is refused (422), so
+no client can change the data stored under a fingerprint another client uses.
+
+Episodes are owned: opening one answers an ``episode_token``, and every later call on the wire for
+that episode (tool calls, files, DELETE, and a POST that would replace it) must carry it in the
+``X-AgentRL-Episode-Token`` header, or is refused with 403. The Python methods are the trusted
+in-process surface and take no token.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import json
 import os
 import re
+import secrets
 import shutil
 import tempfile
 import threading
@@ -40,10 +54,12 @@ from simulators.sql import ReadOnlyDatabase, SQLError, TemplateCache, format_row
 
 MAX_REQUEST_BYTES = 8 << 20
 MAX_FILE_BYTES = 2 << 20
+EPISODE_TOKEN_HEADER = "X-AgentRL-Episode-Token"
 
 #: (HTTP status, JSON body or None for an empty body)
 Reply = tuple[int, "dict[str, Any] | None"]
 _EPISODE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_FINGERPRINT = re.compile(r"^(?:[A-Za-z0-9_.-]{0,100}-)?([0-9a-f]{16,64})$")
 
 _SQL_STATUS = {"timeout": 408, "denied": 403, "too_large": 413, "syntax": 400, "unknown_name": 400}
 
@@ -58,6 +74,8 @@ class _Episode:
     database: ReadOnlyDatabase | None
     mailbox: Mailbox
     queries: int = 0
+    # The owner's secret: returned by open_episode, required on the wire for every later call.
+    token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     # One call at a time per episode: its SQLite connection and mailbox are not thread-safe, and
     # an HTTP client may send concurrent calls for the same episode.
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -134,11 +152,17 @@ class SimulatorApp:
 
     def handle(self, request: httpx.Request) -> httpx.Response:
         """Serve one ``httpx`` request (the ``MockTransport`` handler). Never raises."""
-        status, body, headers = self.handle_bytes(request.method, request.url.path, request.read())
+        token = request.headers.get(EPISODE_TOKEN_HEADER)
+        status, body, headers = self.handle_bytes(request.method, request.url.path, request.read(), token)
         return httpx.Response(status, content=body, headers=headers)
 
-    def handle_bytes(self, method: str, path: str, body: bytes) -> tuple[int, bytes, dict[str, str]]:
-        """Serve one request given as bytes; answer (status, JSON bytes, headers). Never raises."""
+    def handle_bytes(
+        self, method: str, path: str, body: bytes, episode_token: str | None = None
+    ) -> tuple[int, bytes, dict[str, str]]:
+        """Serve one request given as bytes; answer (status, JSON bytes, headers). Never raises.
+
+        ``episode_token`` is the ``X-AgentRL-Episode-Token`` header (None when absent).
+        """
         try:
             if len(body) > MAX_REQUEST_BYTES:
                 status, reply = _err(413, "too_large", f"request body over {MAX_REQUEST_BYTES} bytes")
@@ -147,7 +171,7 @@ class SimulatorApp:
                 if not isinstance(payload, dict):
                     status, reply = _err(400, "bad_request", "the request body must be a JSON object")
                 else:
-                    status, reply = self.call(method, path, payload)
+                    status, reply = self.call(method, path, payload, episode_token)
         except (ValueError, RecursionError) as exc:
             status, reply = _err(400, "bad_request", f"malformed JSON body: {type(exc).__name__}")
         except Exception as exc:  # a server answers 500, it does not crash
@@ -156,9 +180,22 @@ class SimulatorApp:
             return status, b"", {}
         return status, json.dumps(reply, separators=(",", ":")).encode(), {"content-type": "application/json"}
 
-    def call(self, method: str, path: str, payload: dict[str, Any]) -> Reply:
-        """Route one request already decoded from JSON; answer (status, JSON object or None)."""
+    def call(self, method: str, path: str, payload: dict[str, Any], episode_token: str | None = None) -> Reply:
+        """Route one request already decoded from JSON; answer (status, JSON object or None).
+
+        Calls on an open episode need ``episode_token``, the token its ``open_episode`` answered.
+        """
         parts = [p for p in path.split("/") if p]
+        if len(parts) >= 3 and parts[:2] == ["v1", "episodes"]:
+            # Answered here, not by the handler, when the episode is not open: a call that passed
+            # the check must not land in an episode someone opens under that id a moment later.
+            if parts[2] not in self._episodes:
+                if method == "DELETE" and len(parts) == 3:
+                    return 204, None
+                return _err(404, "unknown_episode", f"no open episode {parts[2][:64]!r}")
+            denied = self.check_owner(parts[2], episode_token)
+            if denied is not None:
+                return denied
         if parts == ["openapi.json"] and method == "GET":
             from simulators.openapi import OPENAPI
 
@@ -168,7 +205,7 @@ class SimulatorApp:
         if len(parts) == 3 and parts[:2] == ["v1", "databases"] and method == "PUT":
             return self.put_database(parts[2], payload)
         if parts == ["v1", "episodes"] and method == "POST":
-            return self.open_episode(payload)
+            return self.open_episode(payload, episode_token)
         if len(parts) == 3 and parts[:2] == ["v1", "episodes"] and method == "DELETE":
             self.close_episode(parts[2])
             return 204, None
@@ -178,6 +215,19 @@ class SimulatorApp:
         if len(parts) == 4 and parts[:2] == ["v1", "episodes"] and method == "POST":
             return self.tool(parts[2], parts[3], payload)
         return _err(404, "not_found", f"no route {method} {path[:100]}")
+
+    def check_owner(self, episode_id: str, token: str | None) -> Reply | None:
+        """None if ``token`` is the owner's token of episode ``episode_id`` (or no such episode is
+        open); else the 403 answer."""
+        episode = self._episodes.get(episode_id)
+        if episode is None or (token is not None and hmac.compare_digest(token.encode(), episode.token.encode())):
+            return None
+        return _err(
+            403,
+            "forbidden",
+            f"episode {episode_id[:64]!r} belongs to the client that opened it: send the episode_token its "
+            f"POST /v1/episodes answered in the {EPISODE_TOKEN_HEADER} header, or open an episode of your own",
+        )
 
     def tool(self, episode_id: str, tool: str, payload: dict[str, Any]) -> Reply:
         """Carry out one tool call of an open episode."""
@@ -236,16 +286,31 @@ class SimulatorApp:
     # -- episodes -----------------------------------------------------------------------------
 
     def put_database(self, fingerprint: str, payload: dict[str, Any]) -> Reply:
+        """Store a template database under its content fingerprint (see the module docstring)."""
         tables = payload.get("tables")
         if not isinstance(tables, dict):
             return _err(400, "bad_request", "expected {'tables': {name: {columns, rows}}}")
+        match = _FINGERPRINT.fullmatch(fingerprint)
+        try:
+            digest = content_digest(tables)
+        except (TypeError, ValueError) as exc:
+            return _err(400, "bad_database", f"the tables are not plain JSON: {exc}")
+        if match is None or not digest.startswith(match.group(1)):
+            return _err(
+                422,
+                "fingerprint_mismatch",
+                f"template databases are content-addressed: these tables belong at /v1/databases/<label>-{digest[:16]}, "
+                f"not {fingerprint[:100]!r} (the digest is the SHA-256 of json.dumps(tables, sort_keys=True))",
+            )
         try:
             self.templates.put(fingerprint, tables)
         except (ValueError, KeyError, TypeError) as exc:
             return _err(400, "bad_database", str(exc))
         return 204, None
 
-    def open_episode(self, payload: dict[str, Any]) -> Reply:
+    def open_episode(self, payload: dict[str, Any], token: str | None = None) -> Reply:
+        """Open an episode (replacing an open one of that id needs its owner's ``token``); answer
+        its ``episode_id`` and ``episode_token``."""
         episode_id = payload.get("episode_id")
         if not isinstance(episode_id, str) or not _EPISODE_ID.fullmatch(episode_id):
             return _err(400, "bad_request", "episode_id must match [A-Za-z0-9_.-]{1,64}")
@@ -273,10 +338,16 @@ class SimulatorApp:
             return _err(400, "bad_request", "mail_domains must be a list of domain names or null")
         allowed = tuple(d.lower() for d in domains) if domains is not None else None
         with self._lock:
+            denied = self.check_owner(episode_id, token)
+            if denied is not None:
+                if database is not None:
+                    database.close()
+                return denied
             self.close_episode(episode_id)
             mailbox = Mailbox(sender, "msg", allowed_domains=allowed)
-            self._episodes[episode_id] = _Episode(self.workspace_root, dict(files), database, mailbox)
-        return _okr({"episode_id": episode_id}, status=201)
+            episode = _Episode(self.workspace_root, dict(files), database, mailbox)
+            self._episodes[episode_id] = episode
+        return _okr({"episode_id": episode_id, "episode_token": episode.token}, status=201)
 
     def close_episode(self, episode_id: str) -> None:
         """Drop an episode's database, workspace and mailbox (no error if it is not open)."""
@@ -360,6 +431,16 @@ class SimulatorApp:
         except SMTPError as exc:
             return _err(422, exc.kind, exc.message, smtp_code=exc.code)
         return _okr(delivery.as_dict())
+
+
+def content_digest(tables: dict[str, Any]) -> str:
+    """SHA-256 (hex) of a template's tables in canonical JSON: the content part of its fingerprint."""
+    return hashlib.sha256(json.dumps(tables, sort_keys=True).encode()).hexdigest()
+
+
+def template_fingerprint(label: str, tables: dict[str, Any]) -> str:
+    """The fingerprint the server accepts for ``tables``: ``<label>-<first 16 hex digits of the digest>``."""
+    return f"{label}-{content_digest(tables)[:16]}"
 
 
 def _okr(result: dict[str, Any], status: int = 200) -> Reply:

@@ -47,6 +47,14 @@ _FILE = {
     "schema": {"type": "string"},
     "description": "a path inside the workspace",
 }
+_OWNER = {
+    "name": "X-AgentRL-Episode-Token",
+    "in": "header",
+    "required": True,
+    "schema": {"type": "string"},
+    "description": "the episode_token its POST /v1/episodes answered; other clients get 403",
+}
+_FORBIDDEN = {"description": "the episode belongs to another client (wrong or missing token)", **_json(_ref("Error"))}
 _AT = {
     "name": "X-AgentRL-At",
     "in": "header",
@@ -61,24 +69,43 @@ OPENAPI: dict[str, Any] = {
         "title": "agentrl simulator",
         "version": "1",
         "description": "Simulated SQL, Python and SMTP services for tool-using agents. Each episode has its own "
-        "read-only database copy, workspace directory and mailbox. A gateway to real services may speak this API too.",
+        "read-only database copy, workspace directory and mailbox, owned by the client that opened it. "
+        "A server started with a bearer token answers 401 to requests without 'Authorization: Bearer <token>' "
+        "(all but /health); a busy server answers 429 server_busy with Retry-After. "
+        "A gateway to real services may speak this API too.",
     },
     "paths": {
         "/health": {"get": {"summary": "liveness", "responses": {"200": {"description": "alive"}}}},
         "/v1/databases/{fingerprint}": {
             "put": {
                 "summary": "store a template database, copied per episode",
-                "parameters": [{"name": "fingerprint", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "parameters": [
+                    {
+                        "name": "fingerprint",
+                        "in": "path",
+                        "required": True,
+                        "schema": {"type": "string", "pattern": "^([A-Za-z0-9_.-]{0,100}-)?[0-9a-f]{16,64}$"},
+                        "description": "<label>-<digest>: the digest starts the SHA-256 of json.dumps(tables, sort_keys=True)",
+                    }
+                ],
                 "requestBody": {"required": True, **_json(_ref("Tables"))},
-                "responses": {"204": {"description": "stored"}, "400": {"description": "invalid tables", **_json(_ref("Error"))}},
+                "responses": {
+                    "204": {"description": "stored"},
+                    "400": {"description": "invalid tables", **_json(_ref("Error"))},
+                    "422": {"description": "the tables do not hash to the fingerprint", **_json(_ref("Error"))},
+                },
             }
         },
         "/v1/episodes": {
             "post": {
-                "summary": "open an episode",
+                "summary": "open an episode (replacing an open one of that id needs its owner's token)",
                 "requestBody": {"required": True, **_json(_ref("EpisodeSetup"))},
                 "responses": {
-                    "201": {"description": "opened"},
+                    "201": {
+                        "description": "opened; send episode_token with every later call on it",
+                        **_json(_success(episode_id={"type": "string"}, episode_token={"type": "string"})),
+                    },
+                    "403": _FORBIDDEN,
                     "400": {"description": "invalid setup", **_json(_ref("Error"))},
                     "409": {"description": "unknown database fingerprint: PUT it first", **_json(_ref("Error"))},
                 },
@@ -87,44 +114,44 @@ OPENAPI: dict[str, Any] = {
         "/v1/episodes/{episode_id}": {
             "delete": {
                 "summary": "close an episode and delete its workspace",
-                "parameters": [_EPISODE],
-                "responses": {"204": {"description": "closed"}},
+                "parameters": [_EPISODE, _OWNER],
+                "responses": {"204": {"description": "closed"}, "403": _FORBIDDEN},
             }
         },
         "/v1/episodes/{episode_id}/sql": {
             "post": {
                 "summary": "run one read-only SQL statement; the result is also saved as results/qN.csv",
-                "parameters": [_EPISODE, _AT],
+                "parameters": [_EPISODE, _OWNER, _AT],
                 "requestBody": {
                     "required": True,
                     **_json({"type": "object", "required": ["query"], "properties": {"query": {"type": "string"}}}),
                 },
-                "responses": _answers("SQLResult", 400, 403, 404, 408, 413, 422, 429, 500, 503),
+                "responses": _answers("SQLResult", 400, 401, 403, 404, 408, 413, 422, 429, 500, 503),
             }
         },
         "/v1/episodes/{episode_id}/python": {
             "post": {
                 "summary": "run a Python program with the workspace as working directory",
-                "parameters": [_EPISODE, _AT],
+                "parameters": [_EPISODE, _OWNER, _AT],
                 "requestBody": {
                     "required": True,
                     **_json({"type": "object", "required": ["code"], "properties": {"code": {"type": "string"}}}),
                 },
-                "responses": _answers("PythonResult", 400, 404, 413, 422, 429, 500, 503),
+                "responses": _answers("PythonResult", 400, 401, 403, 404, 413, 422, 429, 500, 503),
             }
         },
         "/v1/episodes/{episode_id}/smtp": {
             "post": {
                 "summary": "send one email (validated like a strict mail server)",
-                "parameters": [_EPISODE, _AT],
+                "parameters": [_EPISODE, _OWNER, _AT],
                 "requestBody": {"required": True, **_json(_ref("Mail"))},
-                "responses": _answers("Delivery", 404, 422, 429, 500, 503),
+                "responses": _answers("Delivery", 401, 403, 404, 422, 429, 500, 503),
             }
         },
         "/v1/episodes/{episode_id}/files/{path}": {
             "put": {
                 "summary": "write a workspace file",
-                "parameters": [_EPISODE, _FILE],
+                "parameters": [_EPISODE, _OWNER, _FILE],
                 "requestBody": {
                     "required": True,
                     **_json({"type": "object", "properties": {"text": {"type": "string"}, "b64": {"type": "string"}}}),
@@ -132,13 +159,15 @@ OPENAPI: dict[str, Any] = {
                 "responses": {
                     "204": {"description": "written"},
                     "400": {"description": "bad path or body", **_json(_ref("Error"))},
+                    "403": _FORBIDDEN,
                 },
             },
             "get": {
                 "summary": "read a workspace file (base64)",
-                "parameters": [_EPISODE, _FILE],
+                "parameters": [_EPISODE, _OWNER, _FILE],
                 "responses": {
                     "200": {"description": "the file", **_json(_ref("File"))},
+                    "403": _FORBIDDEN,
                     "404": {"description": "no such file", **_json(_ref("Error"))},
                 },
             },

@@ -5,10 +5,17 @@ Every network call has a timeout. A server that cannot be reached or dies mid-ep
 calls into fault responses (``connection_reset`` / ``timeout``, origin ``service``), never an
 exception or a hang; opening an episode on an unreachable server raises a clear
 :class:`~agentrl_envs.errors.TransientError`.
+
+A server started with a bearer token gets it from ``token=`` or ``$AGENTRL_SERVE_TOKEN``. A call the
+server turns away because it is busy (429 ``server_busy``, its admission limits, not an injected
+fault) is retried after its ``Retry-After``, a bounded number of times, so load on a shared
+server does not change what the agent observes.
 """
 
 from __future__ import annotations
 
+import os
+import time
 from urllib.parse import urlsplit
 
 import httpx
@@ -17,7 +24,12 @@ from agentrl_envs.backends.base import EpisodeSetup, ToolRequest, ToolResponse
 from agentrl_envs.backends.sim import WireClient
 from agentrl_envs.errors import ConfigError, TransientError
 
-__all__ = ["HTTPBackend"]
+__all__ = ["TOKEN_ENV", "HTTPBackend"]
+
+#: the environment variable holding the bearer token of ``agentrl-envs serve`` (client and server)
+TOKEN_ENV = "AGENTRL_SERVE_TOKEN"
+BUSY_RETRIES = 8
+MAX_RETRY_AFTER_S = 5.0
 
 
 class HTTPBackend(WireClient):
@@ -27,9 +39,17 @@ class HTTPBackend(WireClient):
         url: ``http://host:port`` (or ``https://``) of the server.
         python_timeout_s: the Python tool's wall limit; the read timeout leaves room for it.
         connect_timeout_s: how long to wait for a connection.
+        token: the server's bearer token (default: ``$AGENTRL_SERVE_TOKEN``; None sends none).
     """
 
-    def __init__(self, url: str, python_timeout_s: float = 5.0, connect_timeout_s: float = 3.0, **_: object) -> None:
+    def __init__(
+        self,
+        url: str,
+        python_timeout_s: float = 5.0,
+        connect_timeout_s: float = 3.0,
+        token: str | None = None,
+        **_: object,
+    ) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ConfigError(f"backend URL {url[:200]!r}: expected http://host:port")
@@ -39,7 +59,11 @@ class HTTPBackend(WireClient):
             raise ConfigError(f"backend URL {url[:200]!r}: the port is not a number in 0-65535") from None
         self.url = url.rstrip("/")
         timeout = httpx.Timeout(connect=connect_timeout_s, read=python_timeout_s + 15.0, write=10.0, pool=5.0)
-        super().__init__(httpx.Client(base_url=self.url, timeout=timeout, trust_env=False))
+        token = token if token is not None else os.environ.get(TOKEN_ENV) or None
+        if token is not None and (not token.isascii() or not token.isprintable() or " " in token):
+            raise ConfigError(f"the bearer token for {self.url} must be printable ASCII without spaces")
+        headers = {"authorization": f"Bearer {token}"} if token else {}
+        super().__init__(httpx.Client(base_url=self.url, timeout=timeout, trust_env=False, headers=headers))
 
     @property
     def sandbox_tier(self) -> str | None:
@@ -73,7 +97,13 @@ class HTTPBackend(WireClient):
 
     def handle(self, request: ToolRequest) -> ToolResponse:
         try:
-            return super().handle(request)
+            for _ in range(BUSY_RETRIES):
+                response = super().handle(request)
+                if response.status != 429 or response.error_type != "server_busy":
+                    return response
+                after = response.result.get("retry_after_s")
+                time.sleep(min(MAX_RETRY_AFTER_S, float(after)) if isinstance(after, (int, float)) and after > 0 else 1.0)
+            return response
         except httpx.TimeoutException as exc:
             return _transport_fault("timeout", 504, f"no answer from {self.url}: {type(exc).__name__}")
         except httpx.TransportError as exc:

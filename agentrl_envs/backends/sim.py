@@ -13,7 +13,7 @@ import httpx
 
 from agentrl_envs.backends import wire
 from agentrl_envs.backends.base import EpisodeSetup, ToolRequest, ToolResponse
-from agentrl_envs.backends.wire import AT_HEADER, to_response, tool_path
+from agentrl_envs.backends.wire import AT_HEADER, EPISODE_TOKEN_HEADER, to_response, tool_path
 from agentrl_envs.errors import PermanentError
 from simulators import SimulatorApp
 from simulators.python import RunLimits
@@ -22,20 +22,27 @@ __all__ = ["SimBackend", "WireClient"]
 
 
 class WireClient:
-    """A backend that speaks the simulator API through an ``httpx.Client`` (in process or HTTP)."""
+    """A backend that speaks the simulator API through an ``httpx.Client`` (in process or HTTP).
+
+    Keeps the owner token of each episode it opened and sends it with every call on that episode.
+    """
 
     def __init__(self, client: httpx.Client) -> None:
         self._client = client
+        self._tokens: dict[str, str] = {}
 
     def open_episode(self, setup: EpisodeSetup) -> None:
         def call(method: str, path: str, body: dict[str, Any]) -> tuple[int, str]:
-            response = self._send(method, path, json=body)
+            response = self._send(method, path, self._owner(setup.episode_id), json=body)
             return response.status_code, response.text
 
-        wire.open_episode(setup, call)
+        token = wire.open_episode(setup, call)
+        if token is not None:
+            self._tokens[setup.episode_id] = token
 
     def handle(self, request: ToolRequest) -> ToolResponse:
-        response = self._client.post(tool_path(request), json=request.arguments, headers={AT_HEADER: repr(request.at_s)})
+        headers = {AT_HEADER: repr(request.at_s), **self._owner(request.episode_id)}
+        response = self._client.post(tool_path(request), json=request.arguments, headers=headers)
         try:
             payload = response.json()
         except ValueError:
@@ -43,18 +50,21 @@ class WireClient:
         return to_response(response.status_code, payload)
 
     def close_episode(self, episode_id: str) -> None:
-        self._send("DELETE", f"/v1/episodes/{episode_id}")
+        headers = self._owner(episode_id)
+        self._tokens.pop(episode_id, None)
+        self._send("DELETE", f"/v1/episodes/{episode_id}", headers)
 
     def close(self) -> None:
         self._client.close()
 
     def put_file(self, episode_id: str, path: str, data: bytes) -> None:
-        response = self._send("PUT", f"/v1/episodes/{episode_id}/files/{path}", json={"b64": base64.b64encode(data).decode()})
+        body = {"b64": base64.b64encode(data).decode()}
+        response = self._send("PUT", f"/v1/episodes/{episode_id}/files/{path}", self._owner(episode_id), json=body)
         if response.status_code != 204:
             raise PermanentError(f"could not write {path!r} to the workspace: HTTP {response.status_code} {response.text[:300]}")
 
     def get_file(self, episode_id: str, path: str) -> bytes | None:
-        response = self._send("GET", f"/v1/episodes/{episode_id}/files/{path}")
+        response = self._send("GET", f"/v1/episodes/{episode_id}/files/{path}", self._owner(episode_id))
         if response.status_code != 200:
             return None
         try:
@@ -62,8 +72,12 @@ class WireClient:
         except (KeyError, TypeError, ValueError):
             return None
 
-    def _send(self, method: str, path: str, **kwargs: object) -> httpx.Response:
-        return self._client.request(method, path, **kwargs)  # type: ignore[arg-type]
+    def _owner(self, episode_id: str) -> dict[str, str]:
+        token = self._tokens.get(episode_id)
+        return {EPISODE_TOKEN_HEADER: token} if token is not None else {}
+
+    def _send(self, method: str, path: str, headers: dict[str, str] | None = None, **kwargs: object) -> httpx.Response:
+        return self._client.request(method, path, headers=headers, **kwargs)  # type: ignore[arg-type]
 
 
 class SimBackend(WireClient):

@@ -12,13 +12,14 @@ import json
 import mmap
 import os
 import secrets
+import stat
 import time
 from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 from agentrl_envs.data import _ring as ring
-from agentrl_envs.data._ring import HEADER_PAGE, HEADER_SIZE, KIND_RECORD, KIND_TOMBSTONE, Entry
+from agentrl_envs.data._ring import HEADER_PAGE, HEADER_SIZE, KIND_RECORD, KIND_TOMBSTONE, Entry, SeqRanges
 from agentrl_envs.data.codec import Limits
 from agentrl_envs.data.errors import BufferLockedError, FormatError, StorageError
 
@@ -112,12 +113,17 @@ def open_buffer(
     buf._durable = durability == "fsync"
     buf._limits = limits
     buf._resident = max(0, int(max_resident_bytes))
-    if fresh:
-        buf._write_hint()
-    else:
-        recover(buf)
-        if buf._capacity > buf._resident:
-            buf._release(0, buf._capacity)  # the scan touched every page; hand them back
+    try:
+        if fresh:
+            buf._write_hint()
+        else:
+            recover(buf)
+            if buf._capacity > buf._resident:
+                buf._release(0, buf._capacity)  # the scan touched every page; hand them back
+    except BaseException:
+        mm.close()
+        file.close()  # releases the writer lock
+        raise
     return buf
 
 
@@ -161,30 +167,34 @@ def recover(buf: ReplayBuffer) -> None:
     hint = buf._read_hint()
     plan = ring.plan(ring.scan(mm, HEADER_PAGE, cap, salt), cap, hint[0] if hint else None)
     kept = list(plan.kept)
-    lost: dict[int, str] = {}
+    lost = SeqRanges()
     for entry in kept:
         if entry.kind == KIND_TOMBSTONE:
-            for seq in range(entry.seq, entry.seq + entry.width):
-                lost[seq] = "was damaged on disk and quarantined by an earlier open"
-    new_lost: list[int] = []
+            lost.add(entry.seq, entry.width, "was damaged on disk and quarantined by an earlier open")
+    new_lost = SeqRanges()
     sidecar = buf._path.with_name(buf._path.name + ".quarantine")
-    for gap in plan.gaps:
-        seqs = range(gap.first_seq, gap.first_seq + gap.count)
-        new_lost.extend(seqs)
-        reason = "was damaged on disk (checksum mismatch) and quarantined when the buffer was opened"
-        if not buf._readonly:
-            regions = [(off, mm[HEADER_PAGE + off : HEADER_PAGE + off + min(n, QUARANTINE_REGION_CAP)]) for off, n in gap.regions]
-            quarantine_note(buf._path, gap.first_seq, gap.count, regions)
-            reason += f"; its bytes are in {sidecar}"
-            if gap.tombstone_at is not None:
-                start = HEADER_PAGE + gap.tombstone_at
-                mm[start : start + HEADER_SIZE] = ring.pack_header(salt, KIND_TOMBSTONE, 0, gap.first_seq, 0, gap.count)
-                kept.append(Entry(gap.first_seq, gap.tombstone_at, 0, KIND_TOMBSTONE, gap.count, 0))
-        lost.update(dict.fromkeys(seqs, reason))
+    notes = open_sidecar(sidecar) if plan.gaps and not buf._readonly else None  # refused before anything changes
+    try:
+        for gap in plan.gaps:
+            new_lost.add(gap.first_seq, gap.count, "")
+            reason = "was damaged on disk (checksum mismatch) and quarantined when the buffer was opened"
+            if notes is not None:
+                regions = [
+                    (off, mm[HEADER_PAGE + off : HEADER_PAGE + off + min(n, QUARANTINE_REGION_CAP)]) for off, n in gap.regions
+                ]
+                quarantine_note(notes, gap.first_seq, gap.count, regions)
+                reason += f"; its bytes are in {sidecar}"
+                if gap.tombstone_at is not None:
+                    start = HEADER_PAGE + gap.tombstone_at
+                    mm[start : start + HEADER_SIZE] = ring.pack_header(salt, KIND_TOMBSTONE, 0, gap.first_seq, 0, gap.count)
+                    kept.append(Entry(gap.first_seq, gap.tombstone_at, 0, KIND_TOMBSTONE, gap.count, 0))
+            lost.add(gap.first_seq, gap.count, reason)
+    finally:
+        if notes is not None:
+            notes.close()
     top = plan.next_seq - plan.lost_tail
-    tail_seqs = range(top, plan.next_seq)
-    new_lost.extend(tail_seqs)
-    lost.update(dict.fromkeys(tail_seqs, "was committed but its bytes are damaged (the newest records of the file)"))
+    new_lost.add(top, plan.lost_tail, "")
+    lost.add(top, plan.lost_tail, "was committed but its bytes are damaged (the newest records of the file)")
     torn = _torn_positions(buf, plan.tail, {e.off for e in kept})
     if not buf._readonly:
         for entry in plan.stale:
@@ -202,8 +212,8 @@ def recover(buf: ReplayBuffer) -> None:
         first_seq=next((e.seq for e in kept if e.kind == KIND_RECORD), None),
         next_seq=buf._next_seq,
         torn_tail=bool(torn),
-        quarantined=len(new_lost),
-        quarantined_seqs=tuple(new_lost[:MAX_REPORTED_SEQS]),
+        quarantined=new_lost.total(),
+        quarantined_seqs=new_lost.first(MAX_REPORTED_SEQS),
         stale=len(plan.stale),
         seconds=time.perf_counter() - started,
     )
@@ -220,7 +230,7 @@ def _torn_positions(buf: ReplayBuffer, tail: int, live_offsets: set[int]) -> lis
     return out
 
 
-def _install(buf: ReplayBuffer, kept: list[Entry], lost: dict[int, str], tail: int, next_seq: int) -> None:
+def _install(buf: ReplayBuffer, kept: list[Entry], lost: SeqRanges, tail: int, next_seq: int) -> None:
     buf._order = deque(kept)
     buf._index = {e.seq: e for e in kept if e.kind == KIND_RECORD}
     buf._lost = lost
@@ -232,22 +242,27 @@ def _install(buf: ReplayBuffer, kept: list[Entry], lost: dict[int, str], tail: i
 
 
 def refresh(buf: ReplayBuffer, rescan: bool) -> None:
-    """Bring a reader's index up to the writer: follow new records, drop evicted ones, or rescan."""
+    """Bring a reader's index up to the writer: follow new records, drop evicted ones, or rescan.
+
+    The hint is advisory and may be forged: a record is dropped only once its header is gone from
+    the file, and a hint that the records do not bear out triggers one rescan, not one per call.
+    """
     hint = buf._read_hint()
     if not rescan and hint is not None:
         next_seq, head, _tail, _pid = hint
         if next_seq > buf._next_seq:
             _walk(buf, next_seq)
-        if buf._next_seq >= next_seq:
+        if buf._next_seq >= next_seq or hint == buf._doubted_hint:
             _prune(buf, head)
             return
+    elif not rescan and buf._doubted_hint is None:
+        return  # no valid hint, and we rescanned since: no writer is appending (each append rewrites it)
     plan = ring.plan(ring.scan(buf._mm, HEADER_PAGE, buf._capacity, buf._salt), buf._capacity, None)
-    lost = {
-        seq: "is missing from the file (damaged); a writer's open will quarantine it"
-        for g in plan.gaps
-        for seq in range(g.first_seq, g.first_seq + g.count)
-    }
+    lost = SeqRanges()
+    for g in plan.gaps:
+        lost.add(g.first_seq, g.count, "is missing from the file (damaged); a writer's open will quarantine it")
     _install(buf, plan.kept, lost, plan.tail, plan.next_seq)
+    buf._doubted_hint = hint  # the records, not this hint, are the truth until the hint changes
 
 
 def _walk(buf: ReplayBuffer, target: int) -> None:
@@ -268,8 +283,11 @@ def _walk(buf: ReplayBuffer, target: int) -> None:
 
 
 def _prune(buf: ReplayBuffer, head: int) -> None:
-    order = buf._order
+    """Drop the oldest entries the hint says were evicted, if the file agrees (their header is gone)."""
+    order, mm, salt, cap = buf._order, buf._mm, buf._salt, buf._capacity
     while order and order[0].seq + order[0].width <= head:
+        if ring.parse_header(mm, order[0].off, salt, HEADER_PAGE, cap) == order[0]:
+            break  # still in the file, so still live: the hint is wrong (or forged)
         entry = order.popleft()
         buf._index.pop(entry.seq, None)
         buf._used -= ring.span_of(entry.length)
@@ -308,9 +326,31 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def quarantine_note(path: Path, first_seq: int, count: int, regions: list[tuple[int, bytes]]) -> None:
-    """Append the damaged bytes of one gap to ``<path>.quarantine``: a JSON line, then the raw bytes."""
-    with open(path.with_name(path.name + ".quarantine"), "ab") as f:
-        for offset, data in regions:
-            note = {"first_seq": first_seq, "count": count, "offset": offset, "length": len(data), "unix_ns": time.time_ns()}
-            f.write(json.dumps(note).encode() + b"\n" + data + b"\n")
+def open_sidecar(sidecar: Path) -> BinaryIO:
+    """Open ``<path>.quarantine`` for appending, without following a symlink; it must be a regular file.
+
+    A link planted there cannot redirect the write elsewhere, and a FIFO cannot block the open.
+    """
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(sidecar, flags, 0o644)
+    except OSError as exc:
+        raise StorageError(
+            f"cannot write the quarantine file {sidecar} ({exc.strerror}; a symlink there is refused): "
+            "remove or fix it and open the buffer again. Nothing in the buffer was changed"
+        ) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise StorageError(
+            f"{sidecar} is not a regular file, and the quarantined bytes go there: remove it and open the buffer again. "
+            "Nothing in the buffer was changed"
+        )
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "ab")
+
+
+def quarantine_note(f: BinaryIO, first_seq: int, count: int, regions: list[tuple[int, bytes]]) -> None:
+    """Append the damaged bytes of one gap to the quarantine file: a JSON line, then the raw bytes."""
+    for offset, data in regions:
+        note = {"first_seq": first_seq, "count": count, "offset": offset, "length": len(data), "unix_ns": time.time_ns()}
+        f.write(json.dumps(note).encode() + b"\n" + data + b"\n")

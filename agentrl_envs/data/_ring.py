@@ -19,10 +19,17 @@ overwritten have their header zeroed first, the payload is written before the he
 publishes it, and a torn write leaves an entry that fails its checksums. Recovery therefore needs
 no log of its own: scan for valid entries, order them by seq, drop any out of ring order, and
 report the seqs missing between two valid entries as corruption.
+
+The salt is in the file header, so anyone who can write the file can forge a valid entry or hint.
+Nothing read from the file sizes an allocation: seqs are below ``MAX_SEQ``, a seq gap, a tombstone
+width or a hint's count of lost records above :func:`max_gap` (a bound from the capacity) is not
+believed, and lost seqs are kept as ranges (:class:`SeqRanges`), never one by one.
 """
 
 from __future__ import annotations
 
+import bisect
+import operator
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -48,6 +55,8 @@ HEADER_SIZE = 32
 KIND_RECORD = 1
 KIND_TOMBSTONE = 2
 ZERO_HEADER = bytes(HEADER_SIZE)
+MAX_SEQ = 1 << 62  # seqs at or past this are forged (at a billion appends a second: 146 years)
+MAX_WIDTH = 0xFFFF_FFFF  # the most seqs one range stands for (a tombstone's 32-bit width)
 
 crc_extend = google_crc32c.extend
 
@@ -55,6 +64,16 @@ crc_extend = google_crc32c.extend
 def span_of(length: int) -> int:
     """Bytes a record with a ``length``-byte payload occupies: header plus payload padded to 8."""
     return HEADER_SIZE + ((length + 7) & ~7)
+
+
+def max_gap(capacity: int) -> int:
+    """The most seqs one gap, one tombstone or a hint's lost tail can stand for in a ring of ``capacity``.
+
+    The seqs of a gap lay between two live entries, at most one per header's worth of bytes, and each
+    could itself have been a tombstone of at most that many: a bound that only the file's size sets
+    (capped to fit a tombstone's 32-bit width).
+    """
+    return min(MAX_WIDTH, max(1, capacity // HEADER_SIZE) ** 2)
 
 
 class Entry(NamedTuple):
@@ -87,9 +106,12 @@ def parse_header(buf: bytes | memoryview | object, pos: int, salt: int, base: in
         return None
     if version != FORMAT_VERSION or kind not in (KIND_RECORD, KIND_TOMBSTONE) or pos + span_of(length) > capacity:
         return None
-    if kind == KIND_TOMBSTONE and (length or not aux):
+    if kind == KIND_TOMBSTONE and (length or not aux or aux > max_gap(capacity)):
         return None
-    return Entry(seq, pos, length, kind, 1 if kind == KIND_RECORD else aux, crc)
+    width = 1 if kind == KIND_RECORD else aux
+    if seq + width > MAX_SEQ:
+        return None
+    return Entry(seq, pos, length, kind, width, crc)
 
 
 def payload_ok(buf: object, base: int, entry: Entry, salt: int) -> bool:
@@ -147,7 +169,14 @@ class Plan:
 
 
 def plan(entries: Sequence[Entry], capacity: int, hint_next_seq: int | None) -> Plan:
-    """Order scanned entries into the live ring (see the module docstring)."""
+    """Order scanned entries into the live ring (see the module docstring).
+
+    Entries split into runs wherever two seqs lie further apart than :func:`max_gap` allows; only
+    the run with the most entries (the newest on a tie) is the ring, so one forged entry with a far
+    seq cannot push the genuine ones out. A hint claiming more lost records than fit is ignored.
+    """
+    if hint_next_seq is not None and not 0 <= hint_next_seq < MAX_SEQ:
+        hint_next_seq = None
     by_seq: dict[int, Entry] = {}
     dupes: list[Entry] = []
     for entry in entries:
@@ -158,6 +187,15 @@ def plan(entries: Sequence[Entry], capacity: int, hint_next_seq: int | None) -> 
     ordered = sorted(by_seq.values())
     if not ordered:
         return Plan(kept=[], stale=dupes, next_seq=hint_next_seq or 0, tail=0)
+    bound = max_gap(capacity)
+    runs: list[list[Entry]] = [[ordered[0]]]
+    for older, newer in pairwise(ordered):
+        if newer.seq - (older.seq + older.width) > bound:
+            runs.append([])
+        runs[-1].append(newer)
+    chosen = max(range(len(runs)), key=lambda i: (len(runs[i]), i))
+    dupes += [e for i, run in enumerate(runs) if i != chosen for e in run]
+    ordered = runs[chosen]
     newest = ordered[-1]
     kept = [newest]
     wrapped = False
@@ -173,15 +211,15 @@ def plan(entries: Sequence[Entry], capacity: int, hint_next_seq: int | None) -> 
             break
         kept.append(entry)
     kept.reverse()
-    result = Plan(kept=kept, stale=dupes + ordered[: len(ordered) - len(kept)])
+    result = Plan(kept=kept, stale=sorted(dupes + ordered[: len(ordered) - len(kept)]))
     for older, newer in pairwise(kept):
         expected = older.seq + older.width
         if newer.seq > expected:
             result.gaps.append(_gap(older, newer, expected, capacity))
     top = newest.seq + newest.width
-    if hint_next_seq is not None and hint_next_seq > top:
+    if hint_next_seq is not None and top < hint_next_seq <= top + bound:
         result.lost_tail = hint_next_seq - top
-    result.next_seq = max(top, hint_next_seq or 0)
+    result.next_seq = top + result.lost_tail
     result.tail = newest.end
     return result
 
@@ -195,3 +233,67 @@ def _gap(older: Entry, newer: Entry, first_seq: int, capacity: int) -> Gap:
         regions = [(older.end, capacity - older.end), (0, newer.off)]
         place = older.end if capacity - older.end >= HEADER_SIZE else (0 if newer.off >= HEADER_SIZE else None)
     return Gap(first_seq, count, [r for r in regions if r[1] > 0], place)
+
+
+class SeqRanges:
+    """Seqs that were lost, with the reason for each, stored as ranges.
+
+    Memory grows with the number of ranges (at most one per gap, tombstone or lost tail, so bounded
+    by the ring's size), never with how many seqs a range covers: a forged count cannot exhaust it.
+    """
+
+    def __init__(self) -> None:
+        self._starts: list[int] = []
+        self._ranges: list[tuple[int, int, str]] = []  # (first, end, reason), sorted by first
+
+    def add(self, first: int, count: int, reason: str) -> None:
+        """Mark seqs ``[first, first + count)`` lost for ``reason``."""
+        if count <= 0:
+            return
+        i = bisect.bisect_right(self._starts, first)
+        self._starts.insert(i, first)
+        self._ranges.insert(i, (first, first + count, reason))
+
+    def reason(self, seq: object) -> str | None:
+        """Why ``seq`` was lost, or None if it was not."""
+        try:
+            key = operator.index(seq)  # type: ignore[arg-type]
+        except TypeError:
+            return None
+        i = bisect.bisect_right(self._starts, key) - 1
+        while i >= 0:  # ranges may overlap after repeated damage: look back while one could cover seq
+            first, end, why = self._ranges[i]
+            if key < end:
+                return why
+            if first + MAX_WIDTH < key:
+                break
+            i -= 1
+        return None
+
+    def discard(self, first: int, count: int) -> None:
+        """Forget the ranges inside ``[first, first + count)`` (their tombstone was evicted)."""
+        lo = bisect.bisect_left(self._starts, first)
+        hi = lo
+        while hi < len(self._ranges) and self._ranges[hi][1] <= first + count:
+            hi += 1
+        del self._starts[lo:hi]
+        del self._ranges[lo:hi]
+
+    def total(self) -> int:
+        """How many seqs the ranges cover (overlaps counted twice)."""
+        return sum(end - first for first, end, _ in self._ranges)
+
+    def first(self, n: int) -> tuple[int, ...]:
+        """The lowest ``n`` lost seqs, ascending."""
+        out: list[int] = []
+        for first, end, _ in self._ranges:
+            out.extend(range(first, min(end, first + n - len(out))))
+            if len(out) >= n:
+                break
+        return tuple(sorted(set(out)))[:n]
+
+    def __contains__(self, seq: object) -> bool:
+        return self.reason(seq) is not None
+
+    def __len__(self) -> int:
+        return len(self._ranges)

@@ -14,8 +14,14 @@ Guarantees (the crash tests in ``tests/data/test_crash.py`` check them with ``ki
   carry CRC32C checksums, and readers re-check the header after copying.
 * Reopening recovers by scanning the ring: a torn tail is discarded (``recovery.torn_tail``); records
   lost to mid-log corruption are counted (``recovery.quarantined``), their bytes copied to
-  ``<path>.quarantine`` and a tombstone left so that ``get`` says so and the next open does not
-  count them again.
+  ``<path>.quarantine`` (never through a symlink) and a tombstone left so that ``get`` says so and
+  the next open does not count them again.
+* A forged file (the CRC salt is in its header, so anyone who can write it can forge entries and
+  hints) cannot make an open allocate more than the file's size allows, and a forged hint cannot
+  hide records from readers: a record is dropped only when its header is gone from the file.
+* A file truncated under an open handle is an error (:class:`FormatError`), not a SIGBUS: every
+  call checks the file's size before it touches the map. A truncation that lands while a call is
+  reading the map can still fault; the check catches every truncation between calls.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ import numpy as np
 
 from agentrl_envs.data import _ring as ring
 from agentrl_envs.data._open import create_file, open_buffer, refresh
-from agentrl_envs.data._ring import HEADER_PAGE, HEADER_SIZE, KIND_RECORD, Entry
+from agentrl_envs.data._ring import HEADER_PAGE, HEADER_SIZE, KIND_RECORD, Entry, SeqRanges
 from agentrl_envs.data.codec import DEFAULT_LIMITS, Limits, Trajectory, decode, encode
 from agentrl_envs.data.errors import (
     BufferLockedError,
@@ -181,6 +187,7 @@ class ReplayBuffer:
     def _setup(self, path: Path, file: Any, mm: mmap.mmap, capacity: int, salt: bytes, readonly: bool) -> None:
         self._path = path
         self._file = file
+        self._fd: int = file.fileno()
         self._mm = mm
         self._capacity = capacity
         self._salt = ring.crc_extend(0, salt)
@@ -191,7 +198,9 @@ class ReplayBuffer:
         self._pid = os.getpid()
         self._order: deque[Entry] = deque()
         self._index: dict[int, Entry] = {}
-        self._lost: dict[int, str] = {}
+        self._lost = SeqRanges()
+        # The hint at the last rescan, which the records did not bear out (None: there was no valid hint).
+        self._doubted_hint: tuple[int, int, int, int] | bool | None = False
         self._tail = 0
         self._next_seq = 0
         self._used = 0
@@ -218,6 +227,7 @@ class ReplayBuffer:
         """Write an already-encoded trajectory (from :func:`~agentrl_envs.data.encode`); return its seq."""
         with self._lock:
             self._check_writable()
+            self._check_size()
             length = len(payload)
             span = ring.span_of(length)
             if span > self._capacity:
@@ -278,6 +288,7 @@ class ReplayBuffer:
         """The encoded trajectory with sequence number ``seq``, checksum-verified."""
         with self._lock:
             self._check_open()
+            self._check_size()
             for attempt in range(READ_RETRIES):
                 entry = self._index.get(seq)
                 if entry is None and self._readonly:
@@ -390,6 +401,7 @@ class ReplayBuffer:
         with self._lock:
             self._check_open()
             if not self._readonly:
+                self._check_size()
                 self._mm.flush()
 
     def close(self) -> None:
@@ -399,7 +411,7 @@ class ReplayBuffer:
                 return
             self._closed = True
             try:
-                if not self._readonly and os.getpid() == self._pid:
+                if not self._readonly and os.getpid() == self._pid and self._file_size() >= HEADER_PAGE + self._capacity:
                     self._write_hint()
                     self._mm.flush()
             finally:
@@ -434,6 +446,21 @@ class ReplayBuffer:
                 f"this handle on {self._path} belongs to process {self._pid}; after a fork, open the buffer in the child"
             )
 
+    def _file_size(self) -> int:
+        # lseek(SEEK_END) answers the size at a third of fstat's cost; nothing reads through the offset.
+        return os.lseek(self._fd, 0, os.SEEK_END)
+
+    def _check_size(self) -> None:
+        """Refuse to touch the map of a file that shrank under us (the access would SIGBUS)."""
+        size = self._file_size()
+        expected = HEADER_PAGE + self._capacity
+        if size < expected:
+            raise FormatError(
+                f"{self._path} shrank to {size:,} bytes while open (the ring needs {expected:,}): another process "
+                "truncated it. Nothing past the end was read. Close this handle, then reopen it for writing with "
+                "repair=True to keep the records that remain, or restore the file"
+            )
+
     def _crash_point(self, phase: str) -> None:
         if phase == _crash_phase and self._appends == _crash_on:
             os.kill(os.getpid(), signal.SIGKILL)
@@ -459,8 +486,7 @@ class ReplayBuffer:
         if entry.kind == KIND_RECORD:
             del self._index[entry.seq]
         else:
-            for seq in range(entry.seq, entry.seq + entry.width):
-                self._lost.pop(seq, None)
+            self._lost.discard(entry.seq, entry.width)
 
     def _read(self, entry: Entry) -> bytes | None:
         """The verified payload of ``entry``, or None if it is no longer (or not) what the index says."""
@@ -476,8 +502,9 @@ class ReplayBuffer:
         return payload
 
     def _raise_missing(self, seq: int) -> NoReturn:
-        if seq in self._lost:
-            raise CorruptRecordError(f"record {seq} of {self._path} {self._lost[seq]}")
+        reason = self._lost.reason(seq)
+        if reason is not None:
+            raise CorruptRecordError(f"record {seq} of {self._path} {reason}")
         live = [e.seq for e in self._order if e.kind == KIND_RECORD]
         span = f"seqs {live[0]}..{live[-1]}" if live else "no records"
         if isinstance(seq, (int, np.integer)) and seq >= self._next_seq:
@@ -547,4 +574,5 @@ class ReplayBuffer:
         self._released = target
 
     def _refresh(self, rescan: bool = False) -> None:
+        self._check_size()
         refresh(self, rescan)

@@ -218,10 +218,11 @@ def test_concurrent_calls_for_one_episode_do_not_hang(sim_url: str) -> None:
     env = gym.make("AgentRL/SQL-v0", backend=sim_url)
     env.reset(seed=0)
     episode = env.unwrapped._episode_id
+    token = env.unwrapped._backend._tokens[episode]  # the owner's token: other clients are refused
     statuses: list[int] = []
 
     def worker() -> None:
-        with httpx.Client(base_url=sim_url, timeout=10) as client:
+        with httpx.Client(base_url=sim_url, timeout=10, headers={"X-AgentRL-Episode-Token": token}) as client:
             for _ in range(15):
                 statuses.append(
                     client.post(f"/v1/episodes/{episode}/sql", json={"query": "SELECT count(*) AS n FROM staff"}).status_code

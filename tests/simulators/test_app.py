@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,7 @@ import httpx
 import pytest
 
 from simulators import SimulatorApp
+from simulators.app import EPISODE_TOKEN_HEADER, template_fingerprint
 from simulators.python import RunLimits
 from simulators.sql import build_database, format_rows
 
@@ -26,6 +29,31 @@ TABLES: dict[str, Any] = {
         ],
     }
 }
+FP = template_fingerprint("fp-sales", TABLES)
+
+
+class OwnerClient(httpx.Client):
+    """An httpx client that keeps the episode tokens it was given and sends them back, as the backends do."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.tokens: dict[str, str] = {}
+
+    def send(self, request: httpx.Request, **kwargs: Any) -> httpx.Response:  # type: ignore[override]
+        parts = [p for p in request.url.path.split("/") if p]
+        episode_id = parts[2] if len(parts) >= 3 and parts[:2] == ["v1", "episodes"] else None
+        if request.url.path == "/v1/episodes" and request.method == "POST":
+            try:
+                episode_id = json.loads(request.content)["episode_id"]
+            except (ValueError, KeyError, TypeError):
+                episode_id = None
+        if isinstance(episode_id, str) and episode_id in self.tokens:
+            request.headers[EPISODE_TOKEN_HEADER] = self.tokens[episode_id]
+        response = super().send(request, **kwargs)
+        if request.url.path == "/v1/episodes" and request.method == "POST" and response.status_code == 201:
+            result = response.json()["result"]
+            self.tokens[result["episode_id"]] = result["episode_token"]
+        return response
 
 
 @pytest.fixture
@@ -44,14 +72,21 @@ def app(ws_root: Path):
 
 @pytest.fixture
 def client(app: SimulatorApp):
+    with OwnerClient(transport=httpx.MockTransport(app.handle), base_url="http://agentrl.sim") as c:
+        yield c
+
+
+@pytest.fixture
+def stranger(app: SimulatorApp):
+    """Another client of the same server: it knows episode ids, not their tokens."""
     with httpx.Client(transport=httpx.MockTransport(app.handle), base_url="http://agentrl.sim") as c:
         yield c
 
 
 @pytest.fixture
 def episode(client: httpx.Client) -> str:
-    assert client.put("/v1/databases/fp-sales", json={"tables": TABLES}).status_code == 204
-    r = client.post("/v1/episodes", json={"episode_id": "ep-1", "database": "fp-sales"})
+    assert client.put(f"/v1/databases/{FP}", json={"tables": TABLES}).status_code == 204
+    r = client.post("/v1/episodes", json={"episode_id": "ep-1", "database": FP})
     assert r.status_code == 201, r.text
     return "ep-1"
 
@@ -74,12 +109,13 @@ def _workspace(app: SimulatorApp, episode_id: str) -> Path:
 
 
 def test_put_database_then_open_episode(client: httpx.Client, app: SimulatorApp) -> None:
-    r = client.put("/v1/databases/fp1", json={"tables": TABLES})
+    r = client.put(f"/v1/databases/{FP}", json={"tables": TABLES})
     assert r.status_code == 204
-    assert "fp1" in app.templates
-    r = client.post("/v1/episodes", json={"episode_id": "e1", "database": "fp1", "sender": "bot@agentrl.example"})
+    assert FP in app.templates
+    r = client.post("/v1/episodes", json={"episode_id": "e1", "database": FP, "sender": "bot@agentrl.example"})
     assert r.status_code == 201
-    assert r.json() == {"ok": True, "result": {"episode_id": "e1"}}
+    result = r.json()["result"]
+    assert result["episode_id"] == "e1" and isinstance(result["episode_token"], str) and len(result["episode_token"]) >= 24
     r = client.post("/v1/episodes/e1/sql", json={"query": "SELECT count(*) AS n FROM sales"})
     assert r.status_code == 200
     result = r.json()["result"]
@@ -108,7 +144,8 @@ def test_episode_without_database(client: httpx.Client) -> None:
     [None, [], "x", {"1bad": {"columns": [["a", "TEXT"]], "rows": []}}, {"t": {"columns": [["a", "BLOB"]], "rows": []}}],
 )
 def test_bad_database_is_400(client: httpx.Client, tables: Any) -> None:
-    r = client.put("/v1/databases/bad", json={"tables": tables})
+    fingerprint = template_fingerprint("bad", tables) if isinstance(tables, dict) else "bad-0123456789abcdef"
+    r = client.put(f"/v1/databases/{fingerprint}", json={"tables": tables})
     assert r.status_code == 400, r.text
     assert r.json()["ok"] is False
 
@@ -119,7 +156,7 @@ def test_bad_database_is_400(client: httpx.Client, tables: Any) -> None:
     ids=["row-arity", "no-tables"],
 )
 def test_unbuildable_database_is_400(client: httpx.Client, tables: Any) -> None:
-    _error(client.put("/v1/databases/bad", json={"tables": tables}), 400, "bad_database")
+    _error(client.put(f"/v1/databases/{template_fingerprint('bad', tables)}", json={"tables": tables}), 400, "bad_database")
 
 
 def test_files_are_written_into_the_workspace(client: httpx.Client, app: SimulatorApp) -> None:
@@ -350,9 +387,9 @@ def test_app_close_removes_every_workspace(ws_root: Path) -> None:
 
 
 def test_episode_databases_are_isolated(client: httpx.Client, app: SimulatorApp) -> None:
-    client.put("/v1/databases/fp", json={"tables": TABLES})
+    client.put(f"/v1/databases/{FP}", json={"tables": TABLES})
     for eid in ("a", "b"):
-        assert client.post("/v1/episodes", json={"episode_id": eid, "database": "fp"}).status_code == 201
+        assert client.post("/v1/episodes", json={"episode_id": eid, "database": FP}).status_code == 201
     db_a, db_b = app._episodes["a"].database, app._episodes["b"].database
     assert db_a is not None and db_b is not None and db_a is not db_b
     assert _workspace(app, "a") != _workspace(app, "b")
@@ -383,8 +420,8 @@ def test_episode_id_with_trailing_newline_is_400(client: httpx.Client) -> None:
 
 
 def test_build_database_image_matches_put(app: SimulatorApp, client: httpx.Client) -> None:
-    client.put("/v1/databases/fp", json={"tables": TABLES})
-    assert app.templates.get("fp") == build_database(TABLES)
+    client.put(f"/v1/databases/{FP}", json={"tables": TABLES})
+    assert app.templates.get(FP) == build_database(TABLES)
 
 
 def test_openapi_document_describes_every_route() -> None:
@@ -418,3 +455,112 @@ def _refs(node: object) -> list[str]:
     if isinstance(node, list):
         return [r for v in node for r in _refs(v)]
     return []
+
+
+# -- content-addressed templates (template poisoning) ----------------------------------------------
+
+POISON: dict[str, Any] = {"sales": {"columns": [["id", "INTEGER"], ["region", "TEXT"]], "rows": [[1, "poisoned"]]}}
+
+
+def _digest(tables: dict[str, Any]) -> str:
+    return template_fingerprint("x", tables).split("-")[-1]
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        FP,  # the victim's fingerprint, computed offline
+        "fp-sales",  # no digest at all
+        FP.upper(),  # the digest in another case
+        FP[:-1],  # a digest shortened below 16 hex digits
+        FP + "0",  # a digest longer than the real one
+        "fp-sales-" + _digest(TABLES)[:15] + "g",  # not hex
+        "../" + FP,
+    ],
+)
+def test_a_forged_fingerprint_cannot_poison_a_template(
+    client: httpx.Client, stranger: httpx.Client, app: SimulatorApp, episode: str, forged: str
+) -> None:
+    r = stranger.put(f"/v1/databases/{forged}", json={"tables": POISON})
+    assert 400 <= r.status_code < 500, r.text
+    assert app.templates.get(FP) == build_database(TABLES)
+    # An episode opened after the attempt still runs on the victim's data.
+    assert client.post("/v1/episodes", json={"episode_id": "victim-2", "database": FP}).status_code == 201
+    rows = client.post("/v1/episodes/victim-2/sql", json={"query": "SELECT count(*) FROM sales"}).json()["result"]["rows"]
+    assert rows == [[4]]
+
+
+def test_a_mismatch_names_the_fingerprint_that_would_be_accepted(stranger: httpx.Client) -> None:
+    err = _error(stranger.put(f"/v1/databases/{FP}", json={"tables": POISON}), 422, "fingerprint_mismatch")
+    assert _digest(POISON) in err["message"]
+
+
+def test_templates_are_content_addressed_and_uploads_idempotent(client: httpx.Client, app: SimulatorApp) -> None:
+    full = "fp-sales-" + hashlib.sha256(json.dumps(TABLES, sort_keys=True).encode()).hexdigest()
+    for fingerprint in (FP, full, _digest(TABLES)):  # 16 hex digits, the full digest, no label
+        assert client.put(f"/v1/databases/{fingerprint}", json={"tables": TABLES}).status_code == 204
+        assert app.templates.get(fingerprint) == build_database(TABLES)
+    # Key order does not change the content, so the same fingerprint is accepted.
+    reordered = {"sales": {"rows": TABLES["sales"]["rows"], "columns": TABLES["sales"]["columns"]}}
+    assert client.put(f"/v1/databases/{FP}", json={"tables": reordered}).status_code == 204
+    # Anyone may store other tables, but only under their own fingerprint.
+    assert client.put(f"/v1/databases/{template_fingerprint('fp-sales', POISON)}", json={"tables": POISON}).status_code == 204
+    assert app.templates.get(FP) == build_database(TABLES)
+
+
+# -- episode ownership (hijack by id) --------------------------------------------------------------
+
+
+def _hijacks(episode: str) -> list[tuple[str, str, dict[str, Any] | None]]:
+    return [
+        ("POST", f"/v1/episodes/{episode}/sql", {"query": "SELECT 1"}),
+        ("POST", f"/v1/episodes/{episode}/python", {"code": "print(1)"}),
+        ("POST", f"/v1/episodes/{episode}/smtp", {"to": "a@example.com", "subject": "s", "body": "b"}),
+        ("PUT", f"/v1/episodes/{episode}/files/notes.txt", {"text": "planted"}),
+        ("GET", f"/v1/episodes/{episode}/files/results/q1.csv", None),
+        ("DELETE", f"/v1/episodes/{episode}", None),
+        ("POST", "/v1/episodes", {"episode_id": episode}),  # replace it with an episode of our own
+    ]
+
+
+@pytest.mark.parametrize(
+    "token", [None, "", "wrong-token-0123456789abcdef", "other-episode"], ids=["none", "empty", "wrong", "other"]
+)
+@pytest.mark.parametrize("call", range(7), ids=["sql", "python", "smtp", "put-file", "get-file", "delete", "replace"])
+def test_another_client_cannot_touch_an_episode(
+    client: OwnerClient, stranger: httpx.Client, app: SimulatorApp, episode: str, token: str | None, call: int
+) -> None:
+    client.post(f"/v1/episodes/{episode}/sql", json={"query": "SELECT 1"})
+    ws = _workspace(app, episode)
+    if token == "other-episode":  # the stranger's own, valid token, for another episode
+        r = stranger.post("/v1/episodes", json={"episode_id": "mine"})
+        token = r.json()["result"]["episode_token"]
+    method, path, body = _hijacks(episode)[call]
+    headers = {EPISODE_TOKEN_HEADER: token} if token is not None else {}
+    err = _error(stranger.request(method, path, json=body, headers=headers), 403, "forbidden")
+    assert EPISODE_TOKEN_HEADER in err["message"]
+    # Nothing changed: the episode, its workspace and its mailbox are the owner's.
+    assert ws.exists() and not (ws / "notes.txt").exists()
+    assert app._episodes[episode].token == client.tokens[episode]
+    assert app._episodes[episode].mailbox.deliveries == []
+    r = client.post(f"/v1/episodes/{episode}/sql", json={"query": "SELECT count(*) FROM sales"})
+    assert r.status_code == 200 and r.json()["result"]["csv_path"] == "results/q2.csv"
+
+
+def test_the_owner_can_replace_and_close_and_then_the_id_is_free(
+    client: OwnerClient, stranger: httpx.Client, app: SimulatorApp, episode: str
+) -> None:
+    old_token = client.tokens[episode]
+    assert client.post("/v1/episodes", json={"episode_id": episode}).status_code == 201
+    assert client.tokens[episode] != old_token  # a new episode, a new token
+    _error(stranger.post(f"/v1/episodes/{episode}/python", json={"code": "1"}, headers={EPISODE_TOKEN_HEADER: old_token}), 403)
+    assert client.delete(f"/v1/episodes/{episode}").status_code == 204
+    r = stranger.post("/v1/episodes", json={"episode_id": episode})
+    assert r.status_code == 201
+    # The first owner's token does not open the stranger's new episode.
+    _error(client.post(f"/v1/episodes/{episode}/python", json={"code": "print(1)"}), 403, "forbidden")
+
+
+def test_the_python_surface_is_trusted_and_needs_no_token(app: SimulatorApp, client: OwnerClient, episode: str) -> None:
+    status, reply = app.tool(episode, "sql", {"query": "SELECT 1"})
+    assert status == 200, reply
