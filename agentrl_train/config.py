@@ -89,7 +89,7 @@ class PPOConfig:
     ent_end: float = _f(0.001, "entropy coefficient at the end")
     grad_clip: float = _f(1.0, "max gradient norm")
     clip_mode: str = _f("per-layer", "per-layer (each transformer block and the value head on its own) or global")
-    reward_norm: str = _f("zscore", "zscore (batch z-score of rewards with min_sigma) or none")
+    reward_norm: str = _f("scale", "scale (rewards / batch std, floored at min_sigma), zscore ((r - mean) / std) or none")
     min_sigma: float = _f(0.1, "floor of the reward std in the batch z-score")
     whiten_advantages: bool = _f(True, "whiten advantages over valid samples")
     scoring: str = _f("mean", "candidates mode: a candidate's score is the mean (or sum) of its tokens' log-probs")
@@ -153,7 +153,7 @@ class TrainConfig:
         _choice("split", e.split, ("train", "test", "heldout"))
         _choice("advantage", p.advantage, ("gae", "hierarchical"))
         _choice("clip_mode", p.clip_mode, ("per-layer", "global"))
-        _choice("reward_norm", p.reward_norm, ("zscore", "none"))
+        _choice("reward_norm", p.reward_norm, ("scale", "zscore", "none"))
         _choice("scoring", p.scoring, ("mean", "sum"))
         for name in ("num_envs", "updates", "rollout_steps", "epochs", "micro_batch", "max_new_tokens", "max_prompt_tokens"):
             _positive(name, _get(self, name))

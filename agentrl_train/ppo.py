@@ -52,7 +52,12 @@ def critic_weight(update: int, warmup: int) -> float:
 def normalize_rewards(
     rewards: np.ndarray, valid: np.ndarray, mode: str = "zscore", min_sigma: float = 0.1, stats: Any = None
 ) -> np.ndarray:
-    """Batch z-score of the valid rewards, with the std floored at ``min_sigma``.
+    """Batch normalization of the valid rewards, with the std floored at ``min_sigma``.
+
+    ``zscore``: ``(r - mean) / std``. ``scale``: ``r / std`` (no shift). Shifting every step's reward by
+    the batch mean is a per-step penalty when most steps earn nothing, and a policy can dodge it by
+    ending episodes early (a wrong ``finish``): on SQLPythonSMTP the z-scored run collapsed onto short
+    episodes, so ``scale`` is the default. ``none``: unchanged.
 
     ``stats``, when given, is ``(count, sum, sum_sq)`` over the global batch (all-reduced by DDP).
     """
@@ -66,7 +71,7 @@ def normalize_rewards(
         return rewards.copy()
     mean = s / n
     var = max(ss / n - mean * mean, 0.0)
-    out = (rewards - mean) / max(math.sqrt(var), min_sigma)
+    out = (rewards - (mean if mode == "zscore" else 0.0)) / max(math.sqrt(var), min_sigma)
     return np.where(valid, out, 0.0)
 
 
