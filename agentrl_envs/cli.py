@@ -7,6 +7,7 @@
     agentrl-envs eval AgentRL/SQLPythonSMTP-v0 --agent oracle --episodes 50
     agentrl-envs serve --host 127.0.0.1 --port 8765 [--profile realistic]
     agentrl-envs fit-profile access.log api.jsonl -o profile.yaml
+    agentrl-envs export-sft AgentRL/SQL-v0 --agent oracle --episodes 100 -o sft.parquet
 """
 
 from __future__ import annotations
@@ -95,7 +96,27 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("make-rm-data", help="counterfactual reward-model data: gold calls and perturbations as Parquet")
     counterfactual.add_arguments(p)
     p.set_defaults(func=counterfactual.cmd_make_rm_data)
+
+    p = sub.add_parser("export-sft", help="run an agent and write its episodes as chat messages (SFT Parquet for datasets/TRL)")
+    p.add_argument("env_id", metavar="ID", help="environment id, e.g. AgentRL/SQL-v0 (see 'agentrl-envs list')")
+    p.add_argument("--agent", choices=("oracle", "random"), default="oracle")
+    p.add_argument("--episodes", type=_positive, default=100, help="episodes to write (default 100)")
+    p.add_argument("--seed", type=int, default=0, help="first seed; episode i uses seed+i")
+    p.add_argument("--split", default="train", choices=SPLITS)
+    p.add_argument("-o", "--output", required=True, help="Parquet file to write")
+    p.set_defaults(func=cmd_export_sft)
     return parser
+
+
+def cmd_export_sft(args: argparse.Namespace) -> int:
+    from agentrl_envs.chat import export_sft
+
+    _check_id(args.env_id)
+    summary = export_sft(args.env_id, args.output, episodes=args.episodes, agent=args.agent, seed=args.seed, split=args.split)
+    print(
+        f"wrote {summary['episodes']} episodes ({summary['solved']} solved, {summary['messages']} messages) to {summary['path']}"
+    )
+    return 0
 
 
 def _env_args(p: argparse.ArgumentParser, split_default: str = "train") -> None:
