@@ -113,7 +113,10 @@ def _make_hard(
         n += 1
         pool.append(format_call("finish", {"answer": f"I am not sure ({n})"}))
     ties = rng.random(len(pool))
-    ranked = sorted(range(len(pool)), key=lambda i: (abs(overlap_score(pool[i], tokens) - target), ties[i]))
+    deltas = [overlap_score(c, tokens) - target for c in pool]
+    # Ties first; then a lower score before a higher one (a wrong call that out-scores the right one
+    # would make the heuristic worse than chance, one that under-scores it better).
+    ranked = sorted(range(len(pool)), key=lambda i: (abs(deltas[i]), deltas[i] > 0, ties[i]))
     out = [oracle, *(pool[i] for i in ranked[: k - 1])]
     order = rng.permutation(len(out))
     return [out[i] for i in order]
@@ -186,11 +189,25 @@ def _perturb_hard(task: Task, name: str, arguments: dict[str, Any], context: str
             out.append(
                 format_call("smtp", {**arguments, "body": arguments["body"].replace(a, "\0").replace(b, a).replace("\0", b)})
             )
-    elif name == "finish":
+    if name != "finish":
+        out += [format_call("finish", {"answer": n}) for n in _numbers(context)[:4]]  # finishing early
+    if name == "finish":
         answer = arguments["answer"]
         for other in _numbers(context):
             if other != answer:
                 out.append(format_call("finish", {"answer": other}))
+        # Right-looking figures and names from another computation, found nowhere in the context.
+        if re.fullmatch(r"-?\d+(?:\.\d+)?", answer):
+            x, decimals = float(answer), len(answer.partition(".")[2])
+            for y in (x + 1, x - 1, x * 2, x / 2, x * 1.1, x * 0.9):
+                out.append(format_call("finish", {"answer": f"{y:.{decimals}f}"}))
+        elif task.data is not None and domain.entity in task.data.tables:
+            table = task.data.tables[domain.entity]
+            columns = [c[0] if isinstance(c, (list, tuple)) else c for c in table["columns"]]
+            if "name" in columns:
+                col = columns.index("name")
+                names = [str(row[col]) for row in table["rows"][:12]]
+                out += [format_call("finish", {"answer": n}) for n in names if n != answer]
         for word in re.findall(r"'([^']+)'", context):
             if word != answer:
                 out.append(format_call("finish", {"answer": word}))

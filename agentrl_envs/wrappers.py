@@ -8,6 +8,7 @@ learner trains on it unchanged (``check_env`` of Gymnasium and SB3 pass; it work
 
 from __future__ import annotations
 
+import itertools
 import zlib
 from typing import Any, SupportsFloat
 
@@ -30,7 +31,7 @@ def hashed_features(text: str, features: int) -> np.ndarray:
     process and on every machine, unlike Python's salted ``hash``.
     """
     words = word_tokens(text)
-    grams = set(words) | {f"{a} {b}" for a, b in zip(words, words[1:])}
+    grams = set(words) | {f"{a} {b}" for a, b in itertools.pairwise(words)}
     out = np.zeros(features, dtype=np.float32)
     for gram in grams:
         out[zlib.crc32(gram.encode("utf-8")) % features] = 1.0
@@ -49,7 +50,8 @@ class CandidatesDiscrete(gym.Wrapper[np.ndarray, np.int64, str, str]):
     - the last K values: the share of candidate ``i``'s distinct tokens that occur in block 0's text
       (the overlap heuristic's signal, normalized).
 
-    After the episode's last step there are no candidates: their blocks are zeros.
+    After the episode's last step there are no candidates: their blocks are zeros. ``info`` gains
+    ``observation_text`` (the text observation) and, after a step, ``action_text`` (the call sent).
 
     Args:
         env: an agentrl env made with ``candidates=K`` (K >= 2), wrapped or not.
@@ -75,6 +77,7 @@ class CandidatesDiscrete(gym.Wrapper[np.ndarray, np.int64, str, str]):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
         observation, info = self.env.reset(seed=seed, options=options)
         self._instruction = str(info.get("instruction", ""))
+        info["observation_text"] = observation
         return self._encode(observation, info), info
 
     def step(self, action: Any) -> tuple[np.ndarray, SupportsFloat, bool, bool, dict[str, Any]]:
@@ -83,6 +86,7 @@ class CandidatesDiscrete(gym.Wrapper[np.ndarray, np.int64, str, str]):
             raise ConfigError(f"action {action!r}: use an int in 0..{self.k - 1}, after reset()")
         observation, reward, terminated, truncated, info = self.env.step(self._candidates[index])
         info["action_text"] = self._candidates[index]
+        info["observation_text"] = observation
         return self._encode(observation, info), reward, terminated, truncated, info
 
     def _encode(self, observation: str, info: dict[str, Any]) -> np.ndarray:
