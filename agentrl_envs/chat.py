@@ -52,7 +52,7 @@ def _env_card(env_id: str) -> tuple[str, str]:
 
     if env_id not in agentrl_envs.ENV_IDS:
         raise ConfigError(f"unknown environment {env_id[:80]!r}; available: {', '.join(agentrl_envs.ENV_IDS)}")
-    env = gym.make(env_id).unwrapped
+    env: Any = gym.make(env_id).unwrapped
     try:
         return env.system_prompt(), json.dumps([tool.schema() for tool in env.tools.values()])
     finally:

@@ -38,7 +38,7 @@ def hashed_features(text: str, features: int) -> np.ndarray:
     return out
 
 
-class CandidatesDiscrete(gym.Wrapper[np.ndarray, np.int64, str, str]):
+class CandidatesDiscrete(gym.Wrapper[Any, Any, Any, Any], gym.utils.RecordConstructorArgs):
     """``Discrete(K)`` over ``info["candidates"]`` with a hashed n-gram ``Box`` observation.
 
     Action ``i`` sends ``info["candidates"][i]`` (the K shuffled actions of the last step) to the env.
@@ -58,8 +58,9 @@ class CandidatesDiscrete(gym.Wrapper[np.ndarray, np.int64, str, str]):
         features: hash buckets per block (default 128).
     """
 
-    def __init__(self, env: gym.Env[str, str], features: int = 128) -> None:
-        super().__init__(env)
+    def __init__(self, env: gym.Env[Any, Any], features: int = 128) -> None:
+        gym.utils.RecordConstructorArgs.__init__(self, features=features)
+        gym.Wrapper.__init__(self, env)
         core = env.unwrapped
         if not isinstance(core, ToolUseEnv):
             raise ConfigError(f"CandidatesDiscrete wraps an agentrl env, got {type(core).__name__}")
@@ -89,10 +90,10 @@ class CandidatesDiscrete(gym.Wrapper[np.ndarray, np.int64, str, str]):
         info["observation_text"] = observation
         return self._encode(observation, info), reward, terminated, truncated, info
 
-    def _encode(self, observation: str, info: dict[str, Any]) -> np.ndarray:
+    def _encode(self, observation: Any, info: dict[str, Any]) -> np.ndarray:
         context = f"{self._instruction}\n{observation}"
         self._candidates = list(info.get("candidates") or [])
-        out = np.zeros(self.observation_space.shape, dtype=np.float32)
+        out = np.zeros(((self.k + 1) * self.features + self.k,), dtype=np.float32)
         f = self.features
         out[:f] = hashed_features(context, f)
         tokens = overlap_tokens(context)

@@ -88,11 +88,11 @@ def environment_factory(env_id: str, **make_kwargs: Any) -> type:
 
 
 def _init(self: Any) -> None:
-    self._envs: dict[str, gym.Env[str, str]] = {}
-    self.env: gym.Env[str, str] | None = None
+    self._envs = {}
+    self.env = None
     self.episode_return = 0.0
     self.done = True
-    self.info: dict[str, Any] = {}
+    self.info = {}
 
 
 def _get_env(self: Any, split: str) -> gym.Env[str, str]:
@@ -166,14 +166,14 @@ def _tool_method(schema: dict[str, Any]) -> Any:
 
 def _hint(spec: dict[str, Any]) -> Any:
     kinds = spec.get("type")
-    hints = []
+    hints: list[Any] = []
     for kind in kinds if isinstance(kinds, list) else [kinds]:
         if kind == "array":
-            item = _PY_TYPES.get(spec.get("items", {}).get("type", "string"), str)
+            item = _PY_TYPES.get(str(spec.get("items", {}).get("type", "string")), str)
             hints.append(list[item])  # type: ignore[valid-type]
         else:
-            hints.append(_PY_TYPES.get(kind, str))
-    out = hints[0]
+            hints.append(_PY_TYPES.get(str(kind), str))
+    out: Any = hints[0]
     for h in hints[1:]:
         out = out | h
     return out
