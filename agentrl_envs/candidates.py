@@ -108,6 +108,9 @@ def _make_hard(
             pool.append(c)
     tokens = overlap_tokens(context)
     target = overlap_score(oracle, tokens)
+    early = _early_finish(context, tokens, target) if name != "finish" and "finish" in tools else None
+    if early is not None and early not in pool:
+        pool.append(early)
     n = 0
     while len(pool) < k - 1:
         n += 1
@@ -116,10 +119,21 @@ def _make_hard(
     deltas = [overlap_score(c, tokens) - target for c in pool]
     # Ties first; then a lower score before a higher one (a wrong call that out-scores the right one
     # would make the heuristic worse than chance, one that under-scores it better).
-    ranked = sorted(range(len(pool)), key=lambda i: (abs(deltas[i]), deltas[i] > 0, ties[i]))
+    # An early finish that ties is always kept: without one, a wrong call is rarely fatal.
+    ranked = sorted(range(len(pool)), key=lambda i: (abs(deltas[i]), deltas[i] > 0, pool[i] != early, ties[i]))
     out = [oracle, *(pool[i] for i in ranked[: k - 1])]
     order = rng.permutation(len(out))
     return [out[i] for i in order]
+
+
+def _early_finish(context: str, tokens: set[str], target: int) -> str | None:
+    """Finishing before the work is done, claiming it in the context's own words, scored like the right call."""
+    skeleton = overlap_tokens(format_call("finish", {"answer": "Done:"}))
+    words = [w for w in dict.fromkeys(word_tokens(context)) if w not in skeleton]
+    need = target - len(skeleton & tokens)
+    if need <= 0 or need > len(words):
+        return None
+    return format_call("finish", {"answer": "Done: " + " ".join(words[:need])})
 
 
 def _perturb_hard(task: Task, name: str, arguments: dict[str, Any], context: str) -> list[str]:
