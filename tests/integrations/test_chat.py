@@ -92,3 +92,23 @@ def test_export_sft_loads_in_datasets_and_renders_through_a_chat_template(
 
 def test_export_sft_bad_id(tmp_path: Path) -> None:
     assert main(["export-sft", "AgentRL/Nope-v0", "-o", str(tmp_path / "x.parquet")]) == 2
+
+
+def test_shard_observation_column_is_text_and_loses_nothing() -> None:
+    pa = pytest.importorskip("pyarrow")
+    from agentrl_envs.data.shards import table_to_trajectories, trajectories_to_table
+
+    (traj,) = _recorded_episode()
+    traj.steps[0].observation = b"\xff\xfe not UTF-8"
+    table = trajectories_to_table([traj])
+    assert table.schema.field("observation").type == pa.string()
+    observations = table.column("observation").to_pylist()
+    assert observations[0] is None and table.column("observation_bytes").to_pylist()[0] == b"\xff\xfe not UTF-8"
+    assert observations[1] == traj.steps[1].observation.decode() and table.column("observation_bytes").to_pylist()[1] is None
+    assert table_to_trajectories(table) == [traj]
+    # A shard written before the text column (observation as binary, no observation_bytes) still reads.
+    legacy = table.drop_columns(["observation", "observation_bytes"]).append_column(
+        "observation", pa.array([s.observation for s in traj.steps], type=pa.binary())
+    )
+    assert table_to_trajectories(legacy) == [traj]
+    assert to_messages(table_to_trajectories(table)[0])[1]["content"] == traj.steps[0].prompt
