@@ -87,6 +87,7 @@ def test_train_dataset_rows() -> None:
         train_dataset("AgentRL/SQL-v0", 0)
 
 
+@pytest.mark.slow
 def test_trl_grpo_example_logs_the_env_reward() -> None:
     pytest.importorskip("trl")
     out = run_example("trl_grpo.py", "--steps", "2", "--rows", "4", "--completion-tokens", "8")

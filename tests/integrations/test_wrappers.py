@@ -79,6 +79,7 @@ def test_bad_configuration() -> None:
     env.close()
 
 
+@pytest.mark.slow
 def test_sb3_ppo_example() -> None:
     pytest.importorskip("stable_baselines3")
     out = run_example("sb3_ppo.py", "--timesteps", "2048", "--eval-episodes", "5")
