@@ -448,3 +448,38 @@ def test_env_reports_the_call_format_and_penalizes_hostile_forms() -> None:
         assert observation.startswith("action error [bad_arguments]")
     finally:
         env.close()
+
+
+_JSON = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=20)),
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=10), inner, max_size=4)),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(["openai", "llama3", "hermes"]),
+    st.one_of(_JSON, st.sampled_from(sorted(TOOLS))),
+    _JSON,
+    st.one_of(st.none(), _JSON),
+)
+def test_hostile_values_in_every_convention_parse_or_raise_action_error(
+    convention: str, name: Any, args: Any, extra: Any
+) -> None:
+    if convention == "openai":
+        obj: Any = {"type": "function", "function": {"name": name, "arguments": args}}
+        if extra is not None:
+            obj["function"]["extra"] = extra
+    elif convention == "llama3":
+        obj = {"name": name, "parameters": args}
+        if extra is not None:
+            obj["type"] = extra
+    else:
+        obj = {"name": name, "arguments": json.dumps(args) if extra is None else args}
+    try:
+        call = parse_action("<tool_call>" + _dumps(obj) + "</tool_call>")
+    except ActionError as exc:
+        assert exc.code and exc.message
+        return
+    assert call.name in TOOLS and isinstance(call.arguments, dict) and call.form in ("openai", "llama3", "hermes")
