@@ -25,7 +25,9 @@ rollout) with:
 - ``get_reward()``: the episode's return (the sum of its step rewards so far; an episode the model
   did not finish keeps what it earned). TRL logs it as ``rewards/<class name>/mean``.
 
-Calls after the episode ended do not step the env: they return a note saying so. This module
+Calls after the episode ended do not step the env: they return a note saying so. TRL runs
+several calls of one turn one by one, so each is its own env step here (the env's refusal of
+several calls in one action applies to text actions, which TRL never sends). This module
 imports neither TRL nor torch; :func:`train_dataset` imports ``datasets``.
 """
 
