@@ -13,7 +13,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[dev,train]"
+	$(BIN)/python -m pip install --quiet -e ".[dev,train,examples]"
 	touch $(STAMP)
 
 demo: $(STAMP)

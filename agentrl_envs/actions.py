@@ -1,9 +1,18 @@
 """Parsing of text actions into tool calls.
 
-Grammar: one tool call per action, either in Hermes/Qwen form
-``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (free text around it is allowed) or a
-bare JSON object with the same keys (optionally inside a Markdown code fence). ``arguments`` may also
-be a JSON string holding the object, as OpenAI-style APIs send it.
+One tool call per action, in any of the conventions LLMs are trained on (``ToolCall.form`` and
+``info["call_format"]`` say which one was used):
+
+- ``"hermes"``: Hermes/Qwen ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, free text
+  around it allowed (the tags may also hold either of the two forms below);
+- ``"json"``: the same object bare, optionally inside a Markdown code fence;
+- ``"openai"``: OpenAI's tool-call object ``{"type": "function", "function": {"name": ..., "arguments": ...}}``
+  (``id`` allowed);
+- ``"llama3"``: Llama 3's JSON form ``{"name": ..., "parameters": {...}}``, optionally after ``<|python_tag|>``.
+
+``arguments`` (or ``parameters``) may be an object or a JSON string holding one, as OpenAI-style APIs
+send it. Several calls in one turn (two ``<tool_call>`` blocks, two objects, a JSON array of calls) are
+refused with the ``multiple_calls`` code: make one call, read its result, then make the next.
 
 Any string parses to either a :class:`ToolCall` or an :class:`~agentrl_envs.errors.ActionError`
 that says what was wrong; nothing else escapes.
@@ -13,25 +22,34 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from agentrl_envs.errors import ActionError
 from agentrl_envs.tools import TOOLS, Tool
 
-__all__ = ["MAX_ACTION_CHARS", "ToolCall", "format_call", "parse_action"]
+__all__ = ["CALL_FORMATS", "MAX_ACTION_CHARS", "ToolCall", "format_call", "parse_action"]
 
 MAX_ACTION_CHARS = 200_000
 
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
+_PYTHON_TAG = "<|python_tag|>"
+
+#: The values of ``ToolCall.form`` (and ``info["call_format"]``, which is ``"none"`` when no call parsed).
+CALL_FORMATS = ("hermes", "json", "openai", "llama3")
 
 
 @dataclass(frozen=True)
 class ToolCall:
-    """A parsed action: the tool's name and its validated arguments."""
+    """A parsed action: the tool's name, its validated arguments and the convention it came in.
+
+    ``form`` (one of :data:`CALL_FORMATS`) is not part of equality: the same call in two conventions
+    is the same call.
+    """
 
     name: str
     arguments: dict[str, Any]
+    form: str = field(default="json", compare=False)
 
 
 def format_call(name: str, arguments: Mapping[str, Any]) -> str:
@@ -59,46 +77,86 @@ def parse_action(action: str, tools: Mapping[str, Tool] | None = None) -> ToolCa
     available = TOOLS if tools is None else tools
     if len(action) > MAX_ACTION_CHARS:
         raise ActionError("too_long", f"the action is {len(action)} characters; the limit is {MAX_ACTION_CHARS}")
-    payload = _extract(action)
+    payload, tagged = _extract(action)
     obj = _loads(payload)
+    if isinstance(obj, list) and len(obj) > 1 and all(isinstance(o, dict) for o in obj):
+        raise ActionError("multiple_calls", f"found a JSON array of {len(obj)} calls; send one call per turn")
     if not isinstance(obj, dict):
         raise ActionError("not_an_object", f"the tool call must be a JSON object, got {_kind(obj)}")
-    unknown = set(obj) - {"name", "arguments", "id", "type"}
-    if unknown:
-        shown = sorted(str(k)[:40] for k in unknown)[:5]
-        raise ActionError("bad_call", f"unexpected key(s) {shown}; a call has 'name' and 'arguments'")
-    name = obj.get("name")
+    name, arguments, form = _unwrap(obj)
     if not isinstance(name, str):
         raise ActionError("bad_call", "the call needs a string 'name'")
     if name not in available:
         raise ActionError("unknown_tool", f"unknown tool {name[:60]!r}; available tools: {', '.join(available)}")
-    arguments = obj.get("arguments", {})
     if isinstance(arguments, str):
         arguments = _loads(arguments) if arguments.strip() else {}
     if not isinstance(arguments, dict):
-        raise ActionError("bad_arguments", f"'arguments' must be a JSON object, got {_kind(arguments)}")
-    return ToolCall(name, available[name].validate(arguments))
+        key = "parameters" if form == "llama3" else "arguments"
+        raise ActionError("bad_arguments", f"{key!r} must be a JSON object, got {_kind(arguments)}")
+    if form == "json" and tagged:
+        form = "hermes"
+    return ToolCall(name, available[name].validate(arguments), form)
 
 
-def _extract(action: str) -> str:
+def _unwrap(obj: dict[str, Any]) -> tuple[Any, Any, str]:
+    """(name, arguments, form) of a call object in any accepted convention; ActionError otherwise."""
+    if "function" in obj:
+        _only(obj, {"type", "function", "id"}, "an OpenAI tool call has 'type', 'function' and 'id'")
+        if obj.get("type", "function") != "function":
+            raise ActionError("bad_call", f"'type' must be 'function', got {str(obj.get('type'))[:40]!r}")
+        function = obj["function"]
+        if not isinstance(function, dict):
+            raise ActionError("bad_call", f"'function' must be an object with 'name' and 'arguments', got {_kind(function)}")
+        _only(function, {"name", "arguments"}, "'function' has 'name' and 'arguments'")
+        return function.get("name"), function.get("arguments", {}), "openai"
+    if "parameters" in obj:
+        _only(obj, {"name", "parameters", "type"}, "a Llama 3 call has 'name' and 'parameters'")
+        if obj.get("type", "function") != "function":
+            raise ActionError("bad_call", f"'type' must be 'function', got {str(obj.get('type'))[:40]!r}")
+        return obj.get("name"), obj["parameters"], "llama3"
+    _only(obj, {"name", "arguments", "id", "type"}, "a call has 'name' and 'arguments'")
+    return obj.get("name"), obj.get("arguments", {}), "json"
+
+
+def _only(obj: dict[str, Any], allowed: set[str], hint: str) -> None:
+    unknown = set(obj) - allowed
+    if unknown:
+        shown = sorted(str(k)[:40] for k in unknown)[:5]
+        raise ActionError("bad_call", f"unexpected key(s) {shown}; {hint}")
+
+
+def _extract(action: str) -> tuple[str, bool]:
+    """The JSON text of the call, and whether it sat inside <tool_call> tags."""
     count = action.count(_OPEN)
     if count > 1:
         raise ActionError("multiple_calls", f"found {count} <tool_call> blocks; send one call per action")
     if count == 1:
         start = action.index(_OPEN) + len(_OPEN)
         end = action.find(_CLOSE, start)
-        return action[start:] if end < 0 else action[start:end]
+        return (action[start:] if end < 0 else action[start:end]), True
     if _CLOSE in action:
         raise ActionError("no_call", "found </tool_call> without <tool_call>")
     text = _unfence(action.strip())
+    if text.startswith(_PYTHON_TAG):
+        text = text[len(_PYTHON_TAG) :].strip()
     if not text:
         raise ActionError("no_call", "the action is empty; send one tool call")
+    if text.startswith("[") and _is_call_array(text):
+        raise ActionError("multiple_calls", "found a JSON array of several calls; send one call per turn")
     if not text.startswith("{"):
         raise ActionError(
             "no_call",
             'no tool call found; write <tool_call>{"name": "...", "arguments": {...}}</tool_call> or a bare JSON object',
         )
-    return text
+    return text, False
+
+
+def _is_call_array(text: str) -> bool:
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(value, list) and len(value) > 1 and all(isinstance(v, dict) for v in value)
 
 
 def _unfence(text: str) -> str:

@@ -1,6 +1,10 @@
-"""Reference agents: an oracle that follows the gold plan, and a random baseline.
+"""Reference agents: an oracle that follows the gold plan, random baselines and a no-model heuristic.
 
-Both have ``act(observation, info) -> str`` and work on a single env (wrapped or not).
+All have ``act(observation, info) -> str`` and work on a single env (wrapped or not). The candidate
+agents (:class:`OverlapAgent`, :class:`RandomCandidateAgent`) need ``candidates=K`` and read only
+what a learner sees (the instruction, the last observation, ``info["candidates"]``); their
+``choose`` gives the index, for a ``Discrete(K)`` view such as
+:class:`~agentrl_envs.wrappers.CandidatesDiscrete`.
 """
 
 from __future__ import annotations
@@ -11,11 +15,13 @@ import gymnasium as gym
 import numpy as np
 
 from agentrl_envs.actions import format_call
+from agentrl_envs.candidates import overlap_score, overlap_tokens
 from agentrl_envs.env import ToolUseEnv
+from agentrl_envs.errors import ConfigError
 from agentrl_envs.openai_agent import OpenAIChatAgent
 from agentrl_envs.tasks.domains import DOMAINS
 
-__all__ = ["OpenAIChatAgent", "OracleAgent", "RandomAgent"]
+__all__ = ["OpenAIChatAgent", "OracleAgent", "OverlapAgent", "RandomAgent", "RandomCandidateAgent"]
 
 
 def _core(env: gym.Env[Any, Any]) -> ToolUseEnv:
@@ -83,3 +89,60 @@ class RandomAgent:
             to = [pick(people) for _ in range(int(self.rng.integers(1, 3)))]
             return format_call("smtp", {"to": sorted(set(to)), "subject": "Update", "body": f"The figure is {number}."})
         return format_call("finish", {"answer": pick([str(number), "done", "I don't know"])})
+
+
+def _candidates(info: dict[str, Any]) -> list[str]:
+    candidates = info.get("candidates")
+    if not candidates:
+        raise ConfigError("this agent picks from info['candidates']: make the env with candidates=K (K >= 1)")
+    return list(candidates)
+
+
+class RandomCandidateAgent:
+    """Picks one of ``info["candidates"]`` uniformly: the chance level of the candidates view.
+
+    Args:
+        seed: seed of the agent's own generator.
+    """
+
+    def __init__(self, seed: int | None = None) -> None:
+        self.rng = np.random.default_rng(seed)
+
+    def choose(self, observation: str, info: dict[str, Any]) -> int:
+        return int(self.rng.integers(len(_candidates(info))))
+
+    def act(self, observation: str, info: dict[str, Any]) -> str:
+        return _candidates(info)[self.choose(observation, info)]
+
+
+class OverlapAgent:
+    """No-model heuristic: the candidate sharing the most words and numbers with the context.
+
+    The context is the episode's instruction (from the reset ``info``, remembered) and the last
+    observation; the score is :func:`~agentrl_envs.candidates.overlap_score` (distinct lower-cased
+    words and numbers in common). Ties are broken uniformly by the agent's generator. It solves
+    most tasks with ``candidates_difficulty="easy"`` and scores like :class:`RandomCandidateAgent`
+    with ``"hard"``; read a learning curve against both.
+
+    Args:
+        seed: seed of the generator that breaks ties.
+    """
+
+    def __init__(self, seed: int | None = None) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.instruction = ""
+
+    def scores(self, observation: str, info: dict[str, Any]) -> list[int]:
+        """The overlap score of each candidate (remembers ``info["instruction"]`` when present)."""
+        if isinstance(info.get("instruction"), str):
+            self.instruction = info["instruction"]
+        tokens = overlap_tokens(f"{self.instruction}\n{observation}")
+        return [overlap_score(c, tokens) for c in _candidates(info)]
+
+    def choose(self, observation: str, info: dict[str, Any]) -> int:
+        scores = self.scores(observation, info)
+        best = [i for i, s in enumerate(scores) if s == max(scores)]
+        return best[int(self.rng.integers(len(best)))]
+
+    def act(self, observation: str, info: dict[str, Any]) -> str:
+        return _candidates(info)[self.choose(observation, info)]

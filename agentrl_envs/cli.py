@@ -9,6 +9,7 @@
     agentrl-envs serve --host 127.0.0.1 --port 8765 [--profile realistic]
     agentrl-envs fit-profile access.log api.jsonl -o profile.yaml
     agentrl-envs pg-sweep postgresql://agentrl:...@db:5432/agentrl [--dry-run]
+    agentrl-envs export-sft AgentRL/SQL-v0 --agent oracle --episodes 100 -o sft.parquet
 
 ``agentrl-envs COMMAND --help`` describes every option.
 """
@@ -114,7 +115,27 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("url", metavar="URL", help="postgresql://user:password@host:port/dbname of the account the backends use")
     p.add_argument("--dry-run", action="store_true", help="list what would be dropped, drop nothing")
     p.set_defaults(func=cmd_pg_sweep)
+
+    p = sub.add_parser("export-sft", help="run an agent and write its episodes as chat messages (SFT Parquet for datasets/TRL)")
+    p.add_argument("env_id", metavar="ID", help="environment id, e.g. AgentRL/SQL-v0 (see 'agentrl-envs list')")
+    p.add_argument("--agent", choices=("oracle", "random"), default="oracle", help="which agent plays (default oracle)")
+    p.add_argument("--episodes", type=_positive, default=100, help="episodes to write (default 100)")
+    p.add_argument("--seed", type=int, default=0, help="first seed; episode i uses seed+i")
+    p.add_argument("--split", default="train", choices=SPLITS, help="task split (default train)")
+    p.add_argument("-o", "--output", required=True, help="Parquet file to write")
+    p.set_defaults(func=cmd_export_sft)
     return parser
+
+
+def cmd_export_sft(args: argparse.Namespace) -> int:
+    from agentrl_envs.chat import export_sft
+
+    _check_id(args.env_id)
+    summary = export_sft(args.env_id, args.output, episodes=args.episodes, agent=args.agent, seed=args.seed, split=args.split)
+    print(
+        f"wrote {summary['episodes']} episodes ({summary['solved']} solved, {summary['messages']} messages) to {summary['path']}"
+    )
+    return 0
 
 
 def _env_args(p: argparse.ArgumentParser, split_default: str = "train") -> None:

@@ -88,6 +88,7 @@ class ToolUseEnv(gym.Env[str, str]):
         max_steps: int | None = None,
         time_budget_s: float | None = None,
         candidates: int = 0,
+        candidates_difficulty: str = "easy",
         render_mode: str | None = None,
         aux_reward: Any = None,
         long_horizon: bool = False,
@@ -107,6 +108,8 @@ class ToolUseEnv(gym.Env[str, str]):
             raise ConfigError(f"time_budget_s={time_budget_s!r}: use a positive number of virtual seconds or None")
         if not isinstance(candidates, int) or isinstance(candidates, bool) or candidates < 0:
             raise ConfigError(f"candidates={candidates!r}: use 0 (off) or a positive int K")
+        if candidates_difficulty not in ("easy", "hard"):
+            raise ConfigError(f"candidates_difficulty={candidates_difficulty!r}: use 'easy' (default) or 'hard'")
         if not python_timeout_s > 0 or not sql_deadline_s > 0:
             raise ConfigError("python_timeout_s and sql_deadline_s must be positive")
         self.split = split
@@ -129,6 +132,7 @@ class ToolUseEnv(gym.Env[str, str]):
         self.max_steps_arg = max_steps
         self.time_budget_s = time_budget_s
         self.candidates = candidates
+        self.candidates_difficulty = candidates_difficulty
         self.render_mode = render_mode
         self.long_horizon = long_horizon
         self.rewards = RewardConfig(format_penalty=format_penalty)
@@ -191,7 +195,7 @@ class ToolUseEnv(gym.Env[str, str]):
         info["tools"] = [tool.schema(self._backend_facts) for tool in self.tools.values()]
         info["system_prompt"] = self.system_prompt()
         info["max_steps"] = self._max_steps
-        self._add_candidates(info)
+        self._add_candidates(info, task.instruction)
         return self._observe(task.instruction), info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
@@ -207,6 +211,7 @@ class ToolUseEnv(gym.Env[str, str]):
         terminated = False
         tool_name: str | None = None
         fault: dict[str, Any] | None = None
+        call_format = "none"
         try:
             call = parse_action(action, self.tools)
         except ActionError as exc:
@@ -214,7 +219,7 @@ class ToolUseEnv(gym.Env[str, str]):
             observation = f"action error [{exc.code}]: {exc.message}"
             result: dict[str, Any] = {"tool": None, "ok": False, "status": 400, "error_type": exc.code, "error": exc.message}
         else:
-            tool_name = call.name
+            tool_name, call_format = call.name, call.form
             if call.name == "finish":
                 self._progress.finish(call.arguments["answer"])
                 observation = "Episode finished."
@@ -233,6 +238,7 @@ class ToolUseEnv(gym.Env[str, str]):
         # {} rather than None when there is no fault: vector envs merge infos key by key and
         # cannot merge None in one sub-env with a dict in another.
         info["fault"] = fault or {}
+        info["call_format"] = call_format
         if terminated or truncated:
             self._done = True
             info["fault_stats"] = self._fault_stats.summary()
@@ -247,7 +253,7 @@ class ToolUseEnv(gym.Env[str, str]):
                     f"\n[episode truncated: {'step limit' if self._steps >= self._max_steps else 'time budget'} reached]"
                 )
         else:
-            self._add_candidates(info)
+            self._add_candidates(info, observation)
         info["reward_components"] = components
         if tool_name is not None:
             self._prev_tool = tool_name
@@ -287,10 +293,13 @@ class ToolUseEnv(gym.Env[str, str]):
         return format_call(name, arguments)
 
     def system_prompt(self) -> str:
+        """The system prompt of ``info["system_prompt"]``; it agrees with the Qwen/Hermes chat template."""
         names = ", ".join(self.tools)
         return (
-            "You are an agent that solves tasks by calling tools. Each turn, reply with exactly one tool call:\n"
-            '<tool_call>{"name": "<tool>", "arguments": {...}}</tool_call>\n'
+            "You are an agent that solves tasks by calling tools. Each turn, make exactly one tool call: "
+            "return a JSON object with the function name and arguments within <tool_call></tool_call> XML tags:\n"
+            '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>\n'
+            "Several calls in one turn are refused: make one call, read its result, then make the next.\n"
             f"Available tools: {names}. Call finish when you are done."
         )
 
@@ -412,15 +421,23 @@ class ToolUseEnv(gym.Env[str, str]):
             "subtask_index": self._progress.subtask_index(),
             "subtask_boundary": tool is not None and self._prev_tool is not None and tool != self._prev_tool,
             "sandbox_tier": self._sandbox_tier or "unknown",
+            "call_format": "none",
         }
 
-    def _add_candidates(self, info: dict[str, Any]) -> None:
+    def _add_candidates(self, info: dict[str, Any], observation: str) -> None:
         if self.candidates:
             from agentrl_envs.candidates import make_candidates
 
             assert self._task is not None and self._progress is not None
             info["candidates"] = make_candidates(
-                self._task, self._progress, self.oracle_action(), self.candidates, self.np_random, tuple(self.tools)
+                self._task,
+                self._progress,
+                self.oracle_action(),
+                self.candidates,
+                self.np_random,
+                tuple(self.tools),
+                difficulty=self.candidates_difficulty,
+                context=f"{self._task.instruction}\n{observation}",
             )
 
     def _observe(self, text: str) -> str:

@@ -21,6 +21,9 @@ _COMMON_ARGS = """
       truncates the episode.
     - ``candidates``: K > 0 puts K shuffled actions in ``info["candidates"]``: the oracle's next
       action and K-1 plausible wrong ones (for classic RL and GLAM-style scoring).
+    - ``candidates_difficulty``: ``"easy"`` (default) or ``"hard"`` (wrong candidates keep the
+      instruction's entities and figures and change the meaning; a word-overlap heuristic scores
+      like chance on them).
     - ``render_mode``: ``"ansi"`` returns the transcript from ``render()``.
     - ``backend``: ``"sim"`` (default), ``"direct"``, ``"http://host:port"`` (``agentrl-envs serve``),
       a dict of per-tool backends (``{"sql": "postgresql://...", "smtp": "smtp://..."}``) or a
@@ -45,7 +48,9 @@ _COMMON_SPACES = """
     ## Action Space
 
     ``UnicodeText(200000)``: one tool call per step, ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
-    (free text around it is allowed) or a bare JSON object with the same keys. Any string is a legal
+    (free text around it is allowed), a bare JSON object with the same keys, OpenAI's
+    ``{"type": "function", "function": {...}}`` or Llama 3's ``{"name": ..., "parameters": {...}}``
+    (``info["call_format"]`` says which). Several calls in one turn are refused. Any string is a legal
     action: text that is not one well-formed call of an available tool gets an error observation
     and the format penalty. A non-str action raises ``TypeError``.
 

@@ -6,6 +6,13 @@ trajectory fields repeat on every row of the trajectory, so ``reward``, ``log_pr
 and ``advantage`` are plain float64 columns. A trajectory never spans two files. Files are written
 under a temporary name and renamed when complete, so a reader never sees half a shard.
 
+Step text columns: ``action`` is the agent's text; ``observation`` is the env's reply as a UTF-8
+string (null only for the rare observation whose bytes are not valid UTF-8, which then sits in
+``observation_bytes``, null otherwise); ``prompt`` is what the policy saw before acting: the previous
+observation as :class:`~agentrl_envs.data.RecordTrajectories` records it (the reset observation, i.e.
+the instruction, for step 0), or the whole context when the policy passed it with ``annotate(prompt=...)``.
+:func:`agentrl_envs.chat.to_messages` rebuilds the chat from these columns.
+
 Plain pyarrow reads them (``pa.ipc.open_stream(path).read_all()``, ``pq.read_table(path)``) and so
 does Hugging Face ``datasets`` (``Dataset.from_file(path)``, ``load_dataset("arrow" | "parquet",
 data_files=...)``). Importing this module imports pyarrow; ``import agentrl_envs.data`` does not.
@@ -59,7 +66,8 @@ SCHEMA = pa.schema(
         ("metadata", _KV),
         ("prompt", pa.string()),
         ("action", pa.string()),
-        ("observation", pa.binary()),
+        ("observation", pa.string()),
+        ("observation_bytes", pa.binary()),
         ("observation_truncated", pa.bool_()),
         ("reward", pa.float64()),
         ("reward_components", _COMPONENTS),
@@ -105,7 +113,9 @@ def trajectories_to_table(trajectories: Sequence[Trajectory], first_index: int =
             cols["step_index"].append(i)
             for name in (*_STEP_STR, *_STEP_NUM, *_STEP_BOOL):
                 cols[name].append(getattr(step, name))
-            cols["observation"].append(step.observation)
+            text = _utf8(step.observation)
+            cols["observation"].append(text)
+            cols["observation_bytes"].append(None if text is not None else step.observation)
             cols["reward_components"].append([{"name": k, "value": v} for k, v in step.reward_components.items()])
             for name, _ in _ARRAYS:
                 arrays[name].append(getattr(step, name))
@@ -126,11 +136,14 @@ def _list_array(chunks: list[bytes], dtype: type, arrow_type: pa.DataType) -> pa
 
 def table_to_trajectories(table: pa.Table) -> list[Trajectory]:
     """Rebuild trajectories from rows in :data:`SCHEMA` (rows of one trajectory must be contiguous)."""
-    missing = [name for name in SCHEMA.names if name not in table.column_names]
+    legacy = table.schema.field("observation").type == pa.binary() if "observation" in table.column_names else False
+    missing = [name for name in SCHEMA.names if name not in table.column_names and not (legacy and name == "observation_bytes")]
     if missing:
         raise FormatError(f"the table lacks the shard columns {missing}; it was not written by ShardWriter")
     cols = {
-        name: table.column(name).to_pylist() for name in SCHEMA.names if name not in ("embedding", "token_log_probs", "token_ids")
+        name: table.column(name).to_pylist()
+        for name in SCHEMA.names
+        if name not in ("embedding", "token_log_probs", "token_ids") and name in table.column_names
     }
     flat = {name: _flat_bytes(table.column(name), dtype) for name, dtype in _ARRAYS}
     out: list[Trajectory] = []
@@ -150,7 +163,7 @@ def table_to_trajectories(table: pa.Table) -> list[Trajectory]:
             out.append(current)
         step = Step(
             **{name: cols[name][row] for name in (*_STEP_STR, *_STEP_NUM, *_STEP_BOOL)},
-            observation=cols["observation"][row],
+            observation=_observation_bytes(cols, row),
             reward_components={c["name"]: c["value"] for c in cols["reward_components"][row] or ()},
         )
         for name, _ in _ARRAYS:
@@ -160,6 +173,23 @@ def table_to_trajectories(table: pa.Table) -> list[Trajectory]:
                 setattr(step, name, step_bytes)
         current.steps.append(step)
     return out
+
+
+def _utf8(data: bytes) -> str | None:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _observation_bytes(cols: dict[str, list[Any]], row: int) -> bytes:
+    raw = cols.get("observation_bytes", [None] * (row + 1))[row]
+    if raw is not None:
+        return bytes(raw)
+    value = cols["observation"][row]
+    if value is None:
+        return b""
+    return value if isinstance(value, bytes) else value.encode("utf-8")  # bytes: a shard from before the text column
 
 
 def _flat_bytes(column: pa.ChunkedArray, dtype: type) -> tuple[bytes, np.ndarray]:

@@ -328,3 +328,158 @@ def test_lone_surrogate_arguments_are_refused(value: object) -> None:
     args: dict[str, Any] = {key: value} if name == "sql" else {"to": value, "subject": "s", "body": "b"}
     with pytest.raises(ActionError, match="surrogate"):
         parse_action(format_call(name, args))
+
+
+# -- call conventions (OpenAI, Llama 3, Hermes) ----------------------------------------------------
+
+
+def _dumps(value: Any) -> str:
+    # Escape '<' as JSON allows, so a '<tool_call>' inside an argument is not read as a second block.
+    return json.dumps(value).replace("<", "\\u003c")
+
+
+def _openai(name: str, arguments: Any, as_string: bool) -> str:
+    args = _dumps(arguments) if as_string else arguments
+    return _dumps({"type": "function", "id": "call_1", "function": {"name": name, "arguments": args}})
+
+
+def _llama3(name: str, arguments: Any) -> str:
+    return _dumps({"name": name, "parameters": arguments})
+
+
+@settings(max_examples=150, deadline=None)
+@given(_valid_calls(), st.sampled_from(["hermes", "json", "openai", "openai-str", "llama3", "llama3-tag", "hermes-openai"]))
+def test_every_convention_parses_to_the_same_call(call: tuple[str, dict[str, Any]], convention: str) -> None:
+    name, arguments = call
+    text = {
+        "hermes": lambda: "<tool_call>\n" + _dumps({"name": name, "arguments": arguments}) + "\n</tool_call>",
+        "json": lambda: _dumps({"name": name, "arguments": arguments}),
+        "openai": lambda: _openai(name, arguments, as_string=False),
+        "openai-str": lambda: _openai(name, arguments, as_string=True),
+        "llama3": lambda: _llama3(name, arguments),
+        "llama3-tag": lambda: "<|python_tag|>" + _llama3(name, arguments),
+        "hermes-openai": lambda: f"<tool_call>{_openai(name, arguments, as_string=True)}</tool_call>",
+    }[convention]()
+    parsed = parse_action(text)
+    assert parsed == ToolCall(name, arguments)
+    expected = {"hermes-openai": "openai", "openai-str": "openai", "llama3-tag": "llama3"}.get(convention, convention)
+    assert parsed.form == expected
+
+
+@pytest.mark.parametrize(
+    ("action", "code"),
+    [
+        ('{"type": "function", "function": "sql"}', "bad_call"),
+        ('{"type": "function", "function": ["sql"]}', "bad_call"),
+        ('{"type": "tool", "function": {"name": "sql", "arguments": {"query": "SELECT 1"}}}', "bad_call"),
+        ('{"type": "function", "function": {"name": "sql", "arguments": {"query": "SELECT 1"}, "x": 1}}', "bad_call"),
+        ('{"type": "function", "function": {"name": 5, "arguments": {}}}', "bad_call"),
+        ('{"type": "function", "function": {"arguments": {"query": "SELECT 1"}}}', "bad_call"),
+        ('{"function": {"name": "sql", "arguments": "[1]"}}', "bad_arguments"),
+        ('{"function": {"name": "sql", "arguments": "{oops"}}', "bad_json"),
+        ('{"function": {"name": "sql", "arguments": {"query": 1}}}', "bad_arguments"),
+        ('{"function": {"function": {"name": "sql", "arguments": {}}}}', "bad_call"),
+        ('{"function": {"name": "rm", "arguments": {}}}', "unknown_tool"),
+        ('{"name": "sql", "parameters": [1]}', "bad_arguments"),
+        ('{"name": "sql", "parameters": {"query": 1}}', "bad_arguments"),
+        ('{"name": "sql", "parameters": {}, "arguments": {}}', "bad_call"),
+        ('{"name": "sql", "parameters": {"query": "SELECT 1"}, "type": "builtin"}', "bad_call"),
+        ('{"name": ["sql"], "parameters": {}}', "bad_call"),
+        ('{"name": "sql", "parameters": ' + '{"a": ' * 5000 + "1" + "}" * 5001, "too_deep"),
+        ('{"function": {"name": "sql", "arguments": "' + "[" * 5000 + "]" * 5000 + '"}}', "too_deep"),
+        ("<|python_tag|>", "no_call"),
+        ("<|python_tag|>not json", "no_call"),
+    ],
+)
+def test_hostile_variants_of_each_convention(action: str, code: str) -> None:
+    assert _code(action) == code
+
+
+def test_huge_calls_in_every_convention_are_too_long() -> None:
+    big = "x" * MAX_ACTION_CHARS
+    for text in (_openai("sql", {"query": big}, True), _llama3("sql", {"query": big}), format_call("sql", {"query": big})):
+        assert _code(text) == "too_long"
+
+
+@pytest.mark.parametrize(
+    "action",
+    [
+        json.dumps([{"name": "sql", "arguments": {"query": "SELECT 1"}}, {"name": "finish", "arguments": {"answer": "1"}}]),
+        "<tool_call>"
+        + json.dumps(
+            [json.loads(_openai("sql", {"query": "SELECT 1"}, True)), json.loads(_openai("sql", {"query": "SELECT 2"}, True))]
+        )
+        + "</tool_call>",
+        "<tool_call>\n"
+        + json.dumps([json.loads(_openai("sql", {"query": "SELECT 1"}, False)), json.loads(_llama3("finish", {"answer": "1"}))])
+        + "\n</tool_call>",
+        f"<tool_call>\n{SQL_CALL}\n</tool_call>\n<tool_call>\n{SQL_CALL}\n</tool_call>",
+        _llama3("sql", {"query": "SELECT 1"}) + "; " + _llama3("sql", {"query": "SELECT 2"}),
+    ],
+)
+def test_several_calls_in_one_turn_are_refused(action: str) -> None:
+    with pytest.raises(ActionError, match="one call per") as info:
+        parse_action(action)
+    assert info.value.code == "multiple_calls"
+
+
+def test_env_reports_the_call_format_and_penalizes_hostile_forms() -> None:
+    import gymnasium as gym
+
+    import agentrl_envs  # noqa: F401
+
+    env = gym.make("AgentRL/SQL-v0")
+    try:
+        _, info = env.reset(seed=0)
+        assert info["call_format"] == "none"
+        prompt = info["system_prompt"]
+        assert '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>' in prompt
+        assert "one tool call" in prompt and "Several calls in one turn are refused" in prompt
+        for text, form in [
+            (_openai("sql", {"query": "SELECT 1"}, True), "openai"),
+            (_llama3("sql", {"query": "SELECT 1"}), "llama3"),
+            (format_call("sql", {"query": "SELECT 1"}), "hermes"),
+            (SQL_CALL, "json"),
+        ]:
+            _, reward, _, _, info = env.step(text)
+            assert info["call_format"] == form and info["reward_components"]["format"] == 0.0
+        observation, reward, _, _, info = env.step('{"type": "function", "function": {"name": "sql", "arguments": [1]}}')
+        assert info["call_format"] == "none" and info["reward_components"]["format"] == -0.1
+        assert observation.startswith("action error [bad_arguments]")
+    finally:
+        env.close()
+
+
+_JSON = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=20)),
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=10), inner, max_size=4)),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.sampled_from(["openai", "llama3", "hermes"]),
+    st.one_of(_JSON, st.sampled_from(sorted(TOOLS))),
+    _JSON,
+    st.one_of(st.none(), _JSON),
+)
+def test_hostile_values_in_every_convention_parse_or_raise_action_error(
+    convention: str, name: Any, args: Any, extra: Any
+) -> None:
+    if convention == "openai":
+        obj: Any = {"type": "function", "function": {"name": name, "arguments": args}}
+        if extra is not None:
+            obj["function"]["extra"] = extra
+    elif convention == "llama3":
+        obj = {"name": name, "parameters": args}
+        if extra is not None:
+            obj["type"] = extra
+    else:
+        obj = {"name": name, "arguments": json.dumps(args) if extra is None else args}
+    try:
+        call = parse_action("<tool_call>" + _dumps(obj) + "</tool_call>")
+    except ActionError as exc:
+        assert exc.code and exc.message
+        return
+    assert call.name in TOOLS and isinstance(call.arguments, dict) and call.form in ("openai", "llama3", "hermes")

@@ -1,0 +1,1 @@
+"""Adapters between the agentrl envs and other training libraries (TRL)."""

@@ -1,0 +1,98 @@
+"""agentrl_envs.integrations.trl: the environment class TRL's GRPOTrainer gets, and the example run."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from agentrl_envs.errors import ConfigError
+from agentrl_envs.integrations.trl import ENDED, environment_factory, train_dataset
+
+from .conftest import run_example
+
+
+def test_tool_methods_carry_the_env_schema() -> None:
+    transformers_utils = pytest.importorskip("transformers.utils")
+    cls = environment_factory("AgentRL/SQLPythonSMTP-v0")
+    env = cls()
+    names = {n for n in dir(cls) if not n.startswith("_") and callable(getattr(cls, n))} - {"reset", "get_reward"}
+    assert names == {"sql", "python", "smtp", "finish"}
+    schema = transformers_utils.get_json_schema(env.sql)["function"]
+    assert schema["parameters"]["properties"]["query"]["type"] == "string"
+    assert schema["parameters"]["required"] == ["query"]
+    smtp = transformers_utils.get_json_schema(env.smtp)["function"]["parameters"]
+    assert set(smtp["required"]) == {"to", "subject", "body"}
+    assert smtp["properties"]["cc"]["items"]["type"] == "string"
+
+
+def test_reset_reads_seed_and_split_and_the_oracle_earns_the_task_reward() -> None:
+    import gymnasium as gym
+
+    cls = environment_factory("AgentRL/SQL-v0")
+    env = cls()
+    instruction = env.reset(prompt=[{"role": "user", "content": ""}], seed=5, split="test")
+    reference = gym.make("AgentRL/SQL-v0", split="test")
+    obs, _ = reference.reset(seed=5)
+    assert instruction == obs
+    oracle, expected = reference.unwrapped, 0.0
+    while True:
+        call = json.loads(oracle.oracle_action()[len("<tool_call>") : -len("</tool_call>")])
+        result = getattr(env, call["name"])(**call["arguments"])
+        expected += float(reference.step(oracle.oracle_action())[1])
+        if env.done:
+            break
+        assert isinstance(result, str)
+    reference.close()
+    assert env.info["success"] is True and env.info["reward_components"]["task"] == 1.0
+    assert env.get_reward() == pytest.approx(expected) and expected >= 1.0
+    assert env.finish(answer="again") == ENDED and env.get_reward() == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("kwargs", [{"qery": "SELECT 1"}, {}, {"query": 5}, {"query": "SELECT 1", "limit": 2}])
+def test_wrong_or_missing_arguments_get_the_format_penalty(kwargs: dict) -> None:
+    env = environment_factory("AgentRL/SQL-v0")()
+    env.reset(seed=0)
+    observation = env.sql(**kwargs)
+    assert observation.startswith("action error [bad_arguments]")
+    assert env.info["reward_components"]["format"] == -0.1
+    assert env.get_reward() == pytest.approx(-0.1)
+
+
+def test_positional_arguments_are_a_malformed_call_too() -> None:
+    env = environment_factory("AgentRL/SQL-v0")()
+    env.reset(seed=0)
+    assert env.finish("42").startswith("action error [bad_arguments]")
+
+
+def test_bad_rows_and_ids_are_clear_errors() -> None:
+    with pytest.raises(ConfigError, match="unknown environment"):
+        environment_factory("AgentRL/Nope-v0")
+    env = environment_factory("AgentRL/SQL-v0")()
+    with pytest.raises(ConfigError, match="reset"):
+        env.sql(query="SELECT 1")
+    with pytest.raises(ConfigError, match="split"):
+        env.reset(seed=0, split="validation")
+    with pytest.raises(ConfigError, match="seed"):
+        env.reset(seed="0")
+
+
+def test_train_dataset_rows() -> None:
+    pytest.importorskip("datasets")
+    ds = train_dataset("AgentRL/SQL-v0", 3, split="heldout", seed=7)
+    assert ds["seed"] == [7, 8, 9] and ds["split"] == ["heldout"] * 3
+    assert ds[0]["prompt"][0]["role"] == "system" and "<tool_call>" in ds[0]["prompt"][0]["content"]
+    with pytest.raises(ConfigError):
+        train_dataset("AgentRL/SQL-v0", 0)
+
+
+@pytest.mark.slow
+def test_trl_grpo_example_logs_the_env_reward() -> None:
+    pytest.importorskip("trl")
+    out = run_example("trl_grpo.py", "--steps", "2", "--rows", "4", "--completion-tokens", "8")
+    lines = [json.loads(m) for m in re.findall(r"^env reward: (.*)$", out, flags=re.M)]
+    assert [line["step"] for line in lines] == [1, 2]
+    for line in lines:
+        # A random-init model makes no tool call: the episode's return is 0.0, and TRL logs exactly that.
+        assert line["rewards/SQLEnvForTRL/mean"] == 0.0

@@ -1,0 +1,89 @@
+"""CandidatesDiscrete: spaces, check_env (Gymnasium and SB3), vector envs, and the SB3 example."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import agentrl_envs  # noqa: F401
+from agentrl_envs.errors import ConfigError
+from agentrl_envs.wrappers import CandidatesDiscrete, hashed_features
+
+from .conftest import run_example
+
+
+def _env(**kw: object) -> CandidatesDiscrete:
+    return CandidatesDiscrete(gym.make("AgentRL/SQL-v0", candidates=4, **kw), features=32)
+
+
+def test_spaces_and_a_step() -> None:
+    env = _env()
+    assert env.action_space == gym.spaces.Discrete(4)
+    assert env.observation_space.shape == (5 * 32 + 4,)
+    obs, info = env.reset(seed=0)
+    assert obs.dtype == np.float32 and env.observation_space.contains(obs)
+    oracle = env.unwrapped.oracle_action()
+    index = info["candidates"].index(oracle)
+    obs, reward, terminated, truncated, info = env.step(index)
+    assert info["action_text"] == oracle and env.observation_space.contains(obs)
+    env.close()
+
+
+def test_gymnasium_check_env_and_determinism() -> None:
+    env = _env()
+    check_env(env, skip_render_check=True)
+    a, _ = env.reset(seed=3)
+    b, _ = env.reset(seed=3)
+    assert np.array_equal(a, b)
+    env.close()
+
+
+def test_sb3_check_env() -> None:
+    sb3_checker = pytest.importorskip("stable_baselines3.common.env_checker")
+    env = _env(candidates_difficulty="hard")
+    sb3_checker.check_env(env, warn=True)
+    env.close()
+
+
+def test_vector_env() -> None:
+    vec = gym.make_vec("AgentRL/SQL-v0", num_envs=2, vectorization_mode="sync", wrappers=[CandidatesDiscrete], candidates=3)
+    obs, info = vec.reset(seed=0)
+    assert obs.shape == (2, 4 * 128 + 3)
+    for _ in range(6):
+        obs, reward, terminated, truncated, info = vec.step(np.array([0, 1]))
+        assert obs.shape == (2, 4 * 128 + 3) and np.isfinite(reward).all()
+    vec.close()
+
+
+def test_hashed_features_are_stable_and_bounded() -> None:
+    a = hashed_features("SELECT SUM(amount) FROM orders", 16)
+    assert np.array_equal(a, hashed_features("select sum(amount) from orders", 16))
+    assert set(np.unique(a)) <= {0.0, 1.0} and a.sum() > 0
+    assert hashed_features("", 16).sum() == 0
+
+
+def test_bad_configuration() -> None:
+    with pytest.raises(ConfigError, match="candidates"):
+        CandidatesDiscrete(gym.make("AgentRL/SQL-v0"))
+    with pytest.raises(ConfigError, match="features"):
+        CandidatesDiscrete(gym.make("AgentRL/SQL-v0", candidates=4), features=0)
+    env = _env()
+    env.reset(seed=0)
+    with pytest.raises(ConfigError, match=r"0\.\.3"):
+        env.step(4)
+    env.close()
+
+
+@pytest.mark.slow
+def test_sb3_ppo_example() -> None:
+    pytest.importorskip("stable_baselines3")
+    out = run_example("sb3_ppo.py", "--timesteps", "2048", "--eval-episodes", "5")
+    assert "sb3 check_env: ok" in out
+    result = json.loads(re.search(r"^sb3 result: (.*)$", out, flags=re.M).group(1))
+    assert result["timesteps"] == 2048
+    assert all(0.0 <= result[k] <= 1.0 for k in ("ppo", "random", "overlap"))
