@@ -36,7 +36,7 @@ from simulators.python import PythonRunner, RunLimits
 from simulators.python.sandbox import SandboxRunner
 from simulators.smtp import Mailbox, SMTPError
 from simulators.sql import ReadOnlyDatabase, SQLError, TemplateCache, format_rows
-from simulators.workspace import WorkspaceError, write_files
+from simulators.workspace import RESULTS, WorkspaceError, write_files
 from simulators.workspace import create as create_workspace
 
 MAX_REQUEST_BYTES = 8 << 20
@@ -193,12 +193,15 @@ class SimulatorApp:
         episode = self._episodes.get(episode_id)
         if episode is None:
             return _err(404, "unknown_episode", f"no open episode {episode_id[:64]!r}")
+        # A query result of a mounted SQL backend: written like the simulator's own, results/ repaired.
+        result_name = os.path.normpath(rel) if rel and "\x00" not in rel and len(rel) <= 255 else ""
+        is_result = os.path.dirname(result_name) == RESULTS
         try:
             with episode.lock:
                 full = _inside(episode.workspace, rel)
         except WorkspaceError as exc:
             return _err(409, "workspace", str(exc))
-        if full is None:
+        if full is None and not is_result:
             return _err(400, "bad_request", f"file {rel[:64]!r} is outside the workspace")
         try:
             if isinstance(payload.get("text"), str):
@@ -209,9 +212,16 @@ class SimulatorApp:
                 return _err(400, "bad_request", "expected {'text': str} or {'b64': str}")
             if len(data) > MAX_FILE_BYTES:
                 return _err(413, "too_large", f"file over {MAX_FILE_BYTES} bytes")
+            if is_result:
+                with episode.lock:
+                    write_files(episode.workspace, {result_name: data})
+                return 204, None
+            assert full is not None
             os.makedirs(os.path.dirname(full), exist_ok=True)
             with open(full, "wb") as f:
                 f.write(data)
+        except WorkspaceError as exc:
+            return _err(409, "workspace", str(exc))
         except (OSError, ValueError) as exc:
             detail = exc.strerror if isinstance(exc, OSError) else exc
             return _err(400, "bad_request", f"could not write {rel[:64]!r}: {detail}")

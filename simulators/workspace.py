@@ -46,8 +46,8 @@ def create(root: str | None, files: dict[str, str]) -> str:
     return path
 
 
-def write_files(workspace: str, files: dict[str, str]) -> None:
-    """Write ``{"results/<name>": text}`` into ``workspace``, repairing ``results/`` first.
+def write_files(workspace: str, files: dict[str, str] | dict[str, bytes]) -> None:
+    """Write ``{"results/<name>": text or bytes}`` into ``workspace``, repairing ``results/`` first.
 
     Raises:
         WorkspaceError: a file could not be written (the disk is full, ...); the files before it are kept.
@@ -69,7 +69,7 @@ def write_files(workspace: str, files: dict[str, str]) -> None:
                 if head != RESULTS or not name or "/" in name:
                     raise ValueError(f"only files directly in {RESULTS}/ are written here, not {rel!r}")
                 try:
-                    _replace_file(results_fd, name, text.encode("utf-8"))
+                    _replace_file(results_fd, name, text.encode("utf-8") if isinstance(text, str) else text)
                 except OSError as exc:
                     raise WorkspaceError(
                         f"{rel} could not be saved in the workspace ({_reason(exc)}); free space or fix the "

@@ -227,3 +227,25 @@ def test_a_full_disk_is_never_a_success_nor_a_service_fault(tmp_path: Path) -> N
     assert status == 409 and after["error"]["type"] == "workspace", after  # the CSV did not fit
     assert "No space left on device" in after["error"]["message"]
     assert out["again"][0] == 200 and out["again"][1]["result"]["stdout"] == "again\n", out["again"]
+
+
+@pytest.mark.parametrize("how", ["file", "symlink_dir", "csv_is_symlink", "csv_is_dir"])
+def test_put_file_of_a_mounted_sql_result_repairs_results(tmp_path: Path, how: str) -> None:
+    """A real SQL backend's CSV reaches the workspace through put_file: the same repair, no followed links."""
+    from simulators.app import SimulatorApp
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "victim.txt").write_text("untouched")
+    app = SimulatorApp(workspace_root=str(tmp_path), python_sandbox=False)
+    try:
+        assert app.open_episode({"episode_id": "e"})[0] == 201
+        ws = Path(app.workspace_of("e") or "")
+        _break(ws, how, outside)
+        assert app.put_file("e", "results/q1.csv", {"text": CSV}) == (204, None)
+        assert (ws / "results" / "q1.csv").read_bytes() == CSV.encode() and not (ws / "results").is_symlink()
+        status, reply = app.put_file("e", "results/../../outside/victim.txt", {"text": "x"})
+        assert status == 400 and "outside the workspace" in str(reply)
+    finally:
+        app.close()
+    assert (outside / "victim.txt").read_text() == "untouched" and os.listdir(outside) == ["victim.txt"]
