@@ -8,6 +8,7 @@ results (and the env's observation and reward) must be equal.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -101,12 +102,12 @@ def test_env_observation_and_reward_of_a_runaway_program_do_not_depend_on_load()
     env = gym.make("AgentRL/Python-v0", python_timeout_s=1.0)
     try:
 
-        def episode() -> list[tuple[str, float]]:
+        def episode() -> list[tuple[str, float, str]]:
             env.reset(seed=5)
             steps = []
             for code in (SPIN, PROGRAMS["sigxcpu_ignored"], "print(6 * 7)"):
-                obs, reward, *_ = env.step(format_call("python", {"code": code}))
-                steps.append((obs, float(reward)))
+                obs, reward, _terminated, _truncated, info = env.step(format_call("python", {"code": code}))
+                steps.append((obs, float(reward), json.dumps(info, sort_keys=True, default=str)))
             return steps
 
         idle = episode()

@@ -25,7 +25,7 @@ def _run(runner: PythonRunner, code: str, workspace: Path, **limits: object) -> 
     return runner.run(code, str(workspace), lim)
 
 
-def _wait_dead(pid: int, timeout: float = 2.0) -> bool:
+def _wait_dead(pid: int, timeout: float = 20.0) -> bool:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if not alive(pid):
@@ -109,6 +109,15 @@ def test_timeout_kills_a_busy_loop(runner: PythonRunner, tmp_path: Path) -> None
     assert res.timed_out is True
     assert res.exit_code == -signal.SIGKILL
     assert 0.5 <= elapsed < 60.0  # killed at the deadline, not left running (a hang detector, not a speed check)
+
+
+@pytest.mark.parametrize(
+    "code", ["while True:\n    pass", "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n    pass"]
+)
+def test_running_out_of_cpu_time_is_a_timeout(runner: PythonRunner, tmp_path: Path, code: str) -> None:
+    """SIGXCPU (or SIGKILL at the hard CPU limit) is the same outcome as the wall deadline."""
+    res = _run(runner, code, tmp_path, wall_s=30.0, cpu_s=1)
+    assert (res.exit_code, res.timed_out, res.stdout, res.stderr) == (-signal.SIGKILL, True, "", ""), res
 
 
 def _none_left(marker: str, timeout: float = 20.0) -> bool:
