@@ -75,6 +75,18 @@ HOSTILE = [
     "import os\nos.mkfifo('fifo-{rand}')\n",
     "import os\nos.system('cat {secret}; kill -9 -1')\n",
     "import os\nos.close(1)\nos.close(2)\nwhile True:\n    pass\n",
+    # unix sockets of the host, pathname and abstract (issue #14): the listeners must receive nothing
+    "import socket\na, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)\na.sendto(b'leak', '{unix_dgram}')\n",
+    "import socket\na, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)\na.connect('{unix_dgram}')\na.send(b'x')\n",
+    "import socket\na, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)\na.sendto(b'leak', '\\0{abstract}')\n",
+    "import socket\na, b = socket.socketpair()\na.connect('{unix_stream}')\na.send(b'leak')\n",
+    "import socket, array, os\na, b = socket.socketpair()\nfd = os.open('.', os.O_RDONLY)\n"
+    "a.sendmsg([b'x'], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array('i', [fd]))], 0, '{unix_stream}')\n",
+    # executing what the program wrote, and squatting the copy-back's temporaries
+    "import os\nfd = os.memfd_create('x', 8)\nos.write(fd, open('/bin/true', 'rb').read())\nos.execve(fd, ['t'], {})\n",
+    "import os\nfd = os.memfd_create('x')\n",
+    "import os\nfor i in range(120):\n    os.makedirs(f'.sandbox-copy-1-{i}/x', exist_ok=True)\n",
+    "for i in range(120):\n    open(f'.agentrl-copyback-{i:032x}', 'w').close()\n",
 ]
 
 
@@ -155,6 +167,17 @@ def main() -> int:
                 continue
 
     threading.Thread(target=serve, daemon=True).start()
+    unix = {"unix_dgram": socket.SOCK_DGRAM, "unix_stream": socket.SOCK_STREAM, "abstract": socket.SOCK_DGRAM}
+    unix_names = {"unix_dgram": str(root / "host-dgram.sock"), "unix_stream": str(root / "host-stream.sock")}
+    unix_names["abstract"] = f"agentrl-soak-{os.getpid()}"
+    listeners = []
+    for key, kind in unix.items():
+        listener = socket.socket(socket.AF_UNIX, kind)
+        listener.bind("\0" + unix_names[key] if key == "abstract" else unix_names[key])
+        if kind == socket.SOCK_STREAM:
+            listener.listen(8)
+        listener.setblocking(False)
+        listeners.append(listener)
     runner = SandboxRunner(LIMITS, workspace_bytes=16 << 20, workspace_files=512)
     print(f"# soak: n={args.n} seed={args.seed} tier={runner.tier} missing={runner.missing or 'nothing'}", flush=True)
 
@@ -183,7 +206,7 @@ def main() -> int:
         else:
             template = rng.choice(HOSTILE)
             values = {"outside": outside, "secret": secret, "marker": marker, "port": server.getsockname()[1]}
-            values.update(rand=rng.randrange(10**9), host_pid=os.getpid())
+            values.update(rand=rng.randrange(10**9), host_pid=os.getpid(), **unix_names)
             code = template
             for key, value in values.items():
                 code = code.replace("{" + key + "}", str(value))
@@ -205,6 +228,12 @@ def main() -> int:
             escapes.append(f"run {i}: a secret reached the output")
         if accepted:
             escapes.append(f"run {i}: the host's loopback server accepted a connection")
+        for listener in listeners:
+            try:
+                listener.recv(1) if listener.type == socket.SOCK_DGRAM else listener.accept()
+                escapes.append(f"run {i}: a host unix socket ({listener.getsockname()!r}) was reached")
+            except BlockingIOError:
+                pass
         if list(Path("/tmp").glob(f"agentrl-escape-{marker}*")):
             escapes.append(f"run {i}: a file appeared in /tmp")
         for path in workspace.rglob("*"):
@@ -226,6 +255,8 @@ def main() -> int:
     runner.close()
     stop.set()
     server.close()
+    for listener in listeners:
+        listener.close()
     shutil.rmtree(root, ignore_errors=True)
 
     print(

@@ -40,7 +40,6 @@ import os
 import re
 import secrets
 import shutil
-import tempfile
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +50,8 @@ from simulators.python import PythonRunner, RunLimits
 from simulators.python.sandbox import SandboxRunner
 from simulators.smtp import Mailbox, SMTPError
 from simulators.sql import ReadOnlyDatabase, SQLError, TemplateCache, format_rows
+from simulators.workspace import RESULTS, WorkspaceError, write_files
+from simulators.workspace import create as create_workspace
 
 MAX_REQUEST_BYTES = 8 << 20
 MAX_FILE_BYTES = 2 << 20
@@ -85,25 +86,18 @@ class _Episode:
 
     @property
     def workspace(self) -> str:
-        """The workspace directory, created with the setup files and every query result so far."""
+        """The workspace directory, created with the setup files and every query result so far.
+
+        Raises:
+            WorkspaceError: a query result could not be saved (the agent broke or filled its
+                workspace); the results not saved are dropped, so the next call can go ahead.
+        """
         if self._path is None:
-            path = tempfile.mkdtemp(prefix="agentrl-ws-", dir=self.root)
-            try:
-                os.makedirs(os.path.join(path, "results"))
-                for rel, text in self.files.items():
-                    full = os.path.join(path, rel)
-                    os.makedirs(os.path.dirname(full), exist_ok=True)
-                    with open(full, "w", encoding="utf-8", newline="") as f:
-                        f.write(text)
-            except BaseException:
-                shutil.rmtree(path, ignore_errors=True)
-                raise
-            self._path = path
+            self._path = create_workspace(self.root, self.files)
         if self.pending:
-            for rel, (columns, rows) in self.pending.items():
-                with open(os.path.join(self._path, rel), "w", encoding="utf-8", newline="") as f:
-                    f.write(format_rows(columns, rows))
+            texts = {rel: format_rows(columns, rows) for rel, (columns, rows) in self.pending.items()}
             self.pending.clear()
+            write_files(self._path, texts)
         return self._path
 
     def discard(self) -> None:
@@ -175,7 +169,8 @@ class SimulatorApp:
         except (ValueError, RecursionError) as exc:
             status, reply = _err(400, "bad_request", f"malformed JSON body: {type(exc).__name__}")
         except Exception as exc:  # a server answers 500, it does not crash
-            status, reply = _err(500, "internal", f"{type(exc).__name__}: {exc}")
+            detail = exc.strerror if isinstance(exc, OSError) else exc  # an OSError's text names host paths
+            status, reply = _err(500, "internal", f"{type(exc).__name__}: {detail}")
         if reply is None:
             return status, b"", {}
         return status, json.dumps(reply, separators=(",", ":")).encode(), {"content-type": "application/json"}
@@ -238,7 +233,10 @@ class SimulatorApp:
         if handler is None:
             return _err(404, "unknown_tool", f"no tool {tool[:64]!r}; tools are sql, python, smtp")
         with episode.lock:
-            return handler(episode, payload)
+            try:
+                return handler(episode, payload)
+            except WorkspaceError as exc:  # the agent broke its own workspace: its error, not the service's
+                return _err(409, "workspace", str(exc))
 
     # -- workspace files ----------------------------------------------------------------------
 
@@ -247,9 +245,15 @@ class SimulatorApp:
         episode = self._episodes.get(episode_id)
         if episode is None:
             return _err(404, "unknown_episode", f"no open episode {episode_id[:64]!r}")
-        with episode.lock:
-            full = _inside(episode.workspace, rel)
-        if full is None:
+        # A query result of a mounted SQL backend: written like the simulator's own, results/ repaired.
+        result_name = os.path.normpath(rel) if rel and "\x00" not in rel and len(rel) <= 255 else ""
+        is_result = os.path.dirname(result_name) == RESULTS
+        try:
+            with episode.lock:
+                full = _inside(episode.workspace, rel)
+        except WorkspaceError as exc:
+            return _err(409, "workspace", str(exc))
+        if full is None and not is_result:
             return _err(400, "bad_request", f"file {rel[:64]!r} is outside the workspace")
         try:
             if isinstance(payload.get("text"), str):
@@ -260,11 +264,19 @@ class SimulatorApp:
                 return _err(400, "bad_request", "expected {'text': str} or {'b64': str}")
             if len(data) > MAX_FILE_BYTES:
                 return _err(413, "too_large", f"file over {MAX_FILE_BYTES} bytes")
+            if is_result:
+                with episode.lock:
+                    write_files(episode.workspace, {result_name: data})
+                return 204, None
+            assert full is not None
             os.makedirs(os.path.dirname(full), exist_ok=True)
             with open(full, "wb") as f:
                 f.write(data)
+        except WorkspaceError as exc:
+            return _err(409, "workspace", str(exc))
         except (OSError, ValueError) as exc:
-            return _err(400, "bad_request", f"could not write {rel[:64]!r}: {exc}")
+            detail = exc.strerror if isinstance(exc, OSError) else exc
+            return _err(400, "bad_request", f"could not write {rel[:64]!r}: {detail}")
         return 204, None
 
     def get_file(self, episode_id: str, rel: str) -> Reply:
@@ -272,16 +284,22 @@ class SimulatorApp:
         episode = self._episodes.get(episode_id)
         if episode is None:
             return _err(404, "unknown_episode", f"no open episode {episode_id[:64]!r}")
-        with episode.lock:
-            full = _inside(episode.workspace, rel)
+        try:
+            with episode.lock:
+                full = _inside(episode.workspace, rel)
+        except WorkspaceError as exc:
+            return _err(409, "workspace", str(exc))
         if full is None:
             return _err(400, "bad_request", f"file {rel[:64]!r} is outside the workspace")
         if not os.path.isfile(full):
             return _err(404, "no_such_file", f"no file {rel[:64]!r} in the workspace")
         if os.path.getsize(full) > MAX_FILE_BYTES:
             return _err(413, "too_large", f"file {rel[:64]!r} is larger than {MAX_FILE_BYTES} bytes")
-        with open(full, "rb") as f:
-            return _okr({"path": rel, "b64": base64.b64encode(f.read()).decode()})
+        try:
+            with open(full, "rb") as f:
+                return _okr({"path": rel, "b64": base64.b64encode(f.read()).decode()})
+        except OSError as exc:
+            return _err(409, "workspace", f"file {rel[:64]!r} could not be read ({exc.strerror})")
 
     # -- episodes -----------------------------------------------------------------------------
 

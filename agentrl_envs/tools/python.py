@@ -42,7 +42,7 @@ class PythonTool(Tool):
         code = r.get("exit_code")
         head = "python ok" if code == 0 else f"python error [exit code {code}]"
         if r.get("timed_out"):
-            head = "python error [timeout]: the program was stopped at the wall-clock limit"
+            head = "python error [timeout]: the program was stopped at its time limit (wall clock or CPU)"
         elif r.get("output_truncated"):
             head += " (output limit reached; the program was stopped)"
         parts = [head]

@@ -31,17 +31,18 @@ def _run():
     status_fd = int(sys.argv[8])
     if status_fd >= 0:
         # pid 1 of a new pid namespace: run the program as our child, so it gets ordinary signal
-        # semantics, reap every orphan, report the program's status, and exit, which makes the
-        # kernel kill whatever is left in the namespace.
+        # semantics, reap every orphan, report the program's status and CPU seconds, and exit,
+        # which makes the kernel kill whatever is left in the namespace.
         pid = os.fork()
         if pid:
             while True:
                 try:
-                    done, st = os.wait()
+                    done, st, ru = os.wait3(0)
                 except ChildProcessError:
                     os._exit(0)
                 if done == pid:
-                    os.write(status_fd, str(os.waitstatus_to_exitcode(st)).encode())
+                    cpu = ru.ru_utime + ru.ru_stime
+                    os.write(status_fd, f"{os.waitstatus_to_exitcode(st)} {cpu}".encode())
                     os._exit(0)
         os.close(status_fd)
     a = [int(x) for x in sys.argv[2:8]]
@@ -172,9 +173,13 @@ class PythonRunner:
                 os.close(status_w)
         try:
             out, err, timed_out, truncated = _collect(proc, lim, start)
-            exit_code = proc.returncode
+            exit_code, cpu_s = proc.returncode, 0.0
             if status_r >= 0 and not timed_out and not truncated:
-                exit_code = _read_status(status_r, exit_code)
+                exit_code, cpu_s = _read_status(status_r, exit_code)
+            if not timed_out and not truncated and _cpu_limit_hit(exit_code, cpu_s, lim.cpu_s):
+                # Out of CPU time is the same outcome as out of wall time: which one comes first
+                # depends on how busy the machine is, and a transcript must not.
+                exit_code, timed_out = -signal.SIGKILL, True
         finally:
             if status_r >= 0:
                 os.close(status_r)
@@ -191,17 +196,24 @@ class PythonRunner:
         shutil.rmtree(self._scratch, ignore_errors=True)
 
 
-def _read_status(fd: int, fallback: int) -> int:
-    """The program's exit status as reported by the namespace's pid 1 (the fallback if it said nothing)."""
+def _read_status(fd: int, fallback: int) -> tuple[int, float]:
+    """The program's exit status and CPU seconds as reported by the namespace's pid 1 (the fallback
+    and 0 if it said nothing)."""
     os.set_blocking(fd, False)
     try:
         data = os.read(fd, 64)
     except BlockingIOError:
-        return fallback
+        return fallback, 0.0
     try:
-        return int(data.decode())
+        code, cpu = data.decode().split()
+        return int(code), float(cpu)
     except ValueError:
-        return fallback
+        return fallback, 0.0
+
+
+def _cpu_limit_hit(exit_code: int, cpu_s: float, limit: int) -> bool:
+    """The program died of RLIMIT_CPU: SIGXCPU at the soft limit, or SIGKILL at the hard one."""
+    return exit_code == -signal.SIGXCPU or (exit_code == -signal.SIGKILL and cpu_s >= limit)
 
 
 def _probe_pid_namespace() -> list[str]:

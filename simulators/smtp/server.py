@@ -272,6 +272,9 @@ def _attachments(workspace: str, value: Any) -> list[tuple[str, bytes]]:
             raise SMTPError("bad_attachment", f"attachment {name[:80]!r} does not exist in the workspace", 550)
         if os.path.getsize(full) > MAX_MESSAGE_BYTES:
             raise SMTPError("too_large", f"attachment {name[:80]!r} is larger than {MAX_MESSAGE_BYTES} bytes", 552)
-        with open(full, "rb") as f:
-            files.append((os.path.relpath(full, root), f.read()))
+        try:
+            with open(full, "rb") as f:
+                files.append((os.path.relpath(full, root), f.read()))
+        except OSError as exc:  # unreadable: the agent's own doing
+            raise SMTPError("bad_attachment", f"attachment {name[:80]!r} could not be read ({exc.strerror})", 550) from None
     return files

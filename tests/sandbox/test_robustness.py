@@ -22,6 +22,15 @@ def own_runner() -> SandboxRunner:
     r.close()
 
 
+def _parent(pid: int) -> int | None:
+    """The parent pid, or None when the process is already gone (it may exit between listing and reading)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _host_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
@@ -39,7 +48,7 @@ def test_a_killed_zygote_is_restarted(own_runner: SandboxRunner, tmp_path: Path)
 def test_a_killed_inner_zygote_is_restarted(own_runner: SandboxRunner, tmp_path: Path) -> None:
     outer = own_runner.pid
     assert outer is not None
-    inner = [p for p in descendants(outer) if open(f"/proc/{p}/stat").read().split(") ")[1].split()[1] == str(outer)]
+    inner = [p for p in descendants(outer) if _parent(p) == outer]
     for pid in inner:
         os.kill(pid, signal.SIGKILL)
     assert own_runner.run("print(1)", str(tmp_path)).stdout == "1\n"
@@ -55,7 +64,7 @@ def test_killing_the_zygote_mid_run_ends_the_run(own_runner: SandboxRunner, tmp_
     timer.start()
     start = time.monotonic()
     res = own_runner.run("import time\ntime.sleep(30)", str(tmp_path))
-    assert time.monotonic() - start < 10.0  # not the 30 s sleep
+    assert time.monotonic() - start < 25.0  # not the 30 s sleep
     assert res.exit_code != 0 and "[sandbox]" in res.stderr
     assert own_runner.run("print(2)", str(tmp_path)).stdout == "2\n"
 
@@ -75,7 +84,10 @@ def test_close_ends_everything(tmp_path: Path) -> None:
     tree = descendants(pid)
     scratch = r._state["scratch"]
     r.close()
-    time.sleep(0.1)
+    for _ in range(400):  # the kernel tears the pid namespaces down after close() returns
+        if not alive(pid) and not [p for p in tree if alive(p)]:
+            break
+        time.sleep(0.05)
     assert not alive(pid) and not [p for p in tree if alive(p)]
     assert not os.path.exists(scratch)
     with pytest.raises(SandboxError, match="closed"):
@@ -109,7 +121,7 @@ def test_the_supervisor_backstop(own_runner: SandboxRunner, tmp_path: Path, monk
     monkeypatch.setattr(runner_module, "_GRACE_S", -0.9)  # the host gives up before the supervisor's own deadline
     start = time.monotonic()
     res = own_runner.run("import time\ntime.sleep(30)", str(tmp_path), SUITE_LIMITS.__class__(wall_s=1.0))
-    assert time.monotonic() - start < 10.0  # not the 30 s sleep
+    assert time.monotonic() - start < 25.0  # not the 30 s sleep
     assert res.timed_out is True and res.exit_code == -signal.SIGKILL
     assert "did not answer" in res.stderr
     monkeypatch.undo()

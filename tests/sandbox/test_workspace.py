@@ -87,3 +87,30 @@ def test_directories_nested_too_deep_are_reported(runner: SandboxRunner, ws: Pat
     while path.is_dir():
         depth, path = depth + 1, path / "d"
     assert depth == 64
+
+
+SQUATTERS = {
+    "old_names_files": "for i in range(200):\n    open(f'.sandbox-copy-1-{i}', 'w').close()\n",
+    "old_names_dirs": "import os\nfor i in range(200):\n    os.makedirs(f'.sandbox-copy-1-{i}/x')\n",
+    "old_names_in_subdir": "import os\nos.mkdir('sub')\nfor i in range(200):\n    os.mkdir(f'sub/.sandbox-copy-1-{i}')\n",
+    "reserved_prefix": "import os\nfor i in range(50):\n    os.makedirs(f'.agentrl-copyback-{i:032x}/x')\n",
+    "symlinks": "import os\nfor i in range(5):\n    os.symlink('/etc/passwd', f'.sandbox-copy-1-{i}')\n",
+}
+
+
+@pytest.mark.parametrize("squat", sorted(SQUATTERS))
+def test_copy_back_temporaries_cannot_be_squatted(runner: SandboxRunner, ws: Path, squat: str) -> None:
+    """Entries named like copy-back temporaries never make a later run lose its output while reporting success."""
+    runner.run(SQUATTERS[squat], str(ws))  # may be refused in part (symlinks): what it left is what counts
+    assert not [p for p in ws.rglob(".agentrl-copyback-*")], "a reserved name was copied back"
+    code = "import os\nos.makedirs('sub', exist_ok=True)\nfor name in ('out.txt', 'sub/out.txt'):\n    open(name, 'w').write('kept')\nprint('wrote')\n"
+    res = runner.run(code, str(ws))
+    assert (res.exit_code, res.stdout, res.stderr) == (0, "wrote\n", ""), res
+    assert (ws / "out.txt").read_text() == "kept" and (ws / "sub" / "out.txt").read_text() == "kept"
+    assert not [p for p in ws.rglob(".agentrl-copyback-*")], "a temporary was left behind"
+
+
+def test_a_planted_reserved_name_is_reported_not_kept(runner: SandboxRunner, ws: Path) -> None:
+    res = runner.run("open('.agentrl-copyback-' + 'f' * 32, 'w').write('x')\nopen('ok.txt', 'w').write('y')\n", str(ws))
+    assert res.exit_code == 0 and "reserved, not kept" in res.stderr, res
+    assert sorted(os.listdir(ws)) == ["ok.txt"]

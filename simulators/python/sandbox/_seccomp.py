@@ -3,7 +3,13 @@
 The filter allows by default and denies what a data-processing program never needs and what a
 container escape usually starts with:
 
-- every ``socket()`` (so no inet, netlink, packet or vsock socket); ``socketpair()`` only for AF_UNIX;
+- every ``socket()`` (so no inet, netlink, packet, vsock or unix socket); ``socketpair()`` only for
+  AF_UNIX + SOCK_STREAM, whose ends are connected to each other and cannot be given an address:
+  ``connect``, ``bind`` and ``listen`` are refused, and so is ``sendto`` with a destination address
+  (the kernel refuses an address in ``sendmsg`` on a connected stream socket), so no socket of a run
+  can address anything outside it (pathname, abstract or inet), and SCM_RIGHTS only reaches the peer;
+- executable memory files: ``memfd_create`` only with MFD_NOEXEC_SEAL (never executable, and sealed
+  so), ``memfd_secret``: no ELF the program writes can be executed;
 - other processes' memory and state: ptrace, process_vm_readv/writev, kcmp, pidfd_getfd, process_madvise;
 - namespaces and mounts: unshare, setns, mount, umount2, pivot_root, chroot, the new mount API;
   ``clone()`` with any CLONE_NEW* flag;
@@ -33,6 +39,7 @@ _LD_ABS = 0x20  # BPF_LD | BPF_W | BPF_ABS
 _JEQ = 0x15  # BPF_JMP | BPF_JEQ | BPF_K
 _JGE = 0x35  # BPF_JMP | BPF_JGE | BPF_K
 _JSET = 0x45  # BPF_JMP | BPF_JSET | BPF_K
+_AND = 0x54  # BPF_ALU | BPF_AND | BPF_K
 _RET = 0x06  # BPF_RET | BPF_K
 
 _OFF_NR, _OFF_ARCH = 0, 4
@@ -45,6 +52,9 @@ def _arg(i: int) -> int:
 
 _SETID_BITS = 0o6000
 _AF_UNIX = 1
+_SOCK_STREAM = 1
+_SOCK_TYPE_MASK = 0xF  # the type without SOCK_NONBLOCK / SOCK_CLOEXEC
+_MFD_NOEXEC_SEAL = 0x0008
 _TIOCSTI = 0x5412
 
 # name -> (x86_64 number, aarch64 number); None where the call does not exist.
@@ -113,11 +123,16 @@ _DENY_EPERM: dict[str, tuple[int | None, int | None]] = {
     "query_module": (178, None),
     "get_kernel_syms": (177, None),
     "_sysctl": (156, None),
+    "memfd_secret": (447, 447),
 }
 _DENY_ENOSYS = {"clone3": (435, 435), "openat2": (437, 437)}
 _KILL = (62, 129)
 _SOCKET = (41, 198)
 _SOCKETPAIR = (53, 199)
+# A socket of the run may not be given an address or be pointed at one (see the module docstring).
+_DENY_EACCES = {"connect": (42, 203), "bind": (49, 200), "listen": (50, 201)}
+_SENDTO = (44, 206)
+_MEMFD_CREATE = (319, 279)
 _CLONE = (56, 220)
 _IOCTL = (16, 29)
 # (numbers, index of the mode argument): creating or chmod-ing a file with setuid/setgid bits.
@@ -169,7 +184,42 @@ def build_filter() -> bytes:
     for pair in _DENY_ENOSYS.values():
         deny(_pick(pair), errno.ENOSYS)
     deny(_pick(_SOCKET), errno.EACCES)
-    arg_rule(_pick(_SOCKETPAIR), 0, _JEQ, _AF_UNIX, False, errno.EACCES)
+    for pair in _DENY_EACCES.values():
+        deny(_pick(pair), errno.EACCES)
+
+    def block(number: int | None, body: list[bytes]) -> None:
+        # nr == number: run ``body`` (which ends in a return on every path); else skip over it.
+        if number is not None:
+            prog.append(_ins(_JEQ, 0, len(body), number))
+            prog.extend(body)
+
+    allow, eacces = _ins(_RET, 0, 0, _RET_ALLOW), _ins(_RET, 0, 0, _RET_ERRNO | errno.EACCES)
+    # socketpair(domain, type, ...): AF_UNIX and SOCK_STREAM only
+    block(
+        _pick(_SOCKETPAIR),
+        [
+            _ins(_LD_ABS, 0, 0, _arg(0)),
+            _ins(_JEQ, 0, 4, _AF_UNIX),
+            _ins(_LD_ABS, 0, 0, _arg(1)),
+            _ins(_AND, 0, 0, _SOCK_TYPE_MASK),
+            _ins(_JEQ, 0, 1, _SOCK_STREAM),
+            allow,
+            eacces,
+        ],
+    )
+    # sendto(fd, buf, len, flags, dest_addr, addrlen): dest_addr must be NULL (both 32-bit halves)
+    block(
+        _pick(_SENDTO),
+        [
+            _ins(_LD_ABS, 0, 0, _arg(4)),
+            _ins(_JEQ, 0, 3, 0),
+            _ins(_LD_ABS, 0, 0, _arg(4) + 4),
+            _ins(_JEQ, 0, 1, 0),
+            allow,
+            eacces,
+        ],
+    )
+    arg_rule(_pick(_MEMFD_CREATE), 1, _JSET, _MFD_NOEXEC_SEAL, False, errno.EPERM)
     arg_rule(_pick(_CLONE), 0, _JSET, NAMESPACE_FLAGS, True, errno.EPERM)
     arg_rule(_pick(_IOCTL), 1, _JEQ, _TIOCSTI, True, errno.EPERM)
     arg_rule(_pick(_KILL), 0, _JEQ, 0xFFFFFFFF, True, errno.EPERM)  # kill(-1): every process we may signal

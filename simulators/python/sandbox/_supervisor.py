@@ -74,6 +74,7 @@ class _Run:
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
+        self.usage: dict[str, float] = {}  # the program's CPU seconds, once reaped
         plan = ctx.plan
         _linux.prctl(_linux.PR_SET_PDEATHSIG, signal.SIGKILL)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the zygote's is SIG_IGN; we wait for the program
@@ -143,7 +144,7 @@ class _Run:
         try:
             st = os.fstat(real_fd)
             if (st.st_dev, st.st_ino) != (header["ws_dev"], header["ws_ino"]):
-                raise OSError(f"{workspace} is not the host's workspace here (a mount made after the sandbox started?)")
+                raise OSError("the workspace is not the host's workspace here (a mount made after the sandbox started?)")
             if ctx.plan.pid_max and int(header["processes"]) + 2 > PID_MAX:
                 ctx.step("pid_max", lambda: _write("/proc/sys/kernel/pid_max", str(int(header["processes"]) + 2)))
             overlay = self.overlay and ctx.step("overlay", lambda: self._mount_overlay(workspace, st))
@@ -156,7 +157,7 @@ class _Run:
             output = _Output(self.out_r, self.err_r, self.setup_r, int(header["output_bytes"]))
             status, timed_out, done = None, False, None
             try:
-                status, timed_out, done = _watch(self.pid, output, float(header["deadline"]))
+                status, timed_out, done = _watch(self.pid, output, float(header["deadline"]), self.usage)
             finally:
                 marks["ended"] = time.monotonic()
                 if done is None:
@@ -165,6 +166,7 @@ class _Run:
                     reaped = None
                     self.signal_all()
                 output.drain()
+            died_alone = status is not None  # reaped before any kill of ours
             if status is None:
                 status = reaped
             result["timed_out"] = timed_out
@@ -174,6 +176,10 @@ class _Run:
                 marks["done_reported"] = marks["ended"]
             elif timed_out or status is None:
                 result["exit_code"] = -signal.SIGKILL
+            elif died_alone and _cpu_limit_hit(status, self.usage.get("cpu_s", 0.0), int(header["cpu_s"])):
+                # Out of CPU time is the same outcome as out of wall time: which one comes first
+                # depends on how busy the machine is, and a transcript must not.
+                result["exit_code"], result["timed_out"] = -signal.SIGKILL, True
             else:
                 result["exit_code"] = os.waitstatus_to_exitcode(status)
             report = _parse_setup(output.reports())
@@ -187,9 +193,14 @@ class _Run:
                     "errors": {**ctx.errors, **report.get("program_errors", {})},
                 }
             if overlay:
-                notes = _copyback.apply_upper(f"{ctx.mnt}/upper", real_fd)
+                try:
+                    notes, errors = _copyback.apply_upper(f"{ctx.mnt}/upper", real_fd)
+                except OSError as exc:
+                    notes, errors = [], [f"the workspace: {exc.strerror or type(exc).__name__}"]
                 if notes:
                     result["notes"] = notes[:20]
+                if errors:
+                    result["copyback_errors"] = errors
             marks["copied_back"] = time.monotonic()
             return bytes(output.bufs[self.out_r]), bytes(output.bufs[self.err_r])
         finally:
@@ -216,11 +227,12 @@ class _Run:
         while time.monotonic() < end:
             self.signal_all()
             try:
-                done, st = os.waitpid(-1, os.WNOHANG)
+                done, st, usage = os.wait3(os.WNOHANG)
             except ChildProcessError:
                 break
             if done == self.pid:
                 status = st
+                self.usage["cpu_s"] = usage.ru_utime + usage.ru_stime
             elif done == 0:
                 time.sleep(0.001)
         return status
@@ -316,7 +328,7 @@ class _Output:
         self.open.clear()
 
 
-def _watch(pid: int, output: _Output, deadline: float) -> tuple[int | None, bool, int | None]:
+def _watch(pid: int, output: _Output, deadline: float, usage: dict[str, float]) -> tuple[int | None, bool, int | None]:
     """Until the program is done, the deadline passes or an output cap is hit.
 
     Returns (wait status if reaped, timed out, exit code the program reported as "done"). The
@@ -339,7 +351,7 @@ def _watch(pid: int, output: _Output, deadline: float) -> tuple[int | None, bool
                     output.read(fd)
                     if fd not in output.open:
                         poller.unregister(fd)
-            status = _reap(pid, status)
+            status = _reap(pid, status, usage)
             if status is not None or output.capped():
                 return status, False, None
             done = output.done()
@@ -357,17 +369,27 @@ def _only_child() -> bool:
         return False
 
 
-def _reap(pid: int, status: int | None) -> int | None:
-    """Reap every finished child; the program's wait status once it is among them."""
+def _reap(pid: int, status: int | None, usage: dict[str, float]) -> int | None:
+    """Reap every finished child; the program's wait status once it is among them (and its CPU
+    seconds in ``usage``)."""
     while True:
         try:
-            done, st = os.waitpid(-1, os.WNOHANG)
+            done, st, ru = os.wait3(os.WNOHANG)
         except ChildProcessError:
             return status
         if done == 0:
             return status
         if done == pid:
             status = st
+            usage["cpu_s"] = ru.ru_utime + ru.ru_stime
+
+
+def _cpu_limit_hit(status: int, cpu_s: float, limit: int) -> bool:
+    """The program died of RLIMIT_CPU: SIGXCPU at the soft limit, or SIGKILL at the hard one."""
+    if not os.WIFSIGNALED(status):
+        return False
+    sig = os.WTERMSIG(status)
+    return sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu_s >= limit)
 
 
 def _kill_children() -> None:

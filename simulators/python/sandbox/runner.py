@@ -311,7 +311,7 @@ class SandboxRunner:
         finally:
             os.close(result_fd)
             os.close(pidfd)
-        result, marks = _to_result(data, killed, lim, time.monotonic() - start)
+        result, marks = _to_result(data, killed, lim, time.monotonic() - start, (workspace, self._state["scratch"]))
         self._refill()
         self.last_timings = {"acked": acked - start, **{k: v - start for k, v in marks.items()}, "done": result.elapsed_s}
         return result
@@ -410,8 +410,18 @@ def _collect(result_fd: int, pidfd: int, hard_deadline: float) -> tuple[bytes, b
     return bytes(data), killed
 
 
-def _to_result(data: bytes, killed: bool, lim: RunLimits, elapsed: float) -> tuple[PythonResult, dict[str, float]]:
-    """The run's result, and the supervisor's timestamps (time.monotonic) of its phases."""
+def _redact(text: str, paths: tuple[str, ...]) -> str:
+    """``text`` without the host paths in ``paths`` (a message of the sandbox must not reveal them)."""
+    for path, stand_in in zip(paths, ("<workspace>", "<sandbox>")):
+        text = text.replace(path, stand_in)
+    return text
+
+
+def _to_result(
+    data: bytes, killed: bool, lim: RunLimits, elapsed: float, redact: tuple[str, ...] = ()
+) -> tuple[PythonResult, dict[str, float]]:
+    """The run's result, and the supervisor's timestamps (time.monotonic) of its phases. Host paths
+    in ``redact`` (the workspace, the scratch directory) are replaced in the sandbox's own messages."""
     try:
         header, out, err = decode_result(data)
     except ProtocolError as exc:
@@ -425,12 +435,21 @@ def _to_result(data: bytes, killed: bool, lim: RunLimits, elapsed: float) -> tup
             elapsed_s=elapsed,
         ), {}
     stdout, stderr = _decode(out, header["truncated_out"]), _decode(err, header["truncated_err"])
+    exit_code = int(header["exit_code"])
     if header.get("setup_error"):
-        stderr += f"[sandbox] {header['setup_error']}\n"
+        stderr += f"[sandbox] {_redact(str(header['setup_error']), redact)}\n"
+        exit_code = SETUP_FAILED
     for note in header.get("notes", ()):
-        stderr += f"[sandbox] workspace: {note}\n"
+        stderr += f"[sandbox] workspace: {_redact(str(note), redact)}\n"
+    errors = header.get("copyback_errors") or ()
+    for error in errors:
+        stderr += f"[sandbox] workspace: could not keep {_redact(str(error), redact)}\n"
+    if errors:
+        # The program's changes did not all reach the workspace: never a success.
+        stderr += f"[sandbox] the run's workspace changes were not all kept (the program exited with {exit_code})\n"
+        exit_code = SETUP_FAILED
     result = PythonResult(
-        exit_code=int(header["exit_code"]),
+        exit_code=exit_code,
         stdout=stdout,
         stderr=stderr,
         timed_out=bool(header["timed_out"]),
