@@ -47,7 +47,12 @@ def test_bad_values_name_the_option(overrides, match) -> None:
 
 @pytest.mark.parametrize(
     ("text", "match"),
-    [("ppo: [1, 2]", "must be a mapping"), ("- a\n- b", "top level"), ("ppo: {lrate: 1}", "in section 'ppo'"), ("{{{", "not valid YAML")],
+    [
+        ("ppo: [1, 2]", "must be a mapping"),
+        ("- a\n- b", "top level"),
+        ("ppo: {lrate: 1}", "in section 'ppo'"),
+        ("{{{", "not valid YAML"),
+    ],
 )
 def test_bad_yaml(tmp_path, text, match) -> None:
     f = tmp_path / "c.yaml"

@@ -14,8 +14,22 @@ from agentrl_train.policy import LORA_PRESETS, load_base, lora_targets
 def _tiny_lm(kind: str):
     from transformers import LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    common = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, pad_token_id=0, eos_token_id=1, bos_token_id=2)
-    cls, cfg = {"llama": (LlamaForCausalLM, LlamaConfig), "qwen2": (Qwen2ForCausalLM, Qwen2Config), "phi3": (Phi3ForCausalLM, Phi3Config)}[kind]
+    common = dict(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=2,
+    )
+    cls, cfg = {
+        "llama": (LlamaForCausalLM, LlamaConfig),
+        "qwen2": (Qwen2ForCausalLM, Qwen2Config),
+        "phi3": (Phi3ForCausalLM, Phi3Config),
+    }[kind]
     return cls(cfg(**common))
 
 
@@ -60,9 +74,14 @@ def test_candidate_logprobs_equal_one_at_a_time_reference(small_policy) -> None:
     policy, _ = small_policy
     tok = policy.tokenizer
     prompt = policy.encode_prompt(
-        [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Find the median order amount."}], None, 512
+        [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Find the median order amount."}],
+        None,
+        512,
     )
-    cands = [policy.encode_action(t) for t in ('<tool_call>{"name": "sql"}</tool_call>', "finish", "x" * 40, "SELECT amount FROM orders")]
+    cands = [
+        policy.encode_action(t)
+        for t in ('<tool_call>{"name": "sql"}</tool_call>', "finish", "x" * 40, "SELECT amount FROM orders")
+    ]
     with torch.no_grad():
         out = policy.score_candidates(prompt, cands, "mean")
         out_sum = policy.score_candidates(prompt, cands, "sum")
@@ -78,7 +97,9 @@ def test_candidate_logprobs_equal_one_at_a_time_reference(small_policy) -> None:
 
 def test_generated_logprobs_are_recomputed_exactly(small_policy) -> None:
     policy, _ = small_policy
-    prompt = policy.encode_prompt([{"role": "system", "content": "s"}, {"role": "user", "content": "Email the total."}], None, 512)
+    prompt = policy.encode_prompt(
+        [{"role": "system", "content": "s"}, {"role": "user", "content": "Email the total."}], None, 512
+    )
     g = torch.Generator().manual_seed(3)
     new, lps, value = policy.generate(prompt, 24, generator=g)
     assert 1 <= len(new) <= 24 and len(lps) == len(new)

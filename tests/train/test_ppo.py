@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -17,7 +18,7 @@ def test_entropy_coefficient_decays_logarithmically() -> None:
     assert ppo.entropy_coef(50, 101) == pytest.approx(math.sqrt(0.01 * 0.001))  # geometric midpoint
     assert ppo.entropy_coef(0, 1) == 0.01
     values = [ppo.entropy_coef(u, 20) for u in range(20)]
-    assert all(a > b for a, b in zip(values, values[1:]))
+    assert all(a > b for a, b in itertools.pairwise(values))
 
 
 def test_critic_warmup_rises_linearly_and_scales_to_short_runs() -> None:
@@ -75,7 +76,9 @@ def test_per_layer_clipping_clips_each_block_on_its_own() -> None:
     b = torch.nn.Parameter(torch.zeros(3))
     v = torch.nn.Parameter(torch.zeros(2))
     a.grad, b.grad, v.grad = torch.tensor([3.0, 4.0, 0.0]), torch.tensor([0.3, 0.4, 0.0]), torch.tensor([6.0, 8.0])
-    groups = ppo.clip_groups([("base.model.layers.0.q_proj.lora_A", a), ("base.model.layers.1.q_proj.lora_A", b), ("value_head.weight", v)])
+    groups = ppo.clip_groups(
+        [("base.model.layers.0.q_proj.lora_A", a), ("base.model.layers.1.q_proj.lora_A", b), ("value_head.weight", v)]
+    )
     assert set(groups) == {"layer.0", "layer.1", "value_head"}
     norms = ppo.clip_gradients(groups, 1.0, "per-layer")
     assert norms == pytest.approx({"layer.0": 5.0, "layer.1": 0.5, "value_head": 10.0})

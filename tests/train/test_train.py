@@ -93,7 +93,16 @@ def test_microbatch_1_x_accumulation_8_equals_microbatch_8(small_policy) -> None
 
     def grads(split):
         policy.zero_grad(set_to_none=True)
-        accumulate(policy, samples, split, cfg, 0.01, 0.5, _Single(), {k: [] for k in ("pg", "vf", "entropy", "kl_ref", "approx_kl", "clipfrac")})
+        accumulate(
+            policy,
+            samples,
+            split,
+            cfg,
+            0.01,
+            0.5,
+            _Single(),
+            {k: [] for k in ("pg", "vf", "entropy", "kl_ref", "approx_kl", "clipfrac")},
+        )
         out = {n: p.grad.clone() for n, p in policy.trainable_parameters() if p.grad is not None}
         policy.zero_grad(set_to_none=True)
         return out
@@ -133,5 +142,7 @@ def test_sft_then_ppo_from_its_adapter(tmp_path) -> None:
     result = sft(cfg, log=lambda *a, **k: None)
     assert result["steps"] == 2 and result["final_loss"] > 0
     final = tmp_path / "s" / "run" / "final"
-    ppo_cfg = small_config(tmp_path / "p", env="AgentRL/SQL-v0", mode="generate", max_new_tokens=8, updates=1, record=False, init_adapter=str(final))
+    ppo_cfg = small_config(
+        tmp_path / "p", env="AgentRL/SQL-v0", mode="generate", max_new_tokens=8, updates=1, record=False, init_adapter=str(final)
+    )
     assert train(ppo_cfg, log=lambda *a, **k: None)["finished"]
