@@ -72,7 +72,7 @@ class PPOConfig:
     epochs: int = _f(2, "passes over each rollout")
     micro_batch: int = _f(16, "transitions per forward/backward pass (memory)")
     accumulation: int = _f(0, "micro-batches per optimizer step (0: the whole rollout is one optimizer step per epoch)")
-    lr: float = _f(1e-3, "AdamW learning rate of the LoRA weights")
+    lr: float = _f(5e-4, "AdamW learning rate of the LoRA weights")
     value_lr: float = _f(3e-3, "AdamW learning rate of the value head")
     gamma: float = _f(0.99, "discount")
     lam: float = _f(0.95, "GAE lambda")
@@ -93,7 +93,7 @@ class PPOConfig:
     min_sigma: float = _f(0.1, "floor of the reward std in the batch z-score")
     whiten_advantages: bool = _f(True, "whiten advantages over valid samples")
     scoring: str = _f("mean", "candidates mode: a candidate's score is the mean (or sum) of its tokens' log-probs")
-    temperature: float = _f(0.05, "candidates mode: policy = softmax(score / temperature)")
+    temperature: float = _f(0.1, "candidates mode: policy = softmax(score / temperature)")
     max_new_tokens: int = _f(160, "generate mode: token budget of one action")
     max_prompt_tokens: int = _f(1536, "prompt tokens kept (the system prompt and instruction always; oldest turns dropped)")
     target_kl: float = _f(
