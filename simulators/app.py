@@ -36,10 +36,12 @@ import httpx
 from simulators.python import PythonRunner, RunLimits
 from simulators.python.sandbox import SandboxRunner
 from simulators.smtp import Mailbox, SMTPError
-from simulators.sql import ReadOnlyDatabase, SQLError, TemplateCache, format_rows
+from simulators.sql import ReadOnlyDatabase, SQLError, TemplateCache
 
 MAX_REQUEST_BYTES = 8 << 20
 MAX_FILE_BYTES = 2 << 20
+#: Bytes of query results an episode may hold in memory before they are written to its workspace.
+MAX_PENDING_BYTES = 8 << 20
 
 #: (HTTP status, JSON body or None for an empty body)
 Reply = tuple[int, "dict[str, Any] | None"]
@@ -61,8 +63,9 @@ class _Episode:
     # One call at a time per episode: its SQLite connection and mailbox are not thread-safe, and
     # an HTTP client may send concurrent calls for the same episode.
     lock: threading.Lock = field(default_factory=threading.Lock)
-    # Query results not yet written to the workspace (see ``workspace``).
-    pending: dict[str, tuple[list[str], list[tuple[Any, ...]]]] = field(default_factory=dict)
+    # Query results (CSV text) not yet written to the workspace (see ``workspace``).
+    pending: dict[str, str] = field(default_factory=dict)
+    pending_bytes: int = 0
     _path: str | None = None
 
     @property
@@ -82,10 +85,11 @@ class _Episode:
                 raise
             self._path = path
         if self.pending:
-            for rel, (columns, rows) in self.pending.items():
+            for rel, text in self.pending.items():
                 with open(os.path.join(self._path, rel), "w", encoding="utf-8", newline="") as f:
-                    f.write(format_rows(columns, rows))
+                    f.write(text)
             self.pending.clear()
+            self.pending_bytes = 0
         return self._path
 
     def discard(self) -> None:
@@ -149,13 +153,25 @@ class SimulatorApp:
         except (ValueError, RecursionError) as exc:
             status, reply = _err(400, "bad_request", f"malformed JSON body: {type(exc).__name__}")
         except Exception as exc:  # a server answers 500, it does not crash
-            status, reply = _err(500, "internal", f"{type(exc).__name__}: {exc}")
+            status, reply = _failure(exc)
         if reply is None:
             return status, b"", {}
-        return status, json.dumps(reply, separators=(",", ":")).encode(), {"content-type": "application/json"}
+        try:
+            data = json.dumps(reply, separators=(",", ":")).encode()
+        except Exception as exc:  # MemoryError included: the encoding is part of the answer
+            del reply
+            status, failure = _failure(exc)
+            data = json.dumps(failure, separators=(",", ":")).encode()
+        return status, data, {"content-type": "application/json"}
 
     def call(self, method: str, path: str, payload: dict[str, Any]) -> Reply:
-        """Route one request already decoded from JSON; answer (status, JSON object or None)."""
+        """Route one request already decoded from JSON; answer (status, JSON object or None). Never raises."""
+        try:
+            return self._route(method, path, payload)
+        except Exception as exc:  # MemoryError included: every call gets an answer
+            return _failure(exc)
+
+    def _route(self, method: str, path: str, payload: dict[str, Any]) -> Reply:
         parts = [p for p in path.split("/") if p]
         if parts == ["openapi.json"] and method == "GET":
             from simulators.openapi import OPENAPI
@@ -186,7 +202,10 @@ class SimulatorApp:
         if handler is None:
             return _err(404, "unknown_tool", f"no tool {tool[:64]!r}; tools are sql, python, smtp")
         with episode.lock:
-            return handler(episode, payload)
+            try:
+                return handler(episode, payload)
+            except Exception as exc:  # MemoryError included: every call gets an answer
+                return _failure(exc)
 
     # -- workspace files ----------------------------------------------------------------------
 
@@ -302,17 +321,21 @@ class SimulatorApp:
             return _err(_SQL_STATUS.get(exc.kind, 400), exc.kind, exc.message)
         episode.queries += 1
         csv_path = f"results/q{episode.queries}.csv"
-        episode.pending[csv_path] = (result.columns, result.rows)
-        return _okr(
-            {
-                "columns": result.columns,
-                "rows": [list(r) for r in result.rows],
-                "row_count": len(result.rows),
-                "truncated": result.truncated,
-                "csv_path": csv_path,
-                "vm_steps": result.vm_steps,
-            }
-        )
+        episode.pending[csv_path] = result.csv_text
+        episode.pending_bytes += len(result.csv_text)
+        if episode.pending_bytes > MAX_PENDING_BYTES:
+            episode.workspace  # noqa: B018 (writes the pending results out)
+        reply: dict[str, Any] = {
+            "columns": result.columns,
+            "rows": [list(r) for r in result.rows],
+            "row_count": len(result.rows),
+            "truncated": result.truncated,
+            "csv_path": csv_path,
+            "vm_steps": result.vm_steps,
+        }
+        if result.truncated_by is not None:
+            reply["truncated_by"] = result.truncated_by
+        return _okr(reply)
 
     def workspace_of(self, episode_id: str) -> str | None:
         """The directory of an open episode's workspace (created if needed), for tests and tools."""
@@ -366,6 +389,14 @@ def _okr(result: dict[str, Any], status: int = 200) -> Reply:
 
 def _err(status: int, kind: str, message: str, **extra: Any) -> Reply:
     return status, {"ok": False, "error": {"type": kind, "message": message, **extra}}
+
+
+def _failure(exc: Exception) -> Reply:
+    """The answer to a call that raised: 507 when memory ran out (the call asked for too much),
+    else 500 (a bug or a broken service)."""
+    if isinstance(exc, MemoryError):
+        return _err(507, "out_of_memory", "the service ran out of memory on this call; ask for less data (LIMIT, fewer columns)")
+    return _err(500, "internal", f"{type(exc).__name__}: {str(exc)[:300]}")
 
 
 def _inside(workspace: str, rel: str) -> str | None:
