@@ -719,9 +719,11 @@ def _post(app: Any, tool: str, payload: dict[str, Any]) -> tuple[int, dict[str, 
     return status, json.loads(body)
 
 
-WIDE = "WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c LIMIT 10000), b(s) AS (SELECT {w}) SELECT " + ", ".join(
-    f"s || i AS c{k}" for k in range(40)
-) + " FROM c, b"
+WIDE = (
+    "WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c LIMIT 10000), b(s) AS (SELECT {w}) SELECT "
+    + ", ".join(f"s || i AS c{k}" for k in range(40))
+    + " FROM c, b"
+)
 
 
 def test_wide_query_through_the_app_keeps_reply_and_csv_bounded(app_episode: Any) -> None:
