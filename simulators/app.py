@@ -266,6 +266,10 @@ class SimulatorApp:
         episode_id = payload.get("episode_id")
         if not isinstance(episode_id, str) or not _EPISODE_ID.fullmatch(episode_id):
             return _err(400, "bad_request", "episode_id must match [A-Za-z0-9_.-]{1,64}")
+        seed = payload.get("seed")
+        if seed is not None and not (isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed < 2**64):
+            # A server-side fault profile draws from it: refuse it here, not with a 500 there.
+            return _err(400, "bad_request", f"seed must be an integer in [0, 2**64) or null, got {str(seed)[:40]!r}")
         files = payload.get("files") or {}
         if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
             return _err(400, "bad_request", "files must be an object of {relative path: text}")
