@@ -10,11 +10,12 @@ allow-list; the quadratic string functions (``ltrim``/``rtrim``/``trim`` with a 
 ``instr``, ``replace``) are replaced by linear-time versions (:mod:`simulators.sql.functions`); the
 rest cost at most O(length x pattern) per call, which the length limits keep far below the deadline.
 
-Worst single calls measured on a 2-core machine shared with other jobs (``python
-benchmarks/bench_sql_limits.py``; deadline 2 s): before, ``instr`` 24.4 s, ``ltrim`` over 60 s
-(stopped), ``GLOB`` 3.2 s per call and minutes for a loop of them; after, every call family ends
-within the deadline (the slowest, ``GLOB '*[x][x]...'`` at the 100-character pattern limit on a
-100 kB string, takes ~0.2 s per call, and a loop of them stops at the deadline).
+Worst cases measured on a 2-core machine shared with other jobs (``python
+benchmarks/bench_sql_limits.py``; deadline 2 s): before, one ``instr`` took 7.5-25 s, one ``ltrim``
+10-23 s, and a scan of 1,000 rows with one ``GLOB`` each ran 122 s (it never reaches the progress
+handler: fewer than ``PROGRESS_STEPS`` opcodes in all); after, the trims and ``instr`` take
+milliseconds, the slowest call left (``GLOB '*[x][x]...'`` at the 100-character pattern limit on a
+100 kB string) ~0.1-0.2 s, and the scan ends with a timeout at 2.0 s.
 
 Results are streamed row by row into their CSV text and cut at ``MAX_RESULT_BYTES`` (the CSV the
 workspace gets) or ``MAX_RESULT_ROWS``, whichever comes first; a cell shows at most
@@ -333,12 +334,13 @@ def _decode_text(data: bytes) -> str:
 
 
 def _cap_value(value: Any) -> Any:
-    if isinstance(value, bytes):
+    # Exact class checks: this runs for every cell, and sqlite3 gives only int, float, str, bytes, None.
+    if value.__class__ is str:
+        return value if len(value) <= MAX_VALUE_CHARS else value[:MAX_VALUE_CHARS] + "...[truncated]"
+    if value.__class__ is bytes:
         if 2 * len(value) > MAX_VALUE_CHARS:
             return value[: MAX_VALUE_CHARS // 2].hex() + "...[truncated]"
         return value.hex()
-    if isinstance(value, str) and len(value) > MAX_VALUE_CHARS:
-        return value[:MAX_VALUE_CHARS] + "...[truncated]"
     return value
 
 
@@ -377,17 +379,17 @@ def collect_rows(
     budget.limit = max_bytes
     rows: list[tuple[Any, ...]] = []
     truncated_by: str | None = None
-    iterator = iter(cursor)
-    for raw in iterator:
+    writerow, append = writer.writerow, rows.append
+    for raw in cursor:
         if len(rows) == MAX_RESULT_ROWS:
             truncated_by = "rows"
             break
-        row = tuple(_cap_value(v) for v in raw)
-        writer.writerow(row)
+        row = tuple(map(_cap_value, raw))
+        writerow(row)
         if budget.full:
             truncated_by = "bytes"
             break
-        rows.append(row)
+        append(row)
     return rows, "".join(budget.parts), truncated_by
 
 
