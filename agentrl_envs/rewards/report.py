@@ -130,7 +130,9 @@ def check_rewards(
         raise ConfigError(f"seed={seed!r}: use a non-negative int")
     credit_weights(1, gamma, lam)  # checks gamma and lam before any episode runs
     if importlib.util.find_spec("matplotlib") is None:
-        raise ConfigError("check-rewards draws its plots with matplotlib: pip install -e '.[report]' from a checkout (or matplotlib)")
+        raise ConfigError(
+            "check-rewards draws its plots with matplotlib: pip install -e '.[report]' from a checkout (or matplotlib)"
+        )
     limits = thresholds or Thresholds()
     out = _writable_dir(out_dir)
     for stale in IMAGES:  # a report from an earlier run must not show through
