@@ -49,12 +49,14 @@ import httpx
 from simulators.python import PythonRunner, RunLimits
 from simulators.python.sandbox import SandboxRunner
 from simulators.smtp import Mailbox, SMTPError
-from simulators.sql import ReadOnlyDatabase, SQLError, TemplateCache, format_rows
+from simulators.sql import ReadOnlyDatabase, SQLError, TemplateCache
 from simulators.workspace import RESULTS, WorkspaceError, write_files
 from simulators.workspace import create as create_workspace
 
 MAX_REQUEST_BYTES = 8 << 20
 MAX_FILE_BYTES = 2 << 20
+#: Bytes of query results an episode may hold in memory before they are written to its workspace.
+MAX_PENDING_BYTES = 8 << 20
 EPISODE_TOKEN_HEADER = "X-AgentRL-Episode-Token"
 
 #: (HTTP status, JSON body or None for an empty body)
@@ -80,8 +82,9 @@ class _Episode:
     # One call at a time per episode: its SQLite connection and mailbox are not thread-safe, and
     # an HTTP client may send concurrent calls for the same episode.
     lock: threading.Lock = field(default_factory=threading.Lock)
-    # Query results not yet written to the workspace (see ``workspace``).
-    pending: dict[str, tuple[list[str], list[tuple[Any, ...]]]] = field(default_factory=dict)
+    # Query results (CSV text) not yet written to the workspace (see ``workspace``).
+    pending: dict[str, str] = field(default_factory=dict)
+    pending_bytes: int = 0
     _path: str | None = None
 
     @property
@@ -95,8 +98,9 @@ class _Episode:
         if self._path is None:
             self._path = create_workspace(self.root, self.files)
         if self.pending:
-            texts = {rel: format_rows(columns, rows) for rel, (columns, rows) in self.pending.items()}
+            texts = dict(self.pending)
             self.pending.clear()
+            self.pending_bytes = 0
             write_files(self._path, texts)
         return self._path
 
@@ -169,17 +173,28 @@ class SimulatorApp:
         except (ValueError, RecursionError) as exc:
             status, reply = _err(400, "bad_request", f"malformed JSON body: {type(exc).__name__}")
         except Exception as exc:  # a server answers 500, it does not crash
-            detail = exc.strerror if isinstance(exc, OSError) else exc  # an OSError's text names host paths
-            status, reply = _err(500, "internal", f"{type(exc).__name__}: {detail}")
+            status, reply = _failure(exc)
         if reply is None:
             return status, b"", {}
-        return status, json.dumps(reply, separators=(",", ":")).encode(), {"content-type": "application/json"}
+        try:
+            data = json.dumps(reply, separators=(",", ":")).encode()
+        except Exception as exc:  # MemoryError included: the encoding is part of the answer
+            del reply
+            status, failure = _failure(exc)
+            data = json.dumps(failure, separators=(",", ":")).encode()
+        return status, data, {"content-type": "application/json"}
 
     def call(self, method: str, path: str, payload: dict[str, Any], episode_token: str | None = None) -> Reply:
-        """Route one request already decoded from JSON; answer (status, JSON object or None).
+        """Route one request already decoded from JSON; answer (status, JSON object or None). Never raises.
 
         Calls on an open episode need ``episode_token``, the token its ``open_episode`` answered.
         """
+        try:
+            return self._route(method, path, payload, episode_token)
+        except Exception as exc:  # MemoryError included: every call gets an answer
+            return _failure(exc)
+
+    def _route(self, method: str, path: str, payload: dict[str, Any], episode_token: str | None = None) -> Reply:
         parts = [p for p in path.split("/") if p]
         if len(parts) >= 3 and parts[:2] == ["v1", "episodes"]:
             # Answered here, not by the handler, when the episode is not open: a call that passed
@@ -237,6 +252,8 @@ class SimulatorApp:
                 return handler(episode, payload)
             except WorkspaceError as exc:  # the agent broke its own workspace: its error, not the service's
                 return _err(409, "workspace", str(exc))
+            except Exception as exc:  # MemoryError included: every call gets an answer
+                return _failure(exc)
 
     # -- workspace files ----------------------------------------------------------------------
 
@@ -332,6 +349,10 @@ class SimulatorApp:
         episode_id = payload.get("episode_id")
         if not isinstance(episode_id, str) or not _EPISODE_ID.fullmatch(episode_id):
             return _err(400, "bad_request", "episode_id must match [A-Za-z0-9_.-]{1,64}")
+        seed = payload.get("seed")
+        if seed is not None and not (isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed < 2**64):
+            # A server-side fault profile draws from it: refuse it here, not with a 500 there.
+            return _err(400, "bad_request", f"seed must be an integer in [0, 2**64) or null, got {str(seed)[:40]!r}")
         files = payload.get("files") or {}
         if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
             return _err(400, "bad_request", "files must be an object of {relative path: text}")
@@ -393,17 +414,21 @@ class SimulatorApp:
             return _err(_SQL_STATUS.get(exc.kind, 400), exc.kind, exc.message)
         episode.queries += 1
         csv_path = f"results/q{episode.queries}.csv"
-        episode.pending[csv_path] = (result.columns, result.rows)
-        return _okr(
-            {
-                "columns": result.columns,
-                "rows": [list(r) for r in result.rows],
-                "row_count": len(result.rows),
-                "truncated": result.truncated,
-                "csv_path": csv_path,
-                "vm_steps": result.vm_steps,
-            }
-        )
+        episode.pending[csv_path] = result.csv_text
+        episode.pending_bytes += len(result.csv_text)
+        if episode.pending_bytes > MAX_PENDING_BYTES:
+            episode.workspace  # noqa: B018 (writes the pending results out)
+        reply: dict[str, Any] = {
+            "columns": result.columns,
+            "rows": [list(r) for r in result.rows],
+            "row_count": len(result.rows),
+            "truncated": result.truncated,
+            "csv_path": csv_path,
+            "vm_steps": result.vm_steps,
+        }
+        if result.truncated_by is not None:
+            reply["truncated_by"] = result.truncated_by
+        return _okr(reply)
 
     def workspace_of(self, episode_id: str) -> str | None:
         """The directory of an open episode's workspace (created if needed), for tests and tools."""
@@ -467,6 +492,15 @@ def _okr(result: dict[str, Any], status: int = 200) -> Reply:
 
 def _err(status: int, kind: str, message: str, **extra: Any) -> Reply:
     return status, {"ok": False, "error": {"type": kind, "message": message, **extra}}
+
+
+def _failure(exc: Exception) -> Reply:
+    """The answer to a call that raised: 507 when memory ran out (the call asked for too much),
+    else 500 (a bug or a broken service)."""
+    if isinstance(exc, MemoryError):
+        return _err(507, "out_of_memory", "the service ran out of memory on this call; ask for less data (LIMIT, fewer columns)")
+    detail = exc.strerror if isinstance(exc, OSError) else str(exc)[:300]  # an OSError's text names host paths
+    return _err(500, "internal", f"{type(exc).__name__}: {detail}")
 
 
 def _inside(workspace: str, rel: str) -> str | None:

@@ -64,7 +64,10 @@ class WireClient:
             raise PermanentError(f"could not write {path!r} to the workspace: HTTP {response.status_code} {response.text[:300]}")
 
     def get_file(self, episode_id: str, path: str) -> bytes | None:
-        response = self._send("GET", f"/v1/episodes/{episode_id}/files/{path}", self._owner(episode_id))
+        try:
+            response = self._send("GET", f"/v1/episodes/{episode_id}/files/{path}", self._owner(episode_id))
+        except httpx.InvalidURL:  # a name no URL can carry (control characters) names no file
+            return None
         if response.status_code != 200:
             return None
         try:

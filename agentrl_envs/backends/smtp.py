@@ -1,21 +1,24 @@
 """``backend={"smtp": "smtp://host:port"}``: mail through a real SMTP server with ``smtplib``.
 
 Messages are validated and built exactly as the simulator does (``email.message.EmailMessage``
-with the default policy; CR/LF and bare-LF smuggling refused; recipient and size caps), then sent
-with ``smtplib``. The env chooses the host and the sender; the agent only fills in the message.
+with the default policy; CR/LF and bare-LF smuggling refused, in encoded words too; recipient and
+size caps), then flattened once with CRLF line ends, checked again as those bytes read back (no
+header may appear that was not set), and those same bytes are sent with ``smtplib``. The env chooses the host and the sender; the agent only fills in the message.
 A refused recipient or message comes back as a tool error with the server's reply; a server that
 cannot be reached or drops the connection comes back as a ``connection_reset`` / ``timeout`` fault.
 """
 
 from __future__ import annotations
 
+import io
 import smtplib
+from email.generator import BytesGenerator
 from email.message import EmailMessage
 from urllib.parse import urlsplit
 
 from agentrl_envs.backends.base import EpisodeSetup, ToolRequest, ToolResponse
 from agentrl_envs.errors import ConfigError
-from simulators.smtp import Mailbox, SMTPError
+from simulators.smtp import Mailbox, SMTPError, check_wire
 
 __all__ = ["SMTPBackend"]
 
@@ -87,9 +90,14 @@ class SMTPBackend:
 
     def _send(self, message: EmailMessage, recipients: list[str]) -> None:
         where = f"{self.host}:{self.port}"
+        # Exactly the bytes that were checked go out (send_message would flatten the message again).
+        buffer = io.BytesIO()
+        BytesGenerator(buffer, policy=message.policy).flatten(message, linesep="\r\n")
+        data = buffer.getvalue()
+        check_wire(message, data)
         try:
             with smtplib.SMTP(self.host, self.port, timeout=self.timeout_s) as client:
-                client.send_message(message, from_addr=str(message["From"]), to_addrs=recipients)
+                client.sendmail(str(message["From"]), recipients, data)
         except smtplib.SMTPRecipientsRefused as exc:
             refused = ", ".join(f"{a} ({code})" for a, (code, _) in exc.recipients.items())
             raise SMTPError("rejected", f"the mail server refused the recipient(s) {refused}", 550) from None

@@ -35,6 +35,10 @@ Method, per tool, on calls sorted by time:
    rate is then lowered by the share of slow successes the injector itself turns into timeouts.
 5. ``retry_after_s``: [min, max] of the Retry-After of fresh 429s (the injector draws uniformly).
 
+Fitted numbers past a profile's ranges (``LIMITS`` in :mod:`agentrl_envs.faults.profile`: latencies up to
+one hour, ``sigma`` up to 5, timeouts and Retry-After up to one day) are clamped to them, with a note
+in the report: logs with absurd latencies give a profile that still keeps the env's clock finite.
+
 ``defaults`` is the fit of all calls pooled (marginal rates, no burst chain: chains are per tool);
 ``tools`` holds each tool's own fit where it differs from the defaults. Penalties are the defaults.
 """
@@ -42,8 +46,11 @@ Method, per tool, on calls sorted by time:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import os
 import re
+import tempfile
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -58,6 +65,7 @@ from agentrl_envs.faults.logs import MAX_LINE_BYTES, Call, LogReader, parse_line
 from agentrl_envs.faults.profile import (
     DEFAULT_PENALTIES,
     FAULT_TYPES,
+    LIMITS,
     TOOLS,
     ErrorProfile,
     Latency,
@@ -113,6 +121,9 @@ def fit_profile(
     calls: Iterable[Call], name: str, description: str = "", think_time_s: float = 1.0, bursts: bool = True
 ) -> FitResult:
     """Fit a profile to calls (see the module docstring for the method)."""
+    lo, hi = LIMITS["think_time_s"]
+    if not (isinstance(think_time_s, (int, float)) and lo <= think_time_s <= hi):
+        raise ConfigError(f"think_time_s={think_time_s!r}: use a number of seconds within [{lo:g}, {hi:g}]")
     ordered = sorted(calls, key=lambda c: c.ts)  # stable: equal timestamps keep log order
     if not ordered:
         raise ConfigError("no usable calls to fit a profile to")
@@ -192,7 +203,7 @@ def _fit_draws(tool: str, draws: list[Call], echoes: int, retry: list[float], bu
             }
     fit.fields["rates"] = _clean_rates(rates, tail)
     if retry:
-        fit.fields["retry_after_s"] = [_sig(min(retry)), _sig(max(retry))]
+        fit.fields["retry_after_s"] = [_clamp("retry_after_s", _sig(v), fit.notes) for v in (min(retry), max(retry))]
     fit.fields["latency"] = latency
     if timeout_s is not None:
         fit.fields["timeout_s"] = timeout_s
@@ -206,16 +217,27 @@ def _fit_latency(latencies_s: np.ndarray, notes: list[str]) -> dict[str, Any]:
         notes.append("no latencies to fit: latency 0")
         return {"distribution": "constant", "ms": 0.0}
     if float(latencies_s.max() - latencies_s.min()) <= 1e-9 * max(1.0, float(latencies_s.max())):
-        return {"distribution": "constant", "ms": _sig(float(latencies_s[0]) * 1000.0)}
+        return {"distribution": "constant", "ms": _clamp("ms", _sig(float(latencies_s[0]) * 1000.0), notes)}
     floor = _floor(latencies_s)
     if (latencies_s < floor).any():
         notes.append(f"{int((latencies_s < floor).sum()):,} latencies below {floor * 1000:.3g} ms counted as that")
     logs = np.log(np.maximum(latencies_s, floor))
+    median_ms = math.exp(min(700.0, float(logs.mean()))) * 1000.0
     return {
         "distribution": "lognormal",
-        "median_ms": _sig(math.exp(float(logs.mean())) * 1000.0),
-        "sigma": _sig(float(logs.std())),
+        "median_ms": _clamp("median_ms", _sig(median_ms), notes),
+        "sigma": _clamp("sigma", _sig(float(logs.std())), notes),
     }
+
+
+def _clamp(name: str, value: float, notes: list[str]) -> float:
+    """``value`` within the profile's range for ``name``, with a note when it had to move."""
+    lo, hi = LIMITS[name]
+    if lo <= value <= hi:
+        return value
+    clamped = min(max(value, lo), hi)
+    notes.append(f"{name} {value:.4g} is outside the profile range [{lo:g}, {hi:g}]: clamped to {clamped:g}")
+    return clamped
 
 
 def _floor(latencies_s: np.ndarray) -> float:
@@ -237,7 +259,7 @@ def _fit_timeout(latency: dict[str, Any], timed_out: np.ndarray, all_s: np.ndarr
     if not value > 0 or not math.isfinite(value):
         notes.append("timeout_s: left at the default (no positive latencies)")
         return None
-    return _round_sig(max(value, 1e-3), 3, math.ceil)  # at least 1 ms
+    return _clamp("timeout_s", _round_sig(max(value, 1e-3), 3, math.ceil), notes)  # at least 1 ms
 
 
 def tail_probability(latency: Latency, timeout_s: float) -> float:
@@ -499,6 +521,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def cmd_fit_profile(args: argparse.Namespace) -> int:
     """Fit, print the goodness-of-fit summary, write the YAML. User errors raise ConfigError."""
     output = Path(args.output)
+    if output.is_symlink():
+        raise ConfigError(f"-o {args.output!r} is a symbolic link; give the path of a regular file (it is not followed)")
     if output.is_dir():
         raise ConfigError(f"-o {args.output!r} is a directory; give a file name such as profile.yaml")
     if output.exists() and not args.force:
@@ -519,11 +543,30 @@ def cmd_fit_profile(args: argparse.Namespace) -> int:
     result = fit_profile(reader.calls, name, description, think_time_s=args.think_time_s, bursts=not args.no_burst)
     for line in report(result, reader):
         print(line)
-    tmp = output.with_name(output.name + ".tmp")
-    tmp.write_text(result.yaml_text, encoding="utf-8")
-    tmp.replace(output)
+    _write_atomically(output, result.yaml_text)
     print(f"\nwrote {output} (profile {name!r}); use it with gym.make(..., error_profile={str(output)!r})")
     return 0
+
+
+def _write_atomically(output: Path, text: str) -> None:
+    """Write ``text`` to ``output`` through a fresh temporary file in the same directory.
+
+    The temporary name is unpredictable and created with O_CREAT | O_EXCL | O_NOFOLLOW
+    (``tempfile.mkstemp``), so a file or symbolic link planted where it would go is never opened,
+    and the rename replaces ``output`` itself: a link planted there after the check is replaced,
+    not followed.
+    """
+    fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fchmod(f.fileno(), 0o644)
+        os.replace(tmp, output)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _rules(specs: Sequence[str]) -> list[tuple[re.Pattern[str], str]]:
@@ -544,6 +587,7 @@ def _non_negative_float(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text[:40]!r}") from None
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text[:40]!r}")
+    lo, hi = LIMITS["think_time_s"]
+    if not (math.isfinite(value) and lo <= value <= hi):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds within [{lo:g}, {hi:g}], got {text[:40]!r}")
     return value

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from agentrl_envs.backends.base import Backend, EpisodeSetup, ToolRequest, ToolResponse
+from agentrl_envs.errors import ConfigError
 from agentrl_envs.faults.profile import FAULT_STATUS, ErrorProfile, ToolFaults
 
 __all__ = ["REFUSAL_S", "FaultInjectingBackend"]
@@ -68,8 +69,14 @@ class FaultInjectingBackend:
         self.start(setup.episode_id, setup.seed)
 
     def start(self, episode_id: str, seed: int) -> None:
-        """Begin injecting into an episode the inner backend already opened."""
-        self._episodes[episode_id] = _EpisodeFaults(np.random.default_rng([int(seed), 0xFA17]))
+        """Begin injecting into an episode the inner backend already opened.
+
+        Raises:
+            ConfigError: ``seed`` is not an integer >= 0.
+        """
+        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+            raise ConfigError(f"seed={seed!r}: fault injection needs an integer seed >= 0")
+        self._episodes[episode_id] = _EpisodeFaults(np.random.default_rng([seed, 0xFA17]))
 
     def forget(self, episode_id: str) -> None:
         self._episodes.pop(episode_id, None)

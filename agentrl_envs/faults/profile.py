@@ -19,7 +19,10 @@ A profile is one YAML file (``error_profiles/<name>.yaml``)::
     penalties: {http_500: -2.0, http_401: -1.5, timeout: -3.0}
 
 Validation names the key and the problem: unknown keys, probabilities outside [0, 1] or summing
-past 1, negative latencies. A field a tool does not override comes from ``defaults``.
+past 1, and numbers outside the ranges in ``LIMITS`` (chosen so that every latency, the virtual
+clock and every reward stay finite: a lognormal ``sigma`` of 1000 overflows ``exp``, a think time
+of 1e308 drives the clock to inf, a penalty of -1e308 makes returns -inf). A field a tool does not
+override comes from ``defaults``.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ __all__ = [
     "DEFAULT_PENALTIES",
     "FAULT_STATUS",
     "FAULT_TYPES",
+    "LIMITS",
+    "MAX_DRAW_S",
     "Burst",
     "ErrorProfile",
     "Latency",
@@ -74,9 +79,30 @@ DEFAULT_PENALTIES: dict[str, float] = {
 
 TOOLS = ("sql", "python", "smtp")
 
+#: Allowed range of every bounded number in a profile, by field name.
+LIMITS: dict[str, tuple[float, float]] = {
+    "ms": (0.0, 3_600_000.0),
+    "median_ms": (0.0, 3_600_000.0),
+    "mean_ms": (0.0, 3_600_000.0),
+    "sigma": (0.0, 5.0),
+    "timeout_s": (0.0, 86_400.0),
+    "retry_after_s": (0.0, 86_400.0),
+    "think_time_s": (0.0, 3_600.0),
+    "sql_s_per_mstep": (0.0, 3_600.0),
+    "penalty": (-100.0, 0.0),
+}
+#: No latency draw is longer than this (a lognormal's far tail is cut here): one day.
+MAX_DRAW_S = 86_400.0
+
 
 class ProfileError(ConfigError):
     """A profile file that does not validate; the message names the key and the problem."""
+
+
+def _bounded(name: str, default: float, *, positive: bool = False) -> Any:
+    """A field limited to ``LIMITS[name]`` (``positive``: the low end excluded)."""
+    lo, hi = LIMITS[name]
+    return Field(default, gt=lo, le=hi) if positive else Field(default, ge=lo, le=hi)
 
 
 class _Strict(BaseModel):
@@ -107,30 +133,30 @@ class Latency(_Strict):
     """Latency of a successful call, in virtual milliseconds.
 
     ``constant`` uses ``ms``; ``lognormal`` uses ``median_ms`` and ``sigma``; ``exponential`` uses
-    ``mean_ms``. All must be >= 0.
+    ``mean_ms``. Ranges: see ``LIMITS`` (times up to one hour, ``sigma`` up to 5).
     """
 
     distribution: Literal["constant", "lognormal", "exponential"] = "constant"
-    ms: float = Field(0.0, ge=0)
-    median_ms: float = Field(0.0, ge=0)
-    sigma: float = Field(0.0, ge=0)
-    mean_ms: float = Field(0.0, ge=0)
+    ms: float = _bounded("ms", 0.0)
+    median_ms: float = _bounded("median_ms", 0.0)
+    sigma: float = _bounded("sigma", 0.0)
+    mean_ms: float = _bounded("mean_ms", 0.0)
 
     @property
     def is_zero(self) -> bool:
         return {"constant": self.ms, "lognormal": self.median_ms, "exponential": self.mean_ms}[self.distribution] == 0
 
     def sample_s(self, rng: np.random.Generator) -> float:
-        """One draw, in seconds. Always consumes exactly one draw of ``rng`` (replayable)."""
+        """One draw, in seconds, at most ``MAX_DRAW_S``. Always consumes exactly one draw of ``rng`` (replayable)."""
         u = float(rng.random())
         if self.distribution == "constant":
             return self.ms / 1000.0
         if self.distribution == "exponential":
-            return -math.log1p(-u) * self.mean_ms / 1000.0
+            return min(MAX_DRAW_S, -math.log1p(-u) * self.mean_ms / 1000.0)
         if self.median_ms == 0.0:
             return 0.0
         z = math.sqrt(2.0) * _erfinv(2.0 * min(max(u, 1e-12), 1 - 1e-12) - 1.0)
-        return self.median_ms * math.exp(self.sigma * z) / 1000.0
+        return min(MAX_DRAW_S, self.median_ms * math.exp(self.sigma * z) / 1000.0)
 
 
 class Burst(_Strict):
@@ -158,10 +184,10 @@ class ToolFaults(_Strict):
     rates: dict[str, float] = Field(default_factory=dict)
     retry_after_s: tuple[float, float] = (1.0, 3.0)
     latency: Latency = Field(default_factory=Latency)
-    timeout_s: float = Field(30.0, gt=0)
+    timeout_s: float = _bounded("timeout_s", 30.0, positive=True)
     burst: Burst | None = None
     #: virtual seconds per 1,000,000 SQLite VM steps of real work (agent-caused latency).
-    sql_s_per_mstep: float = Field(0.05, ge=0)
+    sql_s_per_mstep: float = _bounded("sql_s_per_mstep", 0.05)
 
     @field_validator("rates")
     @classmethod
@@ -172,8 +198,9 @@ class ToolFaults(_Strict):
     @classmethod
     def _retry_after_ok(cls, v: tuple[float, float]) -> tuple[float, float]:
         lo, hi = v
-        if not (math.isfinite(lo) and math.isfinite(hi)) or lo < 0 or hi < lo:
-            raise ValueError(f"retry_after_s must be [low, high] with 0 <= low <= high, got {list(v)}")
+        top = LIMITS["retry_after_s"][1]
+        if not (math.isfinite(lo) and math.isfinite(hi)) or lo < 0 or hi < lo or hi > top:
+            raise ValueError(f"retry_after_s must be [low, high] with 0 <= low <= high, within [0, {top:g}]; got {list(v)}")
         return (float(lo), float(hi))
 
 
@@ -182,7 +209,7 @@ class ErrorProfile(_Strict):
 
     name: str
     description: str = ""
-    think_time_s: float = Field(0.0, ge=0)
+    think_time_s: float = _bounded("think_time_s", 0.0)
     defaults: ToolFaults = Field(default_factory=lambda: ToolFaults())
     tools: dict[str, dict[str, Any]] = Field(default_factory=dict)
     penalties: dict[str, float] = Field(default_factory=dict)
@@ -203,8 +230,9 @@ class ErrorProfile(_Strict):
         for key, penalty in v.items():
             if key not in FAULT_STATUS:
                 raise ValueError(f"unknown fault type {key!r}; use one of {', '.join(FAULT_TYPES)}")
-            if not math.isfinite(penalty) or penalty > 0:
-                raise ValueError(f"penalty of {key} is {penalty!r}; penalties are finite and <= 0")
+            lo, hi = LIMITS["penalty"]
+            if not (math.isfinite(penalty) and lo <= penalty <= hi):
+                raise ValueError(f"penalty of {key} is {penalty!r}; it must be a finite number within [{lo:g}, {hi:g}]")
         return v
 
     @model_validator(mode="after")
@@ -296,6 +324,10 @@ def _describe(exc: ValidationError) -> str:
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown key"
+        field = str(err["loc"][-1]) if err["loc"] else ""
+        if field in LIMITS and err["type"] in ("greater_than", "greater_than_equal", "less_than_equal"):
+            lo, hi = LIMITS[field]
+            msg += f" (allowed range {'(' if err['type'] == 'greater_than' else '['}{lo:g}, {hi:g}])"
         parts.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(parts)
 

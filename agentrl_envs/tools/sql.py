@@ -38,11 +38,14 @@ class SQLTool(Tool):
             f"sql ok: {len(rows)}{'+' if r.get('truncated') else ''} row(s) x {len(columns)} column(s), "
             f"saved to {r.get('csv_path')}"
         ]
+        # Right under the header, so the note survives when a wide result's observation is clipped.
+        if r.get("truncated_by") == "bytes":
+            lines.append("[the result was cut at the service's size limit: select fewer or narrower columns, or add LIMIT]")
+        elif r.get("truncated"):
+            lines.append("[the result was cut at the service's row limit]")
         lines.append(",".join(cell(c) for c in columns))
         for row in rows[: self.max_rows]:
             lines.append(",".join(cell(v) for v in row))
         if len(rows) > self.max_rows:
             lines.append(f"[showing {self.max_rows} of {len(rows)} rows; all rows are in {r.get('csv_path')}]")
-        if r.get("truncated"):
-            lines.append("[the result was cut at the service's row limit]")
         return "\n".join(lines)

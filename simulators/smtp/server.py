@@ -4,10 +4,17 @@ Messages are built with :class:`email.message.EmailMessage` and the default poli
 header values with CR or LF are refused (header injection), as are bare-LF dot lines in the body
 (SMTP smuggling), oversize messages and too many recipients. Attachments are files of the episode
 workspace; paths that leave it are refused. The env, never the agent, chooses the sender.
+
+The email package decodes RFC 2047 encoded words (``=?utf-8?q?a=0D=0ABcc:_x?=``) when a header is
+set, and writes what they decode to: a CR/LF inside one becomes a header line of its own on the
+wire. So every value is checked twice, as given and as the email package decodes it (subject,
+addresses, attachment names), and the finished message is parsed back from its wire bytes: it must
+have exactly the headers that were set, in every part, or it is refused.
 """
 
 from __future__ import annotations
 
+import email
 import email.policy
 import hashlib
 import mimetypes
@@ -83,6 +90,17 @@ def validate_address(value: Any, field_name: str) -> str:
     local, _, domain = address.rpartition("@")
     if len(local) > 64:
         raise SMTPError("bad_address", f"{field_name}: local part longer than 64 characters", 501)
+    if "=?" in address:
+        # The header parser would decode an encoded word here: the To line would then name
+        # another address than the envelope, or carry a line break.
+        try:
+            parsed = [a.addr_spec for a in email.policy.default.header_factory(field_name, address).addresses]
+        except (ValueError, TypeError, IndexError) as exc:
+            raise SMTPError(
+                "header_injection", f"{field_name}: {address[:80]!r} decodes to an invalid header ({exc})", 501
+            ) from None
+        if parsed != [address]:
+            raise SMTPError("bad_address", f"{field_name}: encoded words (=?...?=) are not allowed in an address", 501)
     return f"{local}@{domain.lower()}"
 
 
@@ -135,7 +153,8 @@ class Mailbox:
         try:
             msg, meta = self._build(to_list, cc_list, subject_text, body_text, files_data)
             wire = msg.as_bytes()
-        except (ValueError, TypeError, UnicodeError) as exc:
+            check_wire(msg, wire)
+        except (ValueError, TypeError, UnicodeError, LookupError) as exc:
             # The checks above should catch everything; the email package has the last word.
             raise SMTPError("bad_message", f"message could not be built: {exc}", 554) from None
         if len(wire) > MAX_MESSAGE_BYTES:
@@ -187,15 +206,55 @@ def _address_list(value: Any, field_name: str) -> list[str]:
 def _header_text(value: Any, field_name: str, limit: int) -> str:
     if not isinstance(value, str):
         raise SMTPError("bad_header", f"{field_name}: expected a string, got {type(value).__name__}", 501)
-    if "\r" in value or "\n" in value:
-        raise SMTPError("header_injection", f"{field_name}: CR/LF in a header is refused", 501)
-    if any((ord(c) < 32 and c != "\t") or c == "\x7f" or 0xD800 <= ord(c) <= 0xDFFF for c in value):
-        raise SMTPError("bad_header", f"{field_name}: control characters are not allowed", 501)
-    if len(value.splitlines()) > 1:
-        raise SMTPError("header_injection", f"{field_name}: Unicode line breaks in a header are refused", 501)
     if len(value) > limit:
         raise SMTPError("too_large", f"{field_name}: {len(value)} characters; the limit is {limit}", 552)
+    _check_line(value, field_name, "")
+    if "=?" in value:
+        try:
+            decoded = str(email.policy.default.header_factory(field_name, value))
+        except (ValueError, TypeError, IndexError, LookupError) as exc:
+            raise SMTPError("bad_header", f"{field_name}: could not decode its encoded words ({exc})", 501) from None
+        _check_line(decoded, field_name, " (after decoding its =?charset?q/b?...?= encoded words)")
     return value
+
+
+def _check_line(text: str, field_name: str, where: str) -> None:
+    """Refuse line breaks and control characters in one header value (tab allowed)."""
+    if "\r" in text or "\n" in text:
+        raise SMTPError("header_injection", f"{field_name}: CR/LF in a header is refused{where}", 501)
+    if any((ord(c) < 32 and c != "\t") or c == "\x7f" or 0xD800 <= ord(c) <= 0xDFFF for c in text):
+        raise SMTPError("bad_header", f"{field_name}: control characters are not allowed{where}", 501)
+    if len(text.splitlines()) > 1:
+        raise SMTPError("header_injection", f"{field_name}: Unicode line breaks in a header are refused{where}", 501)
+
+
+def _check_attachment_name(name: str) -> None:
+    """An attachment's file name goes into a Content-Disposition header: same rules as a header."""
+    base = os.path.basename(name)
+    try:
+        _header_text(base, f"attachment {name[:80]!r}", 255)
+        if "\t" in base:
+            raise SMTPError("bad_header", f"attachment {name[:80]!r}: control characters are not allowed", 501)
+    except SMTPError as exc:
+        raise SMTPError("bad_attachment", f"{exc.message}; rename the file", 501) from None
+
+
+def check_wire(msg: EmailMessage, wire: bytes) -> None:
+    """Refuse ``wire`` unless, read back, it has exactly the headers set on ``msg``, in every part.
+
+    Raises:
+        SMTPError: ``header_injection`` (554) naming the headers a value smuggled in.
+    """
+    parsed = email.message_from_bytes(wire, policy=email.policy.default)
+    built_parts, wire_parts = list(msg.walk()), list(parsed.walk())
+    if len(built_parts) != len(wire_parts):
+        raise SMTPError("header_injection", "the message's MIME structure changed on the wire; refusing it", 554)
+    for built, sent in zip(built_parts, wire_parts):
+        expected = [k.lower() for k in built.keys()]
+        found = [k.lower() for k in sent.keys()]
+        if found != expected:
+            extra = sorted(set(found) - set(expected)) or found
+            raise SMTPError("header_injection", f"a header value would add header(s) {extra[:5]} on the wire; refusing it", 554)
 
 
 def _body_text(value: Any) -> str:
@@ -248,6 +307,7 @@ def _given_attachments(files: dict[str, bytes], value: Any) -> list[tuple[str, b
         norm = os.path.normpath(name) if name and "\x00" not in name else ""
         if not norm or norm.startswith("..") or os.path.isabs(norm) or not _encodable(name):
             raise SMTPError("bad_attachment", f"attachment {name[:80]!r} is outside the workspace", 550)
+        _check_attachment_name(name)
         if name not in files:
             raise SMTPError("bad_attachment", f"attachment {name[:80]!r} does not exist in the workspace", 550)
         if len(files[name]) > MAX_MESSAGE_BYTES:
@@ -265,6 +325,7 @@ def _attachments(workspace: str, value: Any) -> list[tuple[str, bytes]]:
     for name in names:
         if not name or "\x00" in name or len(name) > 255 or not _encodable(name):
             raise SMTPError("bad_attachment", f"attachment path {name[:80]!r} is not valid", 501)
+        _check_attachment_name(name)
         full = os.path.realpath(os.path.join(root, name))
         if os.path.commonpath([root, full]) != root or full == root:
             raise SMTPError("bad_attachment", f"attachment {name[:80]!r} is outside the workspace", 550)

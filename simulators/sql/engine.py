@@ -4,13 +4,29 @@ A template database is built once per data set (keyed by a fingerprint) and kept
 bytes; every episode gets its own copy through ``sqlite3.deserialize`` (~0.06 ms, a fresh build
 costs ~28 ms). The agent's connection is read-only through an authorizer allow-list (``PRAGMA
 query_only`` could be switched off by the agent), has a statement deadline enforced by a progress
-handler, and SQLite length limits. Functions that burn CPU without yielding to the progress
-handler (``printf('%.*c', 999999999, 'x')``) are not on the allow-list.
+handler backed by an interrupt from a watchdog thread, and SQLite length limits. Functions that burn
+CPU without yielding to the progress handler (``printf('%.*c', 999999999, 'x')``) are not on the
+allow-list; the quadratic string functions (``ltrim``/``rtrim``/``trim`` with a character set,
+``instr``, ``replace``) are replaced by linear-time versions (:mod:`simulators.sql.functions`); the
+rest cost at most O(length x pattern) per call, which the length limits keep far below the deadline.
+
+Worst cases measured on a 2-core machine shared with other jobs (``python
+benchmarks/bench_sql_limits.py``; deadline 2 s): before, one ``instr`` took 7.5-25 s, one ``ltrim``
+10-23 s, and a scan of 1,000 rows with one ``GLOB`` each ran 122 s (it never reaches the progress
+handler: fewer than ``PROGRESS_STEPS`` opcodes in all); after, the trims and ``instr`` take
+milliseconds, the slowest call left (``GLOB '*[x][x]...'`` at the 100-character pattern limit on a
+100 kB string) ~0.1-0.2 s, and the scan ends with a timeout at 2.0 s.
+
+Results are streamed row by row into their CSV text and cut at ``MAX_RESULT_BYTES`` (the CSV the
+workspace gets) or ``MAX_RESULT_ROWS``, whichever comes first; a cell shows at most
+``MAX_VALUE_CHARS`` characters and a result at most ``MAX_RESULT_COLUMNS`` columns, so a wide or
+long query costs bounded memory (one row of at most 100 columns x 100 kB in flight).
 """
 
 from __future__ import annotations
 
 import collections
+import csv
 import sqlite3
 import threading
 import time
@@ -20,6 +36,9 @@ from typing import Any
 
 import sqlalchemy
 from sqlalchemy.pool import StaticPool
+
+from simulators.sql import functions
+from simulators.sql.watchdog import watchdog
 
 #: Functions an agent may call. Everything else (load_extension, printf/format, zeroblob,
 #: randomblob, readfile, ...) is refused by the authorizer.
@@ -41,7 +60,14 @@ MAX_QUERY_CHARS = 20_000
 #: milliseconds, rare enough not to slow a normal one (each check is a call into Python).
 PROGRESS_STEPS = 10_000
 MAX_RESULT_ROWS = 10_000
+#: Bytes of CSV text (header included) one result may hold; rows past it are left out.
+MAX_RESULT_BYTES = 1 << 20
+MAX_RESULT_COLUMNS = 100
 MAX_VALUE_CHARS = 10_000
+#: Longest string or BLOB SQL may build (SQLITE_LIMIT_LENGTH), and longest LIKE/GLOB pattern:
+#: a LIKE/GLOB call costs up to length x pattern steps in one C call.
+MAX_STRING_BYTES = 100_000
+MAX_PATTERN_CHARS = 100
 
 
 class SQLError(Exception):
@@ -58,13 +84,19 @@ class SQLError(Exception):
 
 @dataclass(frozen=True)
 class QueryResult:
-    """Rows of one query; ``truncated`` when more than ``MAX_RESULT_ROWS`` matched."""
+    """Rows of one query and their CSV text.
+
+    ``truncated`` when rows were left out; ``truncated_by`` says which limit cut them: ``"rows"``
+    (``MAX_RESULT_ROWS``) or ``"bytes"`` (``MAX_RESULT_BYTES`` of CSV), None when nothing was.
+    """
 
     columns: list[str]
     rows: list[tuple[Any, ...]]
     truncated: bool
     vm_steps: int = 0
     elapsed_s: float = 0.0
+    csv_text: str = ""
+    truncated_by: str | None = None
 
 
 def build_database(tables: dict[str, dict[str, Any]]) -> bytes:
@@ -91,13 +123,31 @@ def build_database(tables: dict[str, dict[str, Any]]) -> bytes:
             ddl = ", ".join(f'"{c}" {t}' for c, t in cols)
             conn.execute(f'CREATE TABLE "{name}" ({ddl})')
             marks = ", ".join("?" for _ in cols)
-            conn.executemany(f'INSERT INTO "{name}" VALUES ({marks})', table.get("rows", []))
+            rows = table.get("rows", [])
+            _check_lengths(name, rows)
+            conn.executemany(f'INSERT INTO "{name}" VALUES ({marks})', rows)
         conn.commit()
         return conn.serialize()
     except (sqlite3.Error, TypeError) as exc:
         raise ValueError(f"could not build the database: {exc}") from None
     finally:
         conn.close()
+
+
+def _check_lengths(table: str, rows: Any) -> None:
+    """Episode connections cannot read values past ``MAX_STRING_BYTES``: refuse them up front."""
+    if not isinstance(rows, list):
+        return
+    for row in rows:
+        for value in row if isinstance(row, (list, tuple)) else ():
+            if (
+                isinstance(value, str)
+                and len(value) * 4 > MAX_STRING_BYTES
+                and len(value.encode("utf-8", "surrogatepass")) > MAX_STRING_BYTES
+            ):
+                raise ValueError(
+                    f"table {table!r}: a value is longer than {MAX_STRING_BYTES:,} bytes, the longest a query can read"
+                )
 
 
 def _check_identifier(name: str) -> None:
@@ -148,17 +198,23 @@ class ReadOnlyDatabase:
     _raw: sqlite3.Connection = field(init=False, repr=False)
     _deadline: float = field(init=False, default=0.0, repr=False)
     _steps: int = field(init=False, default=0, repr=False)
+    _refusal: str | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         raw = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
         raw.deserialize(self.image)
-        raw.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 1_000_000)
+        raw.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_STRING_BYTES)
+        raw.setlimit(sqlite3.SQLITE_LIMIT_COLUMN, MAX_RESULT_COLUMNS)
         raw.setlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH, MAX_QUERY_CHARS * 4)
         raw.setlimit(sqlite3.SQLITE_LIMIT_EXPR_DEPTH, 200)
         raw.setlimit(sqlite3.SQLITE_LIMIT_COMPOUND_SELECT, 50)
         raw.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
         raw.setlimit(sqlite3.SQLITE_LIMIT_FUNCTION_ARG, 16)
-        raw.setlimit(sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH, 200)
+        raw.setlimit(sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH, MAX_PATTERN_CHARS)
+        # TEXT cells arrive already cut to what a result can show (a 100 kB value is not copied
+        # whole into Python), and invalid UTF-8 shows as U+FFFD instead of failing the query.
+        raw.text_factory = _decode_text
+        functions.register(raw, self._function_refused)
         self._raw = raw
         self._engine = sqlalchemy.create_engine("sqlite://", creator=lambda: raw, poolclass=StaticPool)
         self._conn = self._engine.connect()
@@ -166,12 +222,15 @@ class ReadOnlyDatabase:
         raw.set_authorizer(_authorize)
         raw.set_progress_handler(self._progress, PROGRESS_STEPS)
 
+    def _function_refused(self, message: str) -> None:
+        self._refusal = message
+
     def _progress(self) -> int:
         self._steps += PROGRESS_STEPS
         return 1 if time.perf_counter() > self._deadline else 0
 
     def query(self, sql: str) -> QueryResult:
-        """Run one read-only statement and fetch at most ``MAX_RESULT_ROWS`` rows."""
+        """Run one read-only statement; keep at most ``MAX_RESULT_ROWS`` rows and ``MAX_RESULT_BYTES`` of CSV."""
         if not isinstance(sql, str):
             raise SQLError("bad_request", "query must be a string")
         if not sql.strip():
@@ -181,28 +240,41 @@ class ReadOnlyDatabase:
         if "\x00" in sql:
             raise SQLError("bad_request", "query contains a NUL character")
         self._steps = 0
+        self._refusal = None
         start = time.perf_counter()
         self._deadline = start + self.deadline_s
+        token = watchdog.arm(self._raw, self._deadline)
         try:
             cursor = self._conn.exec_driver_sql(sql)
-            columns = list(cursor.keys()) if cursor.returns_rows else []
-            fetched = cursor.fetchmany(MAX_RESULT_ROWS + 1) if cursor.returns_rows else []
+            if cursor.returns_rows:
+                columns = [str(c) for c in cursor.keys()]
+                rows, csv_text, truncated_by = collect_rows(columns, cursor.cursor)  # type: ignore[arg-type]
+            else:
+                columns, rows, csv_text, truncated_by = [], [], "", None
             cursor.close()
         except sqlalchemy.exc.DBAPIError as exc:
+            if self._refusal is not None:
+                raise SQLError("too_large", self._refusal) from None
             raise _translate(exc.orig, time.perf_counter() - start, self.deadline_s) from None
         except sqlalchemy.exc.SQLAlchemyError as exc:
             raise SQLError("error", str(exc).splitlines()[0]) from None
+        except sqlite3.Error as exc:  # raised while fetching, straight from the DBAPI cursor
+            if self._refusal is not None:
+                raise SQLError("too_large", self._refusal) from None
+            raise _translate(exc, time.perf_counter() - start, self.deadline_s) from None
         except (OverflowError, ValueError, MemoryError, RecursionError) as exc:
             raise SQLError("error", f"{type(exc).__name__}: {exc}") from None
         finally:
+            watchdog.disarm(token)
             self._rollback_quietly()
-        rows = [tuple(_cap_value(v) for v in row) for row in fetched[:MAX_RESULT_ROWS]]
         return QueryResult(
-            columns=[str(c) for c in columns],
+            columns=columns,
             rows=rows,
-            truncated=len(fetched) > MAX_RESULT_ROWS,
+            truncated=truncated_by is not None,
             vm_steps=self._steps,
             elapsed_s=time.perf_counter() - start,
+            csv_text=csv_text,
+            truncated_by=truncated_by,
         )
 
     def _rollback_quietly(self) -> None:
@@ -239,6 +311,12 @@ def _translate(exc: BaseException | None, elapsed: float, deadline: float) -> SQ
         return SQLError("syntax", message)
     if "no such" in lowered:
         return SQLError("unknown_name", message)
+    if "too many columns" in lowered:
+        return SQLError("too_large", f"{message}: a result may have at most {MAX_RESULT_COLUMNS} columns")
+    if "string or blob too big" in lowered:
+        return SQLError("too_large", f"{message}: strings and BLOBs are limited to {MAX_STRING_BYTES:,} bytes")
+    if "pattern too complex" in lowered:
+        return SQLError("too_large", f"{message}: LIKE and GLOB patterns are limited to {MAX_PATTERN_CHARS} characters")
     if "too big" in lowered or "too many" in lowered or "too large" in lowered or "too deep" in lowered:
         return SQLError("too_large", message)
     if "one statement at a time" in lowered:
@@ -246,12 +324,73 @@ def _translate(exc: BaseException | None, elapsed: float, deadline: float) -> SQ
     return SQLError("error", message)
 
 
+def _decode_text(data: bytes) -> str:
+    """The connection's text factory: UTF-8 (bad bytes as U+FFFD), cut past what a cell can show."""
+    if len(data) > 4 * MAX_VALUE_CHARS + 4:
+        # 4 bytes per character at most: the prefix still holds more than MAX_VALUE_CHARS
+        # characters, so _cap_value marks it truncated.
+        data = data[: 4 * MAX_VALUE_CHARS + 4]
+    return data.decode("utf-8", "replace")
+
+
 def _cap_value(value: Any) -> Any:
-    if isinstance(value, bytes):
-        value = value.hex()
-    if isinstance(value, str) and len(value) > MAX_VALUE_CHARS:
-        return value[:MAX_VALUE_CHARS] + "...[truncated]"
+    # Exact class checks: this runs for every cell, and sqlite3 gives only int, float, str, bytes, None.
+    if value.__class__ is str:
+        return value if len(value) <= MAX_VALUE_CHARS else value[:MAX_VALUE_CHARS] + "...[truncated]"
+    if value.__class__ is bytes:
+        if 2 * len(value) > MAX_VALUE_CHARS:
+            return value[: MAX_VALUE_CHARS // 2].hex() + "...[truncated]"
+        return value.hex()
     return value
+
+
+class _Budget:
+    """The file a ``csv.writer`` writes to: keeps lines while they fit in ``limit`` UTF-8 bytes."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.size = 0
+        self.parts: list[str] = []
+        self.full = False
+
+    def write(self, line: str) -> int:
+        size = len(line) if line.isascii() else len(line.encode("utf-8", "surrogatepass"))
+        if self.size + size > self.limit:
+            self.full = True
+            return 0
+        self.parts.append(line)
+        self.size += size
+        return len(line)
+
+
+def collect_rows(
+    columns: Sequence[str], cursor: Iterable[Sequence[Any]], max_bytes: int = MAX_RESULT_BYTES
+) -> tuple[list[tuple[Any, ...]], str, str | None]:
+    """Stream rows from a DBAPI cursor into capped cells and their CSV text.
+
+    Rows are read one at a time and kept while the CSV (header included) stays within
+    ``max_bytes`` and there are at most ``MAX_RESULT_ROWS`` of them. Returns the rows, the CSV text
+    (exactly :func:`format_rows` of those rows) and which limit cut the result (``"rows"``,
+    ``"bytes"`` or None).
+    """
+    budget = _Budget(1 << 62)
+    writer = csv.writer(budget, lineterminator="\n")
+    writer.writerow(columns)  # the header always goes in (the SQL length limit keeps it small)
+    budget.limit = max_bytes
+    rows: list[tuple[Any, ...]] = []
+    truncated_by: str | None = None
+    writerow, append = writer.writerow, rows.append
+    for raw in cursor:
+        if len(rows) == MAX_RESULT_ROWS:
+            truncated_by = "rows"
+            break
+        row = tuple(map(_cap_value, raw))
+        writerow(row)
+        if budget.full:
+            truncated_by = "bytes"
+            break
+        append(row)
+    return rows, "".join(budget.parts), truncated_by
 
 
 def format_rows(columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:

@@ -495,3 +495,89 @@ def test_constant_latency_and_all_faults() -> None:
     assert result.profile.for_tool("sql").latency.ms == 50.0
     assert result.profile.for_tool("smtp").rates == {"http_503": 1.0}
     assert np.isfinite(result.profile.for_tool("smtp").timeout_s)
+
+
+# -- hostile logs and planted symbolic links -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("latencies_ms", "field"),
+    [
+        ([1.6e62] * 30 + [1.7e62] * 30, "median_ms"),  # lognormal median far past an hour
+        ([1e-3] * 30 + [1e300] * 30, "sigma"),  # a spread no lognormal should have
+        ([5e15] * 60, "ms"),  # constant latency of 150,000 years
+    ],
+    ids=["huge-median", "huge-sigma", "huge-constant"],
+)
+def test_hostile_latencies_are_clamped_with_a_note(latencies_ms: list[float], field: str, tmp_path: Path) -> None:
+    from agentrl_envs.faults.profile import LIMITS
+
+    log = tmp_path / "hostile.jsonl"
+    lines = [json.dumps({"ts": i, "tool": "sql", "status": 200, "latency_ms": v}) for i, v in enumerate(latencies_ms)]
+    lines += [json.dumps({"ts": 100 + i, "tool": "sql", "status": 429, "latency_ms": 1, "retry_after": 1e200}) for i in range(3)]
+    log.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "p.yaml"
+    args = args_for(str(log), "-o", str(out))
+    assert args.func(args) == 0
+    profile = load_profile(out)
+    cfg = profile.for_tool("sql")
+    assert getattr(cfg.latency, field) == LIMITS[field][1]
+    assert cfg.timeout_s <= LIMITS["timeout_s"][1] and max(cfg.retry_after_s) <= LIMITS["retry_after_s"][1]
+    assert any("clamped" in note for note in fit_profile(simulate_calls(log), "x").tools["sql"].notes)
+
+
+def simulate_calls(log: Path) -> list[Call]:
+    from agentrl_envs.faults.logs import LogReader
+
+    reader = LogReader([])
+    reader.read_path(str(log))
+    return reader.calls
+
+
+def test_think_time_out_of_range_is_refused(small_log: Path, tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        args_for(str(small_log), "-o", str(tmp_path / "p.yaml"), "--think-time", "1e308")
+    with pytest.raises(ConfigError, match=r"\[0, 3600\]"):
+        fit_profile([Call("sql", 0.0, "ok", 0.1)], "x", think_time_s=1e308)
+
+
+def test_output_symlink_is_refused_and_its_target_untouched(small_log: Path, tmp_path: Path) -> None:
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me\n")
+    for name, points_to in (("link.yaml", target), ("dangling.yaml", tmp_path / "nowhere.yaml")):
+        link = tmp_path / name
+        link.symlink_to(points_to)
+        for extra in ([], ["--force"]):
+            args = args_for(str(small_log), "-o", str(link), *extra)
+            with pytest.raises(ConfigError, match="symbolic link"):
+                args.func(args)
+    assert target.read_text() == "keep me\n"
+    assert not (tmp_path / "nowhere.yaml").exists()
+
+
+def test_planted_temporary_files_are_never_followed(small_log: Path, tmp_path: Path) -> None:
+    target = tmp_path / "precious.txt"
+    target.write_text("keep me\n")
+    out = tmp_path / "out.yaml"
+    # Every name the old code (and a guessable scheme) would have used for its temporary file.
+    for planted in ("out.yaml.tmp", ".out.yaml.tmp", "out.tmp", ".out.yaml.0.tmp"):
+        (tmp_path / planted).symlink_to(target)
+    args = args_for(str(small_log), "-o", str(out))
+    assert args.func(args) == 0
+    assert target.read_text() == "keep me\n"
+    assert not out.is_symlink() and load_profile(out).name == "out"
+    leftovers = {p.name for p in tmp_path.iterdir()} - {"precious.txt", "out.yaml", "calls.jsonl"}
+    assert leftovers == {"out.yaml.tmp", ".out.yaml.tmp", "out.tmp", ".out.yaml.0.tmp"}  # only the planted links
+
+
+def test_a_failed_write_leaves_no_temporary_file(small_log: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    def broken(src: Any, dst: Any) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", broken)
+    args = args_for(str(small_log), "-o", str(tmp_path / "p.yaml"))
+    with pytest.raises(OSError, match="disk full"):
+        args.func(args)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["calls.jsonl"]

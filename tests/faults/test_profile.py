@@ -88,7 +88,7 @@ BAD: dict[str, tuple[str, list[str]]] = {
     "retry_after_s a word": ("name: x\ndefaults: {retry_after_s: soon}", ["defaults.retry_after_s"]),
     "unknown tool": ("name: x\ntools: {ftp: {rates: {}}}", ["tools", "ftp", "unknown tool"]),
     "tool not a mapping": ("name: x\ntools: {sql: [1, 2]}", ["tools.sql", "dictionary"]),
-    "positive penalty": ("name: x\npenalties: {http_500: 1.0}", ["penalties", "http_500", "<= 0"]),
+    "positive penalty": ("name: x\npenalties: {http_500: 1.0}", ["penalties", "http_500", "[-100, 0]"]),
     "NaN penalty": ("name: x\npenalties: {timeout: .nan}", ["penalties", "timeout", "finite"]),
     "penalty of an unknown fault": ("name: x\npenalties: {http_418: -1}", ["penalties", "http_418", "unknown fault type"]),
     "missing name": ("description: no name", ["name", "required"]),
@@ -225,3 +225,148 @@ def test_profile_error_pickles() -> None:
     except ProfileError as exc:
         again = pickle.loads(pickle.dumps(exc))
         assert type(again) is ProfileError and str(again) == str(exc)
+
+
+# -- ranges that keep every latency, the clock and every reward finite ----------------------------
+
+HOSTILE = {
+    "sigma 1000": (
+        "defaults: {latency: {distribution: lognormal, median_ms: 80, sigma: 1000}}",
+        "defaults.latency.sigma",
+        "sigma",
+    ),
+    "median 1.6e59": (
+        "defaults: {latency: {distribution: lognormal, median_ms: 1.6e59, sigma: 1}}",
+        "defaults.latency.median_ms",
+        "median_ms",
+    ),
+    "constant 1e308": ("defaults: {latency: {ms: 1e308}}", "defaults.latency.ms", "ms"),
+    "exponential 1e20": (
+        "defaults: {latency: {distribution: exponential, mean_ms: 1e20}}",
+        "defaults.latency.mean_ms",
+        "mean_ms",
+    ),
+    "think time 1e308": ("think_time_s: 1e308", "think_time_s", "think_time_s"),
+    "timeout 1e308": ("defaults: {timeout_s: 1e308}", "defaults.timeout_s", "timeout_s"),
+    "retry after 1e308": ("defaults: {retry_after_s: [1, 1e308]}", "defaults.retry_after_s", "retry_after_s"),
+    "work latency 1e308": ("defaults: {sql_s_per_mstep: 1e308}", "defaults.sql_s_per_mstep", "sql_s_per_mstep"),
+    "penalty -1e308": ("penalties: {timeout: -1e308}", "penalties", "penalty"),
+    "penalty -101": ("penalties: {http_500: -101}", "penalties", "penalty"),
+    "tool sigma": ("tools: {python: {latency: {distribution: lognormal, median_ms: 5, sigma: 50}}}", "tools.python", "sigma"),
+    "tool timeout": ("tools: {sql: {timeout_s: 1e9}}", "tools.sql", "timeout_s"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_values_that_would_overflow_are_refused_naming_field_and_range(case: str) -> None:
+    from agentrl_envs.faults.profile import LIMITS
+
+    text, field, name = HOSTILE[case]
+    with pytest.raises(ProfileError) as err:
+        parse_profile("name: x\n" + text, "hostile.yaml")
+    message = str(err.value)
+    assert field in message, message
+    lo, hi = LIMITS[name]
+    assert f"{lo:g}, {hi:g}]" in message, message
+
+
+def _extreme_profile() -> ErrorProfile:
+    from agentrl_envs.faults.profile import LIMITS
+
+    top = {k: hi for k, (_, hi) in LIMITS.items()}
+    return parse_profile(
+        f"""
+name: extreme
+think_time_s: {top["think_time_s"]}
+defaults:
+  rates: {{http_500: 0.2, http_429: 0.2, timeout: 0.2}}
+  retry_after_s: [0, {top["retry_after_s"]}]
+  latency: {{distribution: lognormal, median_ms: {top["median_ms"]}, sigma: {top["sigma"]}}}
+  timeout_s: {top["timeout_s"]}
+  sql_s_per_mstep: {top["sql_s_per_mstep"]}
+tools:
+  python: {{latency: {{distribution: exponential, mean_ms: {top["mean_ms"]}}}}}
+  smtp: {{latency: {{ms: {top["ms"]}}}}}
+penalties: {{http_500: -100, http_429: -100, timeout: -100}}
+"""
+    )
+
+
+def test_draws_at_the_limits_stay_finite_and_below_a_day() -> None:
+    import numpy as np
+
+    from agentrl_envs.faults.profile import MAX_DRAW_S
+
+    profile = _extreme_profile()
+    rng = np.random.default_rng(0)
+    for tool in ("sql", "python", "smtp"):
+        draws = [profile.for_tool(tool).latency.sample_s(rng) for _ in range(20_000)]
+        assert all(0 <= d <= MAX_DRAW_S for d in draws)
+    # The far tails, where the unbounded formula overflows or passes a day.
+    from agentrl_envs.faults.profile import Latency
+
+    class Edge:
+        def __init__(self, u: float) -> None:
+            self.u = u
+
+        def random(self) -> float:
+            return self.u
+
+    worst = Latency(distribution="lognormal", median_ms=3_600_000, sigma=5)
+    for u in (0.0, 1e-300, 0.5, 1 - 1e-16):
+        assert 0 <= worst.sample_s(Edge(u)) <= MAX_DRAW_S  # type: ignore[arg-type]
+    assert Latency(distribution="exponential", mean_ms=3_600_000).sample_s(Edge(1 - 1e-16)) == MAX_DRAW_S  # type: ignore[arg-type]
+
+
+def test_env_under_the_most_extreme_valid_profile_keeps_clock_and_rewards_finite() -> None:
+    import math
+
+    from agentrl_envs.agents import RandomAgent
+
+    env = gym.make("AgentRL/SQLPythonSMTP-v0", error_profile=_extreme_profile(), max_steps=30)
+    try:
+        agent = RandomAgent(env, seed=7)
+        for seed in range(3):
+            obs, info = env.reset(seed=seed)
+            total, done = 0.0, False
+            while not done:
+                obs, reward, terminated, truncated, info = env.step(agent.act(obs, info))
+                total += reward
+                assert math.isfinite(reward) and math.isfinite(info["virtual_time_s"])
+                done = terminated or truncated
+            assert math.isfinite(total)
+    finally:
+        env.close()
+
+
+# -- seeds ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", ["abc", -1, 1.5, 2**70, True, [1], {"a": 1}, 1e308])
+def test_serve_answers_400_for_a_bad_seed(seed: Any) -> None:
+    import json
+
+    from agentrl_envs.server import SimulatorServer
+
+    server = SimulatorServer(profile=load_profile("flaky"))
+    try:
+        body = json.dumps({"episode_id": "ep", "seed": seed}).encode()
+        status, data, _ = server.dispatch("POST", "/v1/episodes", body, 0.0)
+        assert status == 400, data
+        assert b"seed" in data
+        status, data, _ = server.dispatch("POST", "/v1/episodes", json.dumps({"episode_id": "ep", "seed": 12}).encode(), 0.0)
+        assert status == 201, data
+        status, _, _ = server.dispatch("POST", "/v1/episodes/ep/sql", b'{"query": "SELECT 1"}', 0.0)
+        assert status < 500 or status in (500, 502, 503, 504, 599)  # an answer, possibly an injected fault
+    finally:
+        server.direct.close()
+
+
+@pytest.mark.parametrize("seed", [-1, "3", 1.0, None, True])
+def test_fault_injection_refuses_a_bad_seed(seed: Any) -> None:
+    from agentrl_envs.faults.injector import FaultInjectingBackend
+    from tests.faults.fakes import FakeBackend
+
+    backend = FaultInjectingBackend(FakeBackend(), load_profile("flaky"))
+    with pytest.raises(ConfigError, match="seed"):
+        backend.start("ep", seed)

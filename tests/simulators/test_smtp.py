@@ -406,3 +406,151 @@ def test_smtp_error_carries_kind_message_and_code() -> None:
     assert str(err) == "nope"
     assert (err.kind, err.message, err.code) == ("bad_address", "nope", 501)
     assert SMTPError("x", "y").code == 550
+
+
+# -- RFC 2047 encoded words ------------------------------------------------------------------------
+
+_INJECTED = "Reply-To: x@evil.example"
+#: (encoded text, what it decodes to) for q and b encodings, upper and lower case, split words.
+ENCODED_BREAKS = [
+    "=?utf-8?q?Hi=0D=0AReply-To:_x@evil.example=0D=0ABcc:_y@evil.example?=",
+    "=?UTF-8?Q?Hi=0D=0AReply-To:_x@evil.example?=",
+    "=?Utf-8?q?Hi=0AReply-To:_x@evil.example?=",
+    "=?utf-8?q?Hi=0DReply-To:_x@evil.example?=",
+    "=?utf-8?b?SGkNClJlcGx5LVRvOiB4QGV2aWwuZXhhbXBsZQ==?=",
+    "=?UTF-8?B?SGkKUmVwbHktVG86IHhAZXZpbC5leGFtcGxl?=",
+    "=?iso-8859-1?q?Hi=0D=0AReply-To:_x@evil.example?=",
+    "Report =?utf-8?q?a?= =?utf-8?q?=0D=0AReply-To:_x@evil.example?=",
+    "=?utf-8?q?a=E2=80=A8Reply-To:_x@evil.example?=",  # U+2028 LINE SEPARATOR
+    "=?utf-8?q?a=C2=85Reply-To:_x@evil.example?=",  # U+0085 NEXT LINE
+    "=?utf-8*en?q?Hi=0D=0AReply-To:_x@evil.example?=",  # RFC 2231 language tag
+]
+ENCODED_CONTROLS = ["=?utf-8?q?a=00b?=", "=?utf-8?q?a=1Bb?=", "=?utf-8?b?YQdi?=", "=?utf-8?q?a=7Fb?="]
+
+
+@pytest.mark.parametrize("subject", ENCODED_BREAKS)
+def test_encoded_words_that_decode_to_line_breaks_are_refused(mailbox: Mailbox, workspace: Path, subject: str) -> None:
+    err = _refused(mailbox, workspace, subject=subject)
+    assert err.kind == "header_injection", err.message
+    assert "encoded words" in err.message
+
+
+@pytest.mark.parametrize("subject", ENCODED_CONTROLS)
+def test_encoded_words_that_decode_to_control_characters_are_refused(mailbox: Mailbox, workspace: Path, subject: str) -> None:
+    assert _refused(mailbox, workspace, subject=subject).kind == "bad_header"
+
+
+@pytest.mark.parametrize("subject", ["=?utf-8?q?Caf=C3=A9_menu?=", "=?utf-8?b?Q2Fmw6k=?= report", "a =? b ?= c", "=?bogus"])
+def test_harmless_encoded_words_are_accepted(mailbox: Mailbox, workspace: Path, subject: str) -> None:
+    d = _send(mailbox, workspace, subject=subject)
+    assert d.subject == subject
+
+
+@pytest.mark.parametrize("field", ["to", "cc"])
+@pytest.mark.parametrize(
+    "address",
+    [
+        "=?utf-8?q?a=0D=0ABcc=3Ax?=@example.com",
+        "=?UTF-8?B?YQ0KQmNjOiB4?=@example.com",
+        "=?utf-8?q?a?=@example.com",  # would put a@example.com in the header, another address on the envelope
+    ],
+)
+def test_encoded_words_in_addresses_are_refused(mailbox: Mailbox, workspace: Path, field: str, address: str) -> None:
+    kw: dict[str, Any] = {field: [address]}
+    if field == "cc":
+        kw["to"] = "bob@example.com"
+    assert _refused(mailbox, workspace, **kw).kind in ("header_injection", "bad_address")
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "=?utf-8?q?r=0D=0AX-Evil:_1?=.csv",
+        "=?UTF-8?B?cg0KWC1FdmlsOiAx?=.csv",
+        "=?utf-8?Q?r=0AX-Evil:_1?=",
+        "r\x01.csv",
+        "r\x1b[31m.csv",
+        "r\t.csv",
+        "r\u2028x.csv",
+    ],
+)
+def test_attachment_names_that_would_inject_headers_are_refused(mailbox: Mailbox, workspace: Path, name: str) -> None:
+    (workspace / "results" / name).write_bytes(b"a,b\n1,2\n")
+    err = _refused(mailbox, workspace, attachments=[f"results/{name}"])
+    assert err.kind == "bad_attachment", err.message
+    # The same names given as files (a mounted mail backend) are refused the same way.
+    err = _refused(mailbox, workspace, attachments=[f"results/{name}"], files={f"results/{name}": b"a,b\n"})
+    assert err.kind == "bad_attachment", err.message
+
+
+def test_wire_check_catches_any_header_the_message_did_not_set() -> None:
+    import email.policy
+    from email.message import EmailMessage
+
+    from simulators.smtp import check_wire
+
+    msg = EmailMessage(policy=email.policy.default)
+    msg["From"], msg["To"], msg["Subject"] = SENDER, "bob@example.com", "ok"
+    msg.set_content("hi")
+    wire = msg.as_bytes()
+    check_wire(msg, wire)
+    forged = wire.replace(b"Subject: ok\n", b"Subject: ok\nBcc: x@evil.example\n")
+    with pytest.raises(SMTPError) as info:
+        check_wire(msg, forged)
+    assert info.value.kind == "header_injection" and "bcc" in info.value.message
+
+
+# -- the same attacks against a real SMTP server ---------------------------------------------------
+
+
+@pytest.fixture
+def real_smtp() -> Any:
+    from tests.integration.servers import smtp_server
+
+    with smtp_server() as server:
+        yield server
+
+
+def _headers(envelope: Any) -> list[list[str]]:
+    import email as email_pkg
+    import email.policy
+
+    parsed = email_pkg.message_from_bytes(envelope.original_content, policy=email.policy.default)
+    return [[k.lower() for k in part.keys()] for part in parsed.walk()]
+
+
+@pytest.mark.integration
+def test_real_server_gets_no_injected_headers(real_smtp: tuple[str, list[Any]], tmp_path: Path) -> None:
+    import json
+
+    import gymnasium as gym
+
+    import agentrl_envs  # noqa: F401
+
+    url, received = real_smtp
+    env = gym.make("AgentRL/SMTP-v0", backend={"default": "sim", "smtp": url}, mail_domains=None, max_steps=40)
+    try:
+        obs, info = env.reset(seed=0)
+        to = "bob@example.com"
+        attacks: list[dict[str, Any]] = [{"subject": s} for s in ENCODED_BREAKS]
+        attacks += [{"to": ["=?utf-8?q?a=0D=0ABcc=3Ax?=@example.com"]}, {"cc": ["=?utf-8?q?a?=@example.com"]}]
+        attacks += [{"attachments": ["results/r\x01.csv"]}, {"attachments": ["results/=?utf-8?q?r=0D=0AX-Evil:_1?=.csv"]}]
+        for attack in attacks:
+            args = {"to": [to], "subject": "Report", "body": "Hello\n", **attack}
+            obs, reward, terminated, truncated, info = env.step(json.dumps({"name": "smtp", "arguments": args}))
+            assert obs.startswith("smtp error"), (attack, obs[:300])
+            assert not (terminated or truncated)
+        # Nothing got through; a clean message does, with exactly the headers the env set.
+        assert received == []
+        obs, *_ = env.step(
+            json.dumps({"name": "smtp", "arguments": {"to": [to], "subject": "=?utf-8?q?Caf=C3=A9?=", "body": "Hi\n"}})
+        )
+        assert obs.startswith("smtp ok"), obs[:300]
+        assert len(received) == 1
+        top = _headers(received[0])[0]
+        assert sorted(top) == sorted(
+            ["from", "to", "subject", "message-id", "content-type", "content-transfer-encoding", "mime-version"]
+        )
+        assert b"Reply-To" not in received[0].original_content and b"X-Evil" not in received[0].original_content
+    finally:
+        env.close()

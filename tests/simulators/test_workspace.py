@@ -177,14 +177,16 @@ def test_a_broken_workspace_is_the_agents_error(env: gym.Env[str, str], damage: 
 
 _FULL_DISK = r"""
 import json, os, sys
-from simulators.app import SimulatorApp
+from simulators.app import SimulatorApp, template_fingerprint
 root = sys.argv[1]
 os.system(f"mount -t tmpfs -o size=1m tmpfs {root}")
 app = SimulatorApp(workspace_root=root)
 out = {}
 try:
-    out["put"] = app.put_database("fp", {"tables": {"t": {"columns": [["a", "TEXT"]], "rows": [["x" * 1000]] * 300}}})
-    out["open"] = app.open_episode({"episode_id": "e1", "database": "fp"})
+    tables = {"t": {"columns": [["a", "TEXT"]], "rows": [["x" * 1000]] * 300}}
+    fp = template_fingerprint("fp", tables)
+    out["put"] = app.put_database(fp, {"tables": tables})
+    out["open"] = app.open_episode({"episode_id": "e1", "database": fp})
     out["fill"] = app.tool("e1", "python", {"code": "open('big.bin', 'wb').write(b'0' * (3 << 20))\nprint('wrote')"})
     out["small"] = app.tool("e1", "python", {"code": "open('small.bin', 'wb').write(b'0' * 900_000)\nprint('ok')"})
     out["sql"] = app.tool("e1", "sql", {"query": "SELECT a FROM t"})[0]  # about 300 kB: more than is left
