@@ -5,6 +5,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 ENVS   := AgentRL/SQL-v0 AgentRL/Python-v0 AgentRL/SMTP-v0 AgentRL/SQLPythonSMTP-v0
 EPISODES ?= 20
+DEMO_UPDATES ?= 10
+DEMO_EVAL_EVERY ?= 5
 
 .PHONY: setup demo test test-fast lint format bench soak clean
 
@@ -23,6 +25,10 @@ demo: $(STAMP)
 	    $(BIN)/agentrl-envs eval $$id --agent $$agent --episodes $(EPISODES) --no-progress || exit 1; \
 	  done; \
 	done
+	@echo "== a short PPO run: tiny model, candidates mode, AgentRL/SQLPythonSMTP-v0 (the first run builds the tiny model, a few minutes)"
+	$(BIN)/agentrl-train ppo --updates $(DEMO_UPDATES) --eval-every $(DEMO_EVAL_EVERY) --eval-episodes 8 --final-eval-splits '[train, test]' --no-progress --out runs/demo
+	@$(BIN)/python -c "import json; [print(f\"update {r['update']:>3}  {r['split']:<5}  greedy success {r['success_rate']:.2f}\") for r in map(json.loads, open('runs/demo/metrics.jsonl')) if r['kind'] == 'eval']"
+	@echo "learning curve: runs/demo/learning_curve.png"
 
 test: lint
 	$(BIN)/python -m pytest -q -ra
@@ -43,6 +49,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_env.py
 	$(BIN)/python benchmarks/bench_backends.py
 	$(BIN)/python benchmarks/bench_storage.py
+	$(BIN)/python benchmarks/bench_train.py
 	$(BIN)/python benchmarks/bench_sandbox.py
 
 soak: $(STAMP)

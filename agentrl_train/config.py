@@ -93,6 +93,9 @@ class PPOConfig:
     min_sigma: float = _f(0.1, "floor of the reward std in the batch z-score")
     whiten_advantages: bool = _f(True, "whiten advantages over valid samples")
     scoring: str = _f("mean", "candidates mode: a candidate's score is the mean (or sum) of its tokens' log-probs")
+    score_baseline: str = _f(
+        "none", "candidates mode: subtract the reference model's score of each candidate (reference) or not (none)"
+    )
     temperature: float = _f(0.1, "candidates mode: policy = softmax(score / temperature)")
     max_new_tokens: int = _f(160, "generate mode: token budget of one action")
     max_prompt_tokens: int = _f(1536, "prompt tokens kept (the system prompt and instruction always; oldest turns dropped)")
@@ -155,6 +158,7 @@ class TrainConfig:
         _choice("clip_mode", p.clip_mode, ("per-layer", "global"))
         _choice("reward_norm", p.reward_norm, ("scale", "zscore", "none"))
         _choice("scoring", p.scoring, ("mean", "sum"))
+        _choice("score_baseline", p.score_baseline, ("none", "reference"))
         for name in ("num_envs", "updates", "rollout_steps", "epochs", "micro_batch", "max_new_tokens", "max_prompt_tokens"):
             _positive(name, _get(self, name))
         for name in ("episodes", "sft_epochs", "sft_batch", "sft_lr"):

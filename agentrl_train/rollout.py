@@ -24,7 +24,7 @@ import torch
 import agentrl_envs  # noqa: F401  (registers the ids)
 from agentrl_envs.errors import ConfigError
 
-__all__ = ["EnvPool", "Rollout", "Transition", "collect", "episode_seed"]
+__all__ = ["EnvPool", "Rollout", "Transition", "act", "candidate_logprobs", "collect", "episode_seed"]
 
 
 def episode_seed(run_seed: int, env_index: int, episode: int) -> int:
@@ -48,6 +48,9 @@ class Transition:
     token_logprobs: list[float] = field(default_factory=list)  #: generate mode: per token
     ref_logprobs: list[float] = field(default_factory=list)  #: per unit (1 in candidates mode, per token in generate)
     value: float = 0.0
+    baseline_scores: list[float] = field(
+        default_factory=list
+    )  #: candidates mode, score_baseline=reference: the reference's scores
 
 
 @dataclass
@@ -230,6 +233,19 @@ def _sub(info: dict[str, Any], i: int) -> dict[str, Any]:
     return out
 
 
+def candidate_logprobs(scores_K: torch.Tensor, base_K: torch.Tensor | list[float] | None, ppo: Any) -> torch.Tensor:
+    """The candidates-mode policy: ``log_softmax((score - baseline) / temperature)``.
+
+    With ``score_baseline="reference"`` the baseline is the reference model's score of the same
+    candidate, so only what the adapter learned moves the policy (the base model's preference for
+    short candidates, or for one it already sees in its context, cancels out); else no baseline.
+    """
+    if ppo.score_baseline == "reference" and base_K is not None:
+        base = base_K if isinstance(base_K, torch.Tensor) else torch.tensor(base_K, device=scores_K.device)
+        scores_K = scores_K - base.to(scores_K.dtype)
+    return torch.log_softmax(scores_K / ppo.temperature, dim=-1)
+
+
 @torch.no_grad()
 def act(policy: Any, pool: EnvPool, i: int, cfg: Any, *, greedy: bool = False, reference: bool = True) -> Transition:
     """The policy's action for local env i in its current state (no grad, dropout off)."""
@@ -245,15 +261,26 @@ def act(policy: Any, pool: EnvPool, i: int, cfg: Any, *, greedy: bool = False, r
             raise ConfigError("candidates mode needs info['candidates']: make the env with candidates=K (K >= 2)")
         cand_ids = [policy.encode_action(c) for c in cands]
         out = policy.score_candidates(prompt, cand_ids, ppo.scoring)
-        logp_K = torch.log_softmax(out.scores_K / ppo.temperature, dim=-1)
+        base_K = None
+        if reference or ppo.score_baseline == "reference":
+            with policy.reference():
+                base_K = policy.score_candidates(prompt, cand_ids, ppo.scoring).scores_K
+        logp_K = candidate_logprobs(out.scores_K, base_K, ppo)
         a = int(torch.argmax(logp_K)) if greedy else int(torch.multinomial(logp_K.exp().cpu(), 1, generator=pool.generators[i]))
         ref: list[float] = []
-        if reference:
-            with policy.reference():
-                ref_out = policy.score_candidates(prompt, cand_ids, ppo.scoring)
-            ref = [float(torch.log_softmax(ref_out.scores_K / ppo.temperature, dim=-1)[a])]
+        if base_K is not None:
+            ref = [float(candidate_logprobs(base_K, base_K, ppo)[a])]
+        baseline = base_K.tolist() if base_K is not None and ppo.score_baseline == "reference" else []
         return Transition(
-            k, prompt, cands[a], cand_ids=cand_ids, action=a, logprob=float(logp_K[a]), ref_logprobs=ref, value=float(out.value)
+            k,
+            prompt,
+            cands[a],
+            cand_ids=cand_ids,
+            action=a,
+            logprob=float(logp_K[a]),
+            ref_logprobs=ref,
+            value=float(out.value),
+            baseline_scores=baseline,
         )
     gen = None if greedy else pool.generators[i]
     new_ids, lps, value = policy.generate(prompt, ppo.max_new_tokens, greedy=greedy, generator=gen)

@@ -22,7 +22,7 @@ import torch
 from agentrl_train import checkpoint, evaluate, ppo, runlog
 from agentrl_train.config import TrainConfig, dump_config
 from agentrl_train.policy import Policy, load_base, lora_targets, pick_device
-from agentrl_train.rollout import EnvPool, Transition, collect
+from agentrl_train.rollout import EnvPool, Transition, candidate_logprobs, collect
 
 __all__ = ["accumulate", "build_policy", "train", "unit_terms"]
 
@@ -54,7 +54,7 @@ def unit_terms(policy: Policy, tr: Transition, cfg: TrainConfig) -> tuple[torch.
     """
     if cfg.env.mode == "candidates":
         out = policy.score_candidates(tr.prompt_ids, tr.cand_ids, cfg.ppo.scoring)
-        logp_K = torch.log_softmax(out.scores_K / cfg.ppo.temperature, dim=-1)
+        logp_K = candidate_logprobs(out.scores_K, tr.baseline_scores or None, cfg.ppo)
         entropy = -(logp_K.exp() * logp_K).sum().reshape(1)
         return logp_K[tr.action : tr.action + 1], entropy, out.value, torch.tensor([tr.logprob], device=policy.device)
     lp_N, ent_N, value = policy.sequence_logprobs(tr.prompt_ids, tr.new_ids)
