@@ -67,7 +67,7 @@ class EnvConfig:
 class PPOConfig:
     """The algorithm: rollout size, PPO losses, schedules, clipping and advantage estimation."""
 
-    updates: int = _f(60, "PPO updates (each: one rollout of rollout_steps x num_envs transitions, then epochs of SGD)")
+    updates: int = _f(20, "PPO updates (each: one rollout of rollout_steps x num_envs transitions, then epochs of SGD)")
     rollout_steps: int = _f(8, "env steps per sub-env per update")
     epochs: int = _f(2, "passes over each rollout")
     micro_batch: int = _f(16, "transitions per forward/backward pass (memory)")
@@ -94,7 +94,7 @@ class PPOConfig:
     whiten_advantages: bool = _f(True, "whiten advantages over valid samples")
     scoring: str = _f("mean", "candidates mode: a candidate's score is the mean (or sum) of its tokens' log-probs")
     score_baseline: str = _f(
-        "none", "candidates mode: subtract the reference model's score of each candidate (reference) or not (none)"
+        "reference", "candidates mode: subtract the reference model's score of each candidate (reference) or not (none)"
     )
     temperature: float = _f(0.1, "candidates mode: policy = softmax(score / temperature)")
     max_new_tokens: int = _f(160, "generate mode: token budget of one action")
@@ -121,8 +121,8 @@ class RunConfig:
 
     seed: int = _f(0, "seed of the model, the sampling and the envs (env k gets seed + k)")
     out: str = _f("runs/ppo", "run folder")
-    eval_every: int = _f(10, "updates between greedy evaluations (0: only at the end)")
-    eval_episodes: int = _f(24, "episodes per split in each evaluation")
+    eval_every: int = _f(5, "updates between greedy evaluations (0: only at the end)")
+    eval_episodes: int = _f(16, "episodes per split in each evaluation")
     eval_splits: list = _f(["train", "test"], "splits evaluated during training")
     final_eval_splits: list = _f(["train", "test", "heldout"], "splits in the final eval table")
     checkpoint_every: int = _f(10, "updates between checkpoints (0: only the final one)")
