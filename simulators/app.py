@@ -446,12 +446,13 @@ class SimulatorApp:
             return _err(413, "too_large", f"code is {len(code)} characters; the limit is 100000")
         if "\x00" in code:
             return _err(400, "bad_request", "code contains a NUL character")
-        result = self.runner.run(code, episode.workspace)
+        workspace = episode.workspace
+        result = self.runner.run(code, workspace)
         return _okr(
             {
                 "exit_code": result.exit_code,
-                "stdout": result.stdout,
-                "stderr": result.stderr,
+                "stdout": _hide_path(result.stdout, workspace),
+                "stderr": _hide_path(result.stderr, workspace),
                 "timed_out": result.timed_out,
                 "output_truncated": result.output_truncated,
                 "sandbox_tier": self.sandbox_tier,
@@ -474,6 +475,18 @@ class SimulatorApp:
         except SMTPError as exc:
             return _err(422, exc.kind, exc.message, smtp_code=exc.code)
         return _okr(delivery.as_dict())
+
+
+def _hide_path(text: str, workspace: str) -> str:
+    """The program's output with the host's workspace path shown as ``/workspace``.
+
+    A program's cwd, ``HOME`` and ``TMPDIR`` are the episode's host directory, whose name is random:
+    printing it would reveal a host path and make two runs of one episode differ.
+    """
+    for path in {workspace, os.path.realpath(workspace)}:
+        if path and path in text:
+            text = text.replace(path, "/workspace")
+    return text
 
 
 def content_digest(tables: dict[str, Any]) -> str:

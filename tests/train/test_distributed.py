@@ -30,7 +30,11 @@ def _opts(out: Path, num_envs: int) -> list[str]:
         "micro_batch": 2,
         "out": str(out),
     }
-    return [x for k, v in opts.items() for x in (f"--{k.replace('_', '-')}", str(v))] + ["--no-record", "--no-tensorboard", "--no-progress"]
+    return [x for k, v in opts.items() for x in (f"--{k.replace('_', '-')}", str(v))] + [
+        "--no-record",
+        "--no-tensorboard",
+        "--no-progress",
+    ]
 
 
 def _params(run: Path) -> dict[str, torch.Tensor]:
@@ -46,7 +50,11 @@ def test_two_ranks_equal_one_rank_with_twice_the_envs(tmp_path: Path) -> None:
         pytest.skip("torchrun is not installed")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "AGENTRL_DIST_TIMEOUT_S": "240"}
     one = subprocess.run(
-        [sys.executable, "-m", "agentrl_train", "ppo", *_opts(tmp_path / "one", 4)], capture_output=True, text=True, timeout=600, env=env
+        [sys.executable, "-m", "agentrl_train", "ppo", *_opts(tmp_path / "one", 4)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
     )
     assert one.returncode == 0, one.stderr[-3000:]
     two = subprocess.run(
