@@ -39,7 +39,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_http(url: str, timeout: float = 20.0, proc: subprocess.Popen[Any] | None = None) -> None:
+def wait_http(url: str, timeout: float = 120.0, proc: subprocess.Popen[Any] | None = None) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         if proc is not None and proc.poll() is not None:

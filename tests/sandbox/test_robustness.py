@@ -51,7 +51,13 @@ def test_a_killed_inner_zygote_is_restarted(own_runner: SandboxRunner, tmp_path:
     inner = [p for p in descendants(outer) if _parent(p) == outer]
     for pid in inner:
         os.kill(pid, signal.SIGKILL)
-    assert own_runner.run("print(1)", str(tmp_path)).stdout == "1\n"
+    # The call that finds the inner zygote dead may fail (on a loaded machine the outer zygote can take
+    # a while to notice); the runner must be healthy again by the next call, with a new zygote.
+    first = own_runner.run("print(1)", str(tmp_path))
+    if first.stdout != "1\n":
+        assert first.exit_code != 0 or first.timed_out, first
+        first = own_runner.run("print(1)", str(tmp_path))
+    assert first.stdout == "1\n", first
     assert own_runner.pid != outer
 
 
