@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
+import agentrl_envs  # noqa: F401  (registers the ids)
+from agentrl_envs.errors import ConfigError
 from agentrl_train import checkpoint, evaluate, ppo, runlog
 from agentrl_train.config import TrainConfig, dump_config
 from agentrl_train.policy import Policy, load_base, lora_targets, pick_device
@@ -114,6 +116,11 @@ def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, 
     torch.manual_seed(cfg.run.seed)
     sgd_rng = np.random.default_rng(cfg.run.seed)
 
+    import gymnasium as gym
+
+    if cfg.env.env not in gym.registry:  # before building a model: a typo should fail in a second
+        known = ", ".join(sorted(k for k in gym.registry if k.startswith("AgentRL/")))
+        raise ConfigError(f"--env {cfg.env.env!r}: no such env id; use one of {known}")
     policy = build_policy(cfg, log=log)
     dist.check_same_weights(policy)
     named = policy.trainable_parameters()
