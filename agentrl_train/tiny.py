@@ -197,10 +197,22 @@ def _build(spec: TinySpec, out: Path, log: Any) -> None:
     log(
         f"tiny: pretraining {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M params on {len(ids):,} tokens, {spec.pretrain_steps} steps"
     )
-    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=spec.lr, total_steps=max(spec.pretrain_steps, 1), pct_start=0.1)
     gen = torch.Generator().manual_seed(spec.seed)
     model.train()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(os.cpu_count() or 1, 1))  # the build has the machine to itself: use every core
+    try:
+        _pretrain(model, data, spec, gen, log)
+    finally:
+        torch.set_num_threads(threads)
+    model.eval()
+    model.save_pretrained(out)
+    (out / "tiny_spec.json").write_text(json.dumps(asdict(spec), indent=2))
+
+
+def _pretrain(model: Any, data: torch.Tensor, spec: TinySpec, gen: torch.Generator, log: Any) -> None:
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=spec.lr, total_steps=max(spec.pretrain_steps, 1), pct_start=0.1)
     for step in range(spec.pretrain_steps):
         starts = torch.randint(0, max(len(data) - spec.seq_len - 1, 1), (spec.batch_size,), generator=gen)
         batch = torch.stack([data[s : s + spec.seq_len] for s in starts.tolist()])
@@ -212,6 +224,3 @@ def _build(spec: TinySpec, out: Path, log: Any) -> None:
         sched.step()
         if step % 100 == 0 or step == spec.pretrain_steps - 1:
             log(f"tiny: step {step} loss {loss.item():.3f}")
-    model.eval()
-    model.save_pretrained(out)
-    (out / "tiny_spec.json").write_text(json.dumps(asdict(spec), indent=2))
