@@ -207,8 +207,6 @@ class Policy(nn.Module):
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         self.lm.save_pretrained(folder, selected_adapters=[self.adapter])
-        if self.adapter == "default":  # peft writes the default adapter at the top level
-            pass
         save_file(
             {k: v.detach().cpu().contiguous() for k, v in self.value_head.state_dict().items()}, folder / "value_head.safetensors"
         )

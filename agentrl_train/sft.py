@@ -90,7 +90,7 @@ def sft(cfg: TrainConfig, log: Any = print) -> dict[str, Any]:
                 lp, _ = policy._logprobs(hidden[m], t[0, 1:][m])
                 loss = -lp.sum() / max(n_tokens, 1)
                 loss.backward()
-                loss_total += float(loss)
+                loss_total += float(loss.detach())
             torch.nn.utils.clip_grad_norm_(params, cfg.ppo.grad_clip)
             opt.step()
             opt.zero_grad(set_to_none=True)

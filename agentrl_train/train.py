@@ -23,6 +23,7 @@ import agentrl_envs  # noqa: F401  (registers the ids)
 from agentrl_envs.errors import ConfigError
 from agentrl_train import checkpoint, evaluate, ppo, runlog
 from agentrl_train.config import TrainConfig, dump_config
+from agentrl_train.distributed import Dist
 from agentrl_train.policy import Policy, load_base, lora_targets, pick_device
 from agentrl_train.rollout import EnvPool, Transition, candidate_logprobs, collect
 
@@ -104,7 +105,7 @@ def accumulate(
 
 def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, Any]:
     """Run PPO; returns the final summary (also written to ``summary.json``)."""
-    dist = dist or _Single()
+    dist = dist or Dist()  # one process: every collective is a no-op
     out = Path(cfg.run.out)
     out.mkdir(parents=True, exist_ok=True)
     if dist.is_main:
@@ -280,32 +281,3 @@ def _units(tr: Transition, cfg: TrainConfig) -> int:
 
 def _mean(xs: list[float]) -> float:
     return float(np.mean(xs)) if xs else math.nan
-
-
-class _Single:
-    """One process: the DDP hooks of the loop are no-ops."""
-
-    rank, world, is_main = 0, 1, True
-
-    def sum(self, x: float) -> float:
-        return x
-
-    def moments(self, x: np.ndarray) -> tuple[int, float, float]:
-        return (int(x.size), float(x.sum()), float((x * x).sum()))
-
-    def decide(self, flag: bool) -> bool:
-        return flag
-
-    def barrier(self) -> None:
-        return None
-
-    def check_same_weights(self, policy: Policy) -> None:
-        return None
-
-    def all_reduce_grads(self, policy: Policy) -> None:
-        return None
-
-    def no_sync(self, policy: Policy, last: bool) -> Any:
-        import contextlib
-
-        return contextlib.nullcontext()

@@ -10,8 +10,9 @@ import torch
 
 from agentrl_train import checkpoint
 from agentrl_train.cli import main
+from agentrl_train.distributed import Dist
 from agentrl_train.rollout import EnvPool, collect
-from agentrl_train.train import _Single, accumulate, train
+from agentrl_train.train import accumulate, train
 
 from .conftest import small_config
 
@@ -100,7 +101,7 @@ def test_microbatch_1_x_accumulation_8_equals_microbatch_8(small_policy) -> None
             cfg,
             0.01,
             0.5,
-            _Single(),
+            Dist(),
             {k: [] for k in ("pg", "vf", "entropy", "kl_ref", "approx_kl", "clipfrac")},
         )
         out = {n: p.grad.clone() for n, p in policy.trainable_parameters() if p.grad is not None}
