@@ -73,6 +73,7 @@ class PPOConfig:
     micro_batch: int = _f(16, "transitions per forward/backward pass (memory)")
     accumulation: int = _f(0, "micro-batches per optimizer step (0: the whole rollout is one optimizer step per epoch)")
     lr: float = _f(5e-4, "AdamW learning rate of the LoRA weights")
+    lr_schedule: str = _f("constant", "constant, or linear (both learning rates fall linearly to 0 over the run)")
     value_lr: float = _f(3e-3, "AdamW learning rate of the value head")
     gamma: float = _f(0.99, "discount")
     lam: float = _f(0.95, "GAE lambda")
@@ -157,6 +158,7 @@ class TrainConfig:
         _choice("advantage", p.advantage, ("gae", "hierarchical"))
         _choice("clip_mode", p.clip_mode, ("per-layer", "global"))
         _choice("reward_norm", p.reward_norm, ("scale", "zscore", "none"))
+        _choice("lr_schedule", p.lr_schedule, ("constant", "linear"))
         _choice("scoring", p.scoring, ("mean", "sum"))
         _choice("score_baseline", p.score_baseline, ("none", "reference"))
         for name in ("num_envs", "updates", "rollout_steps", "epochs", "micro_batch", "max_new_tokens", "max_prompt_tokens"):

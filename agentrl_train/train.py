@@ -195,6 +195,8 @@ def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, 
             policy.train()
             samples = [(roll.transitions[t][i], float(adv_TN[t, i]), float(ret_TN[t, i])) for t, i in zip(*np.nonzero(valid))]
             ent_coef = ppo.entropy_coef(update, cfg.ppo.updates, cfg.ppo.ent_start, cfg.ppo.ent_end)
+            for group, base_lr in zip(optimizer.param_groups, (cfg.ppo.lr, cfg.ppo.value_lr), strict=True):
+                group["lr"] = base_lr * ppo.lr_factor(update, cfg.ppo.updates, cfg.ppo.lr_schedule)
             cw = ppo.critic_weight(update, warmup)
             stats: dict[str, list[float]] = {k: [] for k in ("pg", "vf", "entropy", "kl_ref", "approx_kl", "clipfrac")}
             grad_norms: dict[str, float] = {}
