@@ -126,3 +126,19 @@ def test_tables_declare_keys_and_indexes() -> None:
     plan = db._raw.execute(f"EXPLAIN QUERY PLAN SELECT COUNT(*) FROM {fact} WHERE {column} = 3").fetchall()
     assert any("USING COVERING INDEX" in str(row) or "USING INDEX" in str(row) for row in plan), plan
     db.close()
+
+
+def test_template_images_are_built_once_per_process() -> None:
+    """Two simulators (two envs) that store the same tables share one serialized image."""
+    from simulators.app import content_digest
+    from simulators.sql import TemplateCache
+
+    tables = {"t": {"columns": [["id", "INTEGER"], ["v", "TEXT"]], "rows": [[1, "a"], [2, "b"]], "primary_key": ["id"]}}
+    digest = content_digest(tables)
+    a, b = TemplateCache(), TemplateCache()
+    a.put("t-" + digest[:16], tables, digest=digest)
+    b.put("t-" + digest[:16], tables, digest=digest)
+    assert a.get("t-" + digest[:16]) is b.get("t-" + digest[:16])
+    c = TemplateCache()
+    c.put("t-" + digest[:16], tables)  # no digest: built afresh, same content
+    assert c.get("t-" + digest[:16]) == a.get("t-" + digest[:16])
