@@ -62,6 +62,8 @@ EPISODE_TOKEN_HEADER = "X-AgentRL-Episode-Token"
 #: (HTTP status, JSON body or None for an empty body)
 Reply = tuple[int, "dict[str, Any] | None"]
 _EPISODE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+#: What an episode id may be (clients check it before their first request).
+EPISODE_ID = _EPISODE_ID
 _FINGERPRINT = re.compile(r"^(?:[A-Za-z0-9_.-]{0,100}-)?([0-9a-f]{16,64})$")
 
 _SQL_STATUS = {"timeout": 408, "denied": 403, "too_large": 413, "syntax": 400, "unknown_name": 400}
@@ -338,7 +340,7 @@ class SimulatorApp:
                 f"not {fingerprint[:100]!r} (the digest is the SHA-256 of json.dumps(tables, sort_keys=True))",
             )
         try:
-            self.templates.put(fingerprint, tables)
+            self.templates.put(fingerprint, tables, digest=digest)
         except (ValueError, KeyError, TypeError) as exc:
             return _err(400, "bad_database", str(exc))
         return 204, None
