@@ -12,7 +12,9 @@ generator (so the same seed replays the same faults whatever the agent does):
    agent's own work alone passed it);
 5. a fault: answer it without calling the inner backend. A timeout takes ``timeout_s``.
 
-Latencies are virtual: nothing sleeps here. The env adds them to its clock.
+Latencies are virtual: nothing sleeps here. The env adds them to its clock. Every tool of the
+registry (:func:`agentrl_envs.tools.service_tools`) gets faults; a call of any other tool is
+answered 404 ``unknown_tool`` without reaching the inner backend (never a silent pass-through).
 """
 
 from __future__ import annotations

@@ -20,11 +20,13 @@ from agentrl_envs.errors import ActionError, ConfigError
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    import numpy as np
+
     from agentrl_envs.backends.base import Backend
     from agentrl_envs.tasks.base import SubTask, Task
     from agentrl_envs.tasks.state import StepState
 
-__all__ = ["Tool", "check_arguments"]
+__all__ = ["Tool", "check_arguments", "pick"]
 
 # Python types allowed for each JSON-schema type used by the tools.
 _JSON_TYPES: dict[str, tuple[type, ...]] = {"string": (str,), "array": (list,), "object": (dict,)}
@@ -131,6 +133,10 @@ class Tool:
         """Arguments of a generic exploratory call of this tool, offered as a wrong candidate (or None)."""
         return None
 
+    def random_arguments(self, task: Task | None, rng: np.random.Generator, number: float) -> dict[str, Any]:
+        """Plausible random arguments, for :class:`~agentrl_envs.agents.RandomAgent` (``number``: a random figure)."""
+        return {}
+
     def real_backend(self, url: str, **options: Any) -> Backend:
         """The backend of a real service at ``url`` (one of :attr:`backend_schemes`).
 
@@ -138,6 +144,11 @@ class Tool:
             ConfigError: the tool has no real backend for that URL.
         """
         raise ConfigError(f"backend[{self.name!r}]={url[:80]!r}: the {self.name} tool has no backend for this URL")
+
+
+def pick(rng: np.random.Generator, options: Sequence[Any]) -> Any:
+    """One of ``options``, uniformly (one draw of ``rng``)."""
+    return options[int(rng.integers(len(options)))]
 
 
 def render_error(tool: str, response: ToolResponse) -> str:

@@ -6,9 +6,11 @@ import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
+
 from agentrl_envs.tasks.base import Task
 from agentrl_envs.tasks.domains import DOMAINS
-from agentrl_envs.tools.base import Tool
+from agentrl_envs.tools.base import Tool, pick
 from agentrl_envs.tools.perturb import numbers, shift_numbers
 
 __all__ = ["FinishTool"]
@@ -24,6 +26,9 @@ class FinishTool(Tool):
         "required": ["answer"],
     }
     service: ClassVar[bool] = False
+
+    def random_arguments(self, task: Task | None, rng: np.random.Generator, number: float) -> dict[str, Any]:
+        return {"answer": pick(rng, [str(number), "done", "I don't know"])}
 
     def perturb(self, task: Task, arguments: dict[str, Any]) -> list[dict[str, Any]]:
         """Shifted figures, a made-up name."""

@@ -7,12 +7,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
+
 from agentrl_envs.backends.base import ToolResponse
 from agentrl_envs.tasks.base import SubTask, Task
 from agentrl_envs.tasks.domains import DOMAINS
 from agentrl_envs.tasks.scoring import contains_figure
 from agentrl_envs.tasks.state import StepState, ready
-from agentrl_envs.tools.base import Tool, render_error
+from agentrl_envs.tools.base import Tool, pick, render_error
 from agentrl_envs.tools.perturb import each, swap_words
 from agentrl_envs.tools.text import clip
 
@@ -122,6 +124,18 @@ class PythonTool(Tool):
         for m1, m2 in pairs:
             variants.append([code.replace(f"total({m1!r}), total({m2!r})", f"total({m2!r}), total({m1!r})")])
         return [{"code": v} for vs in variants for v in vs]
+
+    def random_arguments(self, task: Task | None, rng: np.random.Generator, number: float) -> dict[str, Any]:
+        code = pick(
+            rng,
+            [
+                "import os\nprint(os.listdir('.'))",
+                f"print({number})",
+                "import glob\nprint(glob.glob('**/*.csv', recursive=True))",
+                "print(sum(range(10)))",
+            ],
+        )
+        return {"code": code}
 
     def guess(self, task: Task) -> dict[str, Any] | None:
         return {"code": "import os\nprint(sorted(os.listdir('.')))"}

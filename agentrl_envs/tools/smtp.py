@@ -6,12 +6,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
+
 from agentrl_envs.backends.base import Backend, ToolResponse
 from agentrl_envs.tasks.base import SubTask, Task
 from agentrl_envs.tasks.domains import DOMAINS
 from agentrl_envs.tasks.scoring import contains_figure, contains_name
 from agentrl_envs.tasks.state import StepState, ready
-from agentrl_envs.tools.base import Tool, render_error
+from agentrl_envs.tools.base import Tool, pick, render_error
 from agentrl_envs.tools.perturb import as_list, numbers, shift_numbers
 
 __all__ = ["MAX_NUMBERS_EMAIL", "SMTPTool", "email_matches"]
@@ -116,6 +118,12 @@ class SMTPTool(Tool):
             a, b = figures
             out.append({**arguments, "body": arguments["body"].replace(a, "\0").replace(b, a).replace("\0", b)})
         return out
+
+    def random_arguments(self, task: Task | None, rng: np.random.Generator, number: float) -> dict[str, Any]:
+        domain = DOMAINS[task.domain] if task is not None else DOMAINS["retail"]
+        people = [s.email for s in domain.staff(task.data.tables)] if task is not None and task.data else ["x@example.com"]
+        to = [pick(rng, people) for _ in range(int(rng.integers(1, 3)))]
+        return {"to": sorted(set(to)), "subject": "Update", "body": f"The figure is {number}."}
 
     def real_backend(self, url: str, **options: Any) -> Backend:
         from agentrl_envs.backends.smtp import SMTPBackend

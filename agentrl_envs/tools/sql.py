@@ -7,11 +7,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
+
 from agentrl_envs.backends.base import Backend, ToolResponse
 from agentrl_envs.tasks.base import SubTask, Task, normalize_rows
 from agentrl_envs.tasks.domains import DOMAINS
 from agentrl_envs.tasks.state import StepState
-from agentrl_envs.tools.base import Tool, render_error
+from agentrl_envs.tools.base import Tool, pick, render_error
 from agentrl_envs.tools.perturb import each, shift_month, swap_words
 from agentrl_envs.tools.text import cell
 
@@ -117,6 +119,20 @@ class SQLTool(Tool):
         elif " BETWEEN '2025-07-01' AND '2025-12-31'" in query:
             variants.append([query.replace("'2025-07-01' AND '2025-12-31'", "'2025-01-01' AND '2025-06-30'")])
         return [{"query": v} for vs in variants for v in vs]
+
+    def random_arguments(self, task: Task | None, rng: np.random.Generator, number: float) -> dict[str, Any]:
+        domain = DOMAINS[task.domain] if task is not None else DOMAINS["retail"]
+        table = pick(rng, [domain.fact, domain.entity, "staff"])
+        query = pick(
+            rng,
+            [
+                f"SELECT * FROM {table} LIMIT {int(rng.integers(1, 20))}",
+                f"SELECT COUNT(*) FROM {table}",
+                f"SELECT {domain.unit}, SUM({domain.measure}) FROM {domain.fact} GROUP BY {domain.unit}",
+                f"SELECT * FROM {table} WHERE {domain.unit} = '{pick(rng, domain.units)}'",
+            ],
+        )
+        return {"query": query}
 
     def guess(self, task: Task) -> dict[str, Any] | None:
         return {"query": f"SELECT * FROM {DOMAINS[task.domain].fact} LIMIT 5"}

@@ -4,8 +4,8 @@
 renders through a chat template, hostile arguments get the format penalty, a profile that fails
 every call injects faults into it (with their penalties), its aux term is accepted, a per-tool
 backend mount reaches it, the simulator declares its route and the OpenAPI document lists it,
-``fit-profile`` maps its log name to it, and the oracle (with candidates on) solves an env that
-uses it. The last tests show that a tool missing one piece of its wiring fails the contract.
+``fit-profile`` maps its log name to it, it has a progress rule, and the oracle (with candidates
+on) solves an env that uses it. The last tests show that a tool missing one piece of its wiring fails the contract.
 """
 
 from __future__ import annotations
@@ -46,6 +46,24 @@ def _fail_everything() -> Any:
     return _profile({"name": "fail-all", "defaults": {"rates": {"http_500": 1.0}}, "penalties": {"http_500": -2.0}})
 
 
+_ENVS: dict[str, gym.Env[str, str]] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_envs() -> Any:
+    yield
+    for env in _ENVS.values():
+        env.close()
+    _ENVS.clear()
+
+
+def _env(env_id: str) -> gym.Env[str, str]:
+    """One env per id for the whole module (making one starts services; a seeded reset starts afresh)."""
+    if env_id not in _ENVS:
+        _ENVS[env_id] = gym.make(env_id, format_penalty=-0.25, candidates=3)
+    return _ENVS[env_id]
+
+
 def _env_for(tool: str) -> str | None:
     """The registered env id with the fewest tools that offers ``tool``."""
     found = []
@@ -72,14 +90,11 @@ def check_hostile_arguments(tool: Tool) -> None:
             parse_action(format_call(tool.name, arguments), {tool.name: tool})
     env_id = _env_for(tool.name)
     assert env_id is not None, f"no registered env offers {tool.name!r}"
-    env = gym.make(env_id, format_penalty=-0.25)
-    try:
-        env.reset(seed=0)
-        _, reward, _, _, info = env.step(format_call(tool.name, {"no_such_argument": 1}))
-        assert info["reward_components"]["format"] == -0.25 and reward == -0.25
-        assert info["tool_result"]["ok"] is False
-    finally:
-        env.close()
+    env = _env(env_id)
+    env.reset(seed=0)
+    _, reward, _, _, info = env.step(format_call(tool.name, {"no_such_argument": 1}))
+    assert info["reward_components"]["format"] == -0.25 and reward == -0.25
+    assert info["tool_result"]["ok"] is False
 
 
 def check_faults(tool: Tool) -> None:
@@ -139,23 +154,25 @@ def check_log_names(tool: Tool) -> None:
     assert _tool_of(f"POST /api/{tool.log_names[0]}", []) == tool.name
 
 
+def check_progress(tool: Tool) -> None:
+    assert tool.component, f"{tool.name} has no progress rule (Tool.component, observe, gold_call)"
+    assert type(tool).observe is not Tool.observe and type(tool).gold_call is not Tool.gold_call
+
+
 def check_oracle_and_candidates(tool: Tool) -> None:
     env_id = _env_for(tool.name)
     assert env_id is not None, f"no registered env offers {tool.name!r}"
-    env = gym.make(env_id, candidates=3)
-    try:
-        agent = OracleAgent(env)
-        obs, info = env.reset(seed=0)
-        called, done = False, False
-        while not done:
-            action = agent.act(obs, info)
-            assert action in info["candidates"]
-            obs, _, terminated, truncated, info = env.step(action)
-            called |= info["tool"] == tool.name
-            done = terminated or truncated
-        assert called and info["success"], f"the oracle did not solve {env_id} with {tool.name}"
-    finally:
-        env.close()
+    env = _env(env_id)
+    agent = OracleAgent(env)
+    obs, info = env.reset(seed=0)
+    called, done = False, False
+    while not done:
+        action = agent.act(obs, info)
+        assert action in info["candidates"]
+        obs, _, terminated, truncated, info = env.step(action)
+        called |= info["tool"] == tool.name
+        done = terminated or truncated
+    assert called and info["success"], f"the oracle did not solve {env_id} with {tool.name}"
 
 
 CHECKS: dict[str, Callable[[Tool], None]] = {
@@ -167,6 +184,7 @@ CHECKS: dict[str, Callable[[Tool], None]] = {
     "simulator": check_simulator,
     "summary": check_summary,
     "log_names": check_log_names,
+    "progress": check_progress,
     "oracle_and_candidates": check_oracle_and_candidates,
 }
 
@@ -233,7 +251,7 @@ def test_a_tool_with_only_schema_and_render_fails_the_contract(registered: Calla
     registered(_EchoTool())
     failed = contract_failures(_EchoTool())
     # Faults, mounts and summaries come from the registry, so registering is enough for them.
-    assert set(failed) == {"aux_term", "simulator", "log_names", "hostile_arguments", "oracle_and_candidates"}, failed
+    assert set(failed) == {"aux_term", "simulator", "log_names", "progress", "hostile_arguments", "oracle_and_candidates"}, failed
 
 
 def test_removing_one_piece_fails_the_contract(registered: Callable[[Tool], None], monkeypatch: pytest.MonkeyPatch) -> None:
