@@ -41,11 +41,11 @@ from agentrl_envs.errors import ConfigError
 from agentrl_envs.faults import ErrorProfile
 from agentrl_envs.faults.injector import FaultInjectingBackend
 from simulators import SimulatorApp
-from simulators.app import MAX_REQUEST_BYTES
+from simulators.app import MAX_REQUEST_BYTES, match_route
+from simulators.tools import TOOL_ROUTES
 
 __all__ = ["ServeLimits", "SimulatorServer", "check_bind", "serve"]
 
-_TOOLS = ("sql", "python", "smtp")
 _INLINE = {("GET", "/health"), ("GET", "/openapi.json")}
 MIN_TOKEN_CHARS = 16
 
@@ -136,32 +136,26 @@ class SimulatorServer:
 
     def dispatch(self, method: str, path: str, body: bytes, at_s: float, episode_token: str | None = None) -> Answer:
         """Serve one request (runs in a worker thread)."""
-        parts = [p for p in path.split("/") if p]
+        route, args = match_route(method, path)
         app = self.direct.app
-        if (
-            self.faults is not None
-            and method == "POST"
-            and len(parts) == 4
-            and parts[:2] == ["v1", "episodes"]
-            and parts[3] in _TOOLS
-        ):
+        if self.faults is not None and route == "tool" and args[1] in TOOL_ROUTES:
             try:
                 payload = json.loads(body) if body else {}
             except (ValueError, RecursionError):
                 payload = None
-            denied = app.check_owner(parts[2], episode_token)
+            denied = app.check_owner(args[0], episode_token)
             if isinstance(payload, dict) and denied is None:
-                response = self.faults.handle(ToolRequest(parts[2], parts[3], payload, at_s=at_s))
+                response = self.faults.handle(ToolRequest(args[0], args[1], payload, at_s=at_s))
                 headers = {"content-type": "application/json"}
                 if response.fault and "retry_after_s" in response.fault:
                     headers["retry-after"] = str(max(1, round(response.fault["retry_after_s"])))
                 return response.status, json.dumps(response_body(response)).encode(), headers
         status, data, headers = app.handle_bytes(method, path, body, episode_token)
-        if self.faults is not None and method == "POST" and parts == ["v1", "episodes"] and status == 201:
+        if self.faults is not None and route == "open_episode" and status == 201:
             setup = json.loads(body)
             self.faults.start(setup["episode_id"], int(setup.get("seed") or 0))
-        if self.faults is not None and method == "DELETE" and len(parts) == 3 and status == 204:
-            self.faults.forget(parts[2])
+        if self.faults is not None and route == "close_episode" and status == 204:
+            self.faults.forget(args[0])
         return status, data, headers
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -246,10 +240,9 @@ class SimulatorServer:
 
 
 def _lane_of(method: str, path: str) -> str:
-    parts = [p for p in path.split("/") if p]
-    if method == "POST" and len(parts) == 4 and parts[:2] == ["v1", "episodes"] and parts[3] in ("python", "sql"):
-        return parts[3]
-    return "control"
+    route, args = match_route(method, path)
+    tool = TOOL_ROUTES.get(args[1]) if route == "tool" else None
+    return tool.lane if tool is not None else "control"
 
 
 def _error(status: int, kind: str, message: str, headers: dict[str, str], **extra: Any) -> Answer:

@@ -9,9 +9,9 @@ OpenAPI document is served at ``GET /openapi.json``)::
     POST   /v1/episodes                                   {"episode_id", "database", "files", "sender"}
                                                           -> {"episode_id", "episode_token"}
     DELETE /v1/episodes/{episode_id}
-    POST   /v1/episodes/{episode_id}/sql                  {"query"}
-    POST   /v1/episodes/{episode_id}/python               {"code"}
-    POST   /v1/episodes/{episode_id}/smtp                 {"to", "subject", "body", "cc"?, "attachments"?}
+    POST   /v1/episodes/{episode_id}/{tool}               one tool call (the tools of simulators.tools):
+                                                          sql {"query"}, python {"code"},
+                                                          smtp {"to", "subject", "body", "cc"?, "attachments"?}
     PUT    /v1/episodes/{episode_id}/files/{path}         {"text"} or {"b64"}: write a workspace file
     GET    /v1/episodes/{episode_id}/files/{path}         {"ok": true, "result": {"path", "b64"}}
 
@@ -48,25 +48,24 @@ import httpx
 
 from simulators.python import PythonRunner, RunLimits
 from simulators.python.sandbox import SandboxRunner
-from simulators.smtp import Mailbox, SMTPError
-from simulators.sql import ReadOnlyDatabase, SQLError, TemplateCache
+from simulators.routes import Reply
+from simulators.routes import err as _err
+from simulators.routes import ok as _okr
+from simulators.smtp import Mailbox
+from simulators.sql import ReadOnlyDatabase, TemplateCache
+from simulators.sql.route import MAX_PENDING_BYTES as MAX_PENDING_BYTES  # re-exported
+from simulators.tools import TOOL_ROUTES
 from simulators.workspace import RESULTS, WorkspaceError, write_files
 from simulators.workspace import create as create_workspace
 
 MAX_REQUEST_BYTES = 8 << 20
 MAX_FILE_BYTES = 2 << 20
-#: Bytes of query results an episode may hold in memory before they are written to its workspace.
-MAX_PENDING_BYTES = 8 << 20
 EPISODE_TOKEN_HEADER = "X-AgentRL-Episode-Token"
 
-#: (HTTP status, JSON body or None for an empty body)
-Reply = tuple[int, "dict[str, Any] | None"]
 _EPISODE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 #: What an episode id may be (clients check it before their first request).
 EPISODE_ID = _EPISODE_ID
 _FINGERPRINT = re.compile(r"^(?:[A-Za-z0-9_.-]{0,100}-)?([0-9a-f]{16,64})$")
-
-_SQL_STATUS = {"timeout": 408, "denied": 403, "too_large": 413, "syntax": 400, "unknown_name": 400}
 
 
 @dataclass
@@ -197,35 +196,37 @@ class SimulatorApp:
             return _failure(exc)
 
     def _route(self, method: str, path: str, payload: dict[str, Any], episode_token: str | None = None) -> Reply:
+        name, args = match_route(method, path)
         parts = [p for p in path.split("/") if p]
         if len(parts) >= 3 and parts[:2] == ["v1", "episodes"]:
             # Answered here, not by the handler, when the episode is not open: a call that passed
             # the check must not land in an episode someone opens under that id a moment later.
             if parts[2] not in self._episodes:
-                if method == "DELETE" and len(parts) == 3:
+                if name == "close_episode":
                     return 204, None
                 return _err(404, "unknown_episode", f"no open episode {parts[2][:64]!r}")
             denied = self.check_owner(parts[2], episode_token)
             if denied is not None:
                 return denied
-        if parts == ["openapi.json"] and method == "GET":
+        if name == "openapi":
             from simulators.openapi import OPENAPI
 
             return 200, OPENAPI
-        if parts == ["health"] and method == "GET":
+        if name == "health":
             return _okr({"episodes": len(self._episodes), "sandbox_tier": self.sandbox_tier, "numpy": self.numpy_available})
-        if len(parts) == 3 and parts[:2] == ["v1", "databases"] and method == "PUT":
-            return self.put_database(parts[2], payload)
-        if parts == ["v1", "episodes"] and method == "POST":
+        if name == "put_database":
+            return self.put_database(args[0], payload)
+        if name == "open_episode":
             return self.open_episode(payload, episode_token)
-        if len(parts) == 3 and parts[:2] == ["v1", "episodes"] and method == "DELETE":
-            self.close_episode(parts[2])
+        if name == "close_episode":
+            self.close_episode(args[0])
             return 204, None
-        if len(parts) >= 5 and parts[:2] == ["v1", "episodes"] and parts[3] == "files" and method in ("PUT", "GET"):
-            rel = "/".join(parts[4:])
-            return self.put_file(parts[2], rel, payload) if method == "PUT" else self.get_file(parts[2], rel)
-        if len(parts) == 4 and parts[:2] == ["v1", "episodes"] and method == "POST":
-            return self.tool(parts[2], parts[3], payload)
+        if name == "put_file":
+            return self.put_file(args[0], args[1], payload)
+        if name == "get_file":
+            return self.get_file(args[0], args[1])
+        if name == "tool":
+            return self.tool(args[0], args[1], payload)
         return _err(404, "not_found", f"no route {method} {path[:100]}")
 
     def check_owner(self, episode_id: str, token: str | None) -> Reply | None:
@@ -246,12 +247,12 @@ class SimulatorApp:
         episode = self._episodes.get(episode_id)
         if episode is None:
             return _err(404, "unknown_episode", f"no open episode {episode_id[:64]!r}")
-        handler = {"sql": self._sql, "python": self._python, "smtp": self._smtp}.get(tool)
-        if handler is None:
-            return _err(404, "unknown_tool", f"no tool {tool[:64]!r}; tools are sql, python, smtp")
+        route = TOOL_ROUTES.get(tool)
+        if route is None:
+            return _err(404, "unknown_tool", f"no tool {tool[:64]!r}; tools are {', '.join(TOOL_ROUTES)}")
         with episode.lock:
             try:
-                return handler(episode, payload)
+                return route.handler(self, episode, payload)
             except WorkspaceError as exc:  # the agent broke its own workspace: its error, not the service's
                 return _err(409, "workspace", str(exc))
             except Exception as exc:  # MemoryError included: every call gets an answer
@@ -402,36 +403,6 @@ class SimulatorApp:
             self.close_episode(episode_id)
         self.runner.close()
 
-    # -- tools --------------------------------------------------------------------------------
-
-    def _sql(self, episode: _Episode, payload: dict[str, Any]) -> Reply:
-        if episode.database is None:
-            return _err(404, "no_database", "this episode has no database")
-        query = payload.get("query")
-        if not isinstance(query, str):
-            return _err(422, "bad_arguments", "'query' must be a string")
-        try:
-            result = episode.database.query(query)
-        except SQLError as exc:
-            return _err(_SQL_STATUS.get(exc.kind, 400), exc.kind, exc.message)
-        episode.queries += 1
-        csv_path = f"results/q{episode.queries}.csv"
-        episode.pending[csv_path] = result.csv_text
-        episode.pending_bytes += len(result.csv_text)
-        if episode.pending_bytes > MAX_PENDING_BYTES:
-            episode.workspace  # noqa: B018 (writes the pending results out)
-        reply: dict[str, Any] = {
-            "columns": result.columns,
-            "rows": [list(r) for r in result.rows],
-            "row_count": len(result.rows),
-            "truncated": result.truncated,
-            "csv_path": csv_path,
-            "vm_steps": result.vm_steps,
-        }
-        if result.truncated_by is not None:
-            reply["truncated_by"] = result.truncated_by
-        return _okr(reply)
-
     def workspace_of(self, episode_id: str) -> str | None:
         """The directory of an open episode's workspace (created if needed), for tests and tools."""
         episode = self._episodes.get(episode_id)
@@ -440,55 +411,31 @@ class SimulatorApp:
         with episode.lock:
             return episode.workspace
 
-    def _python(self, episode: _Episode, payload: dict[str, Any]) -> Reply:
-        code = payload.get("code")
-        if not isinstance(code, str):
-            return _err(422, "bad_arguments", "'code' must be a string")
-        if len(code) > 100_000:
-            return _err(413, "too_large", f"code is {len(code)} characters; the limit is 100000")
-        if "\x00" in code:
-            return _err(400, "bad_request", "code contains a NUL character")
-        workspace = episode.workspace
-        result = self.runner.run(code, workspace)
-        return _okr(
-            {
-                "exit_code": result.exit_code,
-                "stdout": _hide_path(result.stdout, workspace),
-                "stderr": _hide_path(result.stderr, workspace),
-                "timed_out": result.timed_out,
-                "output_truncated": result.output_truncated,
-                "sandbox_tier": self.sandbox_tier,
-            }
-        )
 
-    def _smtp(self, episode: _Episode, payload: dict[str, Any]) -> Reply:
-        unknown = set(payload) - {"to", "subject", "body", "cc", "attachments"}
-        if unknown:
-            return _err(422, "bad_arguments", f"unknown fields {sorted(unknown)}")
-        try:
-            delivery = episode.mailbox.send(
-                episode.workspace,
-                payload.get("to"),
-                payload.get("subject"),
-                payload.get("body"),
-                cc=payload.get("cc"),
-                attachments=payload.get("attachments"),
-            )
-        except SMTPError as exc:
-            return _err(422, exc.kind, exc.message, smtp_code=exc.code)
-        return _okr(delivery.as_dict())
+def match_route(method: str, path: str) -> tuple[str, tuple[str, ...]]:
+    """The route a request goes to and its path parameters; ``("not_found", ())`` for none.
 
-
-def _hide_path(text: str, workspace: str) -> str:
-    """The program's output with the host's workspace path shown as ``/workspace``.
-
-    A program's cwd, ``HOME`` and ``TMPDIR`` are the episode's host directory, whose name is random:
-    printing it would reveal a host path and make two runs of one episode differ.
+    Names: ``openapi``, ``health``, ``put_database`` (fingerprint), ``open_episode``,
+    ``close_episode`` (episode_id), ``put_file`` / ``get_file`` (episode_id, path) and ``tool``
+    (episode_id, tool; the tool may be one the simulator does not have, answered 404). The server
+    (:mod:`agentrl_envs.server`) routes by this function too, so the API is parsed in one place.
     """
-    for path in {workspace, os.path.realpath(workspace)}:
-        if path and path in text:
-            text = text.replace(path, "/workspace")
-    return text
+    parts = [p for p in path.split("/") if p]
+    if parts == ["openapi.json"] and method == "GET":
+        return "openapi", ()
+    if parts == ["health"] and method == "GET":
+        return "health", ()
+    if len(parts) == 3 and parts[:2] == ["v1", "databases"] and method == "PUT":
+        return "put_database", (parts[2],)
+    if parts == ["v1", "episodes"] and method == "POST":
+        return "open_episode", ()
+    if len(parts) == 3 and parts[:2] == ["v1", "episodes"] and method == "DELETE":
+        return "close_episode", (parts[2],)
+    if len(parts) >= 5 and parts[:2] == ["v1", "episodes"] and parts[3] == "files" and method in ("PUT", "GET"):
+        return ("put_file" if method == "PUT" else "get_file"), (parts[2], "/".join(parts[4:]))
+    if len(parts) == 4 and parts[:2] == ["v1", "episodes"] and method == "POST":
+        return "tool", (parts[2], parts[3])
+    return "not_found", ()
 
 
 def content_digest(tables: dict[str, Any]) -> str:
@@ -499,14 +446,6 @@ def content_digest(tables: dict[str, Any]) -> str:
 def template_fingerprint(label: str, tables: dict[str, Any]) -> str:
     """The fingerprint the server accepts for ``tables``: ``<label>-<first 16 hex digits of the digest>``."""
     return f"{label}-{content_digest(tables)[:16]}"
-
-
-def _okr(result: dict[str, Any], status: int = 200) -> Reply:
-    return status, {"ok": True, "result": result}
-
-
-def _err(status: int, kind: str, message: str, **extra: Any) -> Reply:
-    return status, {"ok": False, "error": {"type": kind, "message": message, **extra}}
 
 
 def _failure(exc: Exception) -> Reply:
