@@ -66,10 +66,10 @@ class Budget:
     episodes: int = 8  #: evaluation episodes per cell (split x profile x view)
     candidates: int = 4  #: K of the candidates view
     sb3_timesteps: int = 4096  #: SB3 PPO env steps per difficulty
-    ppo_updates: int = 5  #: agentrl candidates-mode PPO updates (8 envs x 8 steps each) per difficulty
-    sft_episodes: int = 64  #: oracle episodes behind agentrl's generate-mode warm start
-    gen_updates: int = 2  #: agentrl generate-mode PPO updates (4 envs x 4 steps each) after sft
-    trl_steps: int = 8  #: TRL GRPO optimizer steps (4 prompts x 2 generations each)
+    ppo_updates: int = 4  #: agentrl candidates-mode PPO updates (8 envs x 8 steps each) per difficulty
+    sft_episodes: int = 32  #: oracle episodes behind agentrl's generate-mode warm start
+    gen_updates: int = 1  #: agentrl generate-mode PPO updates (4 envs x 4 steps each) after sft
+    trl_steps: int = 4  #: TRL GRPO optimizer steps (4 prompts x 2 generations each)
     max_new_tokens: int = 96  #: token budget of one generated action (agentrl generate and TRL)
     seed: int = 0  #: seed of every training run
 
@@ -329,11 +329,24 @@ def plot(results: dict[str, Rows], b: Budget, path: Path) -> None:
     ax.set_yticks(range(len(labels)), labels)
     for i, j in np.ndindex(grid.shape):
         ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", color="white" if grid[i, j] < 0.6 else "black")
-    ax.set_title(f"greedy success, {b.env}, {b.episodes} episodes per cell")
+    ax.set_title(f"success rate, {b.env}, {b.episodes} episodes per cell")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+BUDGET_FIELDS = {
+    "sb3-ppo": ("sb3_timesteps",),
+    "agentrl-candidates": ("ppo_updates",),
+    "agentrl-generate": ("sft_episodes", "gen_updates", "max_new_tokens"),
+    "trl-grpo": ("trl_steps", "max_new_tokens"),
+}
+
+
+def entry_budget(b: Budget, entry: str) -> dict[str, Any]:
+    """The part of the budget an entry's results depend on (the key of its saved results)."""
+    return {k: getattr(b, k) for k in ("env", "episodes", "candidates", "seed", *BUDGET_FIELDS.get(entry, ()))}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -361,14 +374,17 @@ def main(argv: list[str] | None = None) -> int:
     if b.episodes < 1:
         raise ConfigError(f"--episodes {b.episodes}: use a positive number")
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    command = "python benchmarks/leaderboard.py" + (
-        "" if argv is None and len(sys.argv) == 1 else " " + shlex.join(argv or sys.argv[1:])
-    )
+    # The command that reproduces the numbers: the entries and every budget option off its default (output,
+    # cache and reuse options do not change a number: the episodes are fixed and every run is seeded).
+    shown = ([] if entries == list(ENTRIES) else ["--entries", ",".join(entries)]) + [
+        f"--{k.replace('_', '-')}={v}" for k, v in asdict(b).items() if v != getattr(defaults, k)
+    ]
+    command = shlex.join(["python", "benchmarks/leaderboard.py", *shown])
     results: dict[str, Rows] = {}
     seconds: dict[str, float] = {}
     for entry in entries:
         cache = Path(args.runs) / "results" / f"{entry}.json"
-        if args.reuse_results and cache.exists() and json.loads(cache.read_text())["budget"] == asdict(b):
+        if args.reuse_results and cache.exists() and json.loads(cache.read_text())["budget"] == entry_budget(b, entry):
             saved = json.loads(cache.read_text())
             results[entry], seconds[entry] = saved["rows"], saved["seconds"]
             print(f"leaderboard: {entry}: reusing the results in {cache}", flush=True)
@@ -377,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         results[entry] = RUNNERS[entry](b, Path(args.runs), args.retrain)
         seconds[entry] = time.perf_counter() - t0
         cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps({"budget": asdict(b), "rows": results[entry], "seconds": seconds[entry]}))
+        cache.write_text(json.dumps({"budget": entry_budget(b, entry), "rows": results[entry], "seconds": seconds[entry]}))
         print(f"leaderboard: {entry} done in {seconds[entry]:.0f} s", flush=True)
     table = markdown(results, b, command, seconds)
     Path(args.md).parent.mkdir(parents=True, exist_ok=True)

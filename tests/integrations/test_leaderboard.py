@@ -35,7 +35,7 @@ def test_miniature_leaderboard_table_shape_and_order(tmp_path: Path) -> None:
         ("oracle", "gold plan"),
     ]
     assert all(len(r) == 8 and all(0.0 <= float(v) <= 1.0 for v in r[2:]) for r in body)
-    assert "Command: `python benchmarks/leaderboard.py --entries random,overlap,oracle" in md.read_text()
+    assert "Command: `python benchmarks/leaderboard.py --entries random,overlap,oracle --episodes=6`." in md.read_text()
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     results = json.loads(js.read_text())["results"]
