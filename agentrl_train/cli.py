@@ -54,7 +54,7 @@ def _cmd_ppo(args: argparse.Namespace) -> int:
     from agentrl_train import distributed
     from agentrl_train.train import train
 
-    with distributed.setup() as dist:
+    with distributed.setup(cfg.model.device) as dist:
         train(cfg, dist=dist, log=print if dist.is_main else (lambda *a, **k: None))
     return 0
 

@@ -195,10 +195,14 @@ def _sum_allreduce_hook(dist, bucket):  # no annotations: DDP rejects any but it
 
 
 @contextlib.contextmanager
-def setup() -> Iterator[Dist]:
+def setup(device: str = "auto") -> Iterator[Dist]:
     """A :class:`Dist` for this process: torchrun's process group, or a single process.
 
+    Args:
+        device: the run's ``--device``: nccl when it resolves to CUDA (one GPU per local rank), else gloo.
+
     Raises:
+        ConfigError: more local ranks than CUDA devices.
         PeerLostError: a collective failed because another rank died or timed out.
     """
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -207,14 +211,20 @@ def setup() -> Iterator[Dist]:
         return
     import torch.distributed as td
 
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    cuda = device != "cpu" and torch.cuda.is_available()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if cuda and local_rank >= torch.cuda.device_count():
+        raise ConfigError(
+            f"LOCAL_RANK {local_rank} but this machine has {torch.cuda.device_count()} CUDA device(s): use "
+            "--nproc-per-node <= the GPU count, or --device cpu (gloo) for more processes"
+        )
     timeout_s = float(os.environ.get("AGENTRL_DIST_TIMEOUT_S", "300"))
-    td.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s))
-    device = torch.device("cpu")
-    if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
-    dist = Dist(td.get_rank(), td.get_world_size(), device)
+    td.init_process_group(backend="nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    where = torch.device("cpu")
+    if cuda:
+        where = torch.device("cuda", local_rank)
+        torch.cuda.set_device(where)
+    dist = Dist(td.get_rank(), td.get_world_size(), where)
     try:
         yield dist
     except (td.DistError, RuntimeError) as exc:
