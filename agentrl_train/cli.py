@@ -1,4 +1,4 @@
-"""``agentrl-train``: ppo, sft, eval (and the adapter tools), every option with its help text.
+"""``agentrl-train``: ppo, sft, eval, resources (and the adapter tools), every option with its help text.
 
 Options come from the config dataclasses (:mod:`agentrl_train.config`): each field is a flag, a
 ``--config run.yaml`` file sets any of them, and flags given on the command line win.
@@ -54,7 +54,7 @@ def _cmd_ppo(args: argparse.Namespace) -> int:
     from agentrl_train import distributed
     from agentrl_train.train import train
 
-    with distributed.setup() as dist:
+    with distributed.setup(cfg.model.device) as dist:
         train(cfg, dist=dist, log=print if dist.is_main else (lambda *a, **k: None))
     return 0
 
@@ -81,6 +81,14 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         from agentrl_train.evaluate import markdown_table
 
         print(markdown_table({args.split: result}), end="")
+    return 0
+
+
+def _cmd_resources(args: argparse.Namespace) -> int:
+    from agentrl_train import resources
+
+    data = resources.load(args.run)
+    print(json.dumps(data, indent=2) if args.json else resources.table(data), end="" if not args.json else "\n")
     return 0
 
 
@@ -111,6 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="print one JSON object (success_rate, mean_return, ...)")
     p.set_defaults(func=_cmd_eval)
+
+    p = sub.add_parser("resources", help="print a run's resource map (resources.json) per stage and phase")
+    p.add_argument("--run", required=True, metavar="DIR", help="run folder")
+    p.add_argument("--json", action="store_true", help="print resources.json itself")
+    p.set_defaults(func=_cmd_resources)
 
     for extra in ("agentrl_train.adapters.cli",):
         try:

@@ -72,6 +72,10 @@ class PPOConfig:
     epochs: int = _f(2, "passes over each rollout")
     micro_batch: int = _f(16, "transitions per forward/backward pass (memory)")
     accumulation: int = _f(0, "micro-batches per optimizer step (0: the whole rollout is one optimizer step per epoch)")
+    sync_batch: int = _f(
+        0,
+        "global transitions per optimizer step over all ranks (0: use accumulation); sets accumulation = it / (ranks x micro_batch)",
+    )
     lr: float = _f(5e-4, "AdamW learning rate of the LoRA weights")
     lr_schedule: str = _f("constant", "constant, or linear (both learning rates fall linearly to 0 over the run)")
     value_lr: float = _f(3e-3, "AdamW learning rate of the value head")
@@ -167,7 +171,15 @@ class TrainConfig:
             _positive(name, _get(self, name))
         for name in ("lr", "value_lr", "temperature", "grad_clip", "lora_alpha_ratio", "min_sigma"):
             _positive(name, _get(self, name))
-        for name in ("accumulation", "critic_warmup", "eval_every", "checkpoint_every", "eval_episodes", "tiny_pretrain_steps"):
+        for name in (
+            "accumulation",
+            "sync_batch",
+            "critic_warmup",
+            "eval_every",
+            "checkpoint_every",
+            "eval_episodes",
+            "tiny_pretrain_steps",
+        ):
             _non_negative(name, _get(self, name))
         for name in ("clip", "value_clip", "vf_coef", "kl_coef", "ent_start", "ent_end", "target_kl", "lora_dropout"):
             _non_negative(name, _get(self, name))
