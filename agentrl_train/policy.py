@@ -214,7 +214,9 @@ class Policy(nn.Module):
         root = Path(folder)
         path = next((p for p in (root / name, root) if (p / "adapter_config.json").is_file()), None)
         if path is None:
-            raise ConfigError(f"frozen adapter {name}={folder}: no adapter_config.json in {root / name} or {root}; point at a run's final/")
+            raise ConfigError(
+                f"frozen adapter {name}={folder}: no adapter_config.json in {root / name} or {root}; point at a run's final/"
+            )
         try:
             self.lm.load_adapter(str(path), adapter_name=name, is_trainable=False)
         except Exception as exc:

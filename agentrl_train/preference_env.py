@@ -36,7 +36,7 @@ def _reward_model(folder: str) -> Any:
 class PreferenceEnv(gym.Env[str, str]):
     """A one-step env: the base env's first observation, reward = RM score of the action."""
 
-    metadata = {"render_modes": []}
+    metadata: dict[str, Any] = {"render_modes": []}  # noqa: RUF012  (gymnasium convention)
 
     def __init__(self, rm: str = "", base_env: str = "AgentRL/SQL-v0", **kwargs: Any) -> None:
         if not rm:

@@ -74,7 +74,9 @@ def load_rm_data(path: str | Path) -> list[RMRow]:
     elif p.is_file():
         files = [p]
     else:
-        raise ConfigError(f"--data {path}: no such file or folder; pass make-rm-data's output folder or one of its .parquet files")
+        raise ConfigError(
+            f"--data {path}: no such file or folder; pass make-rm-data's output folder or one of its .parquet files"
+        )
     rows: list[RMRow] = []
     for f in files:
         try:
@@ -83,17 +85,30 @@ def load_rm_data(path: str | Path) -> list[RMRow]:
             raise ConfigError(f"--data {f}: not a readable Parquet file ({type(exc).__name__}: {exc})") from None
         missing = [c for c in REQUIRED if c not in table.column_names]
         if missing:
-            raise ConfigError(f"--data {f}: missing column(s) {', '.join(missing)}; write the file with `agentrl-envs make-rm-data`")
+            raise ConfigError(
+                f"--data {f}: missing column(s) {', '.join(missing)}; write the file with `agentrl-envs make-rm-data`"
+            )
         for n, r in enumerate(table.to_pylist()):
             label = r["label"]
             if not isinstance(label, (int, float)) or isinstance(label, bool) or not math.isfinite(label):
-                raise ConfigError(f"--data {f}: row {n} has label {label!r}; every label must be a finite number (1.0 gold, -0.5 perturbed)")
+                raise ConfigError(
+                    f"--data {f}: row {n} has label {label!r}; every label must be a finite number (1.0 gold, -0.5 perturbed)"
+                )
             if not isinstance(r["prompt"], str) or not isinstance(r["action"], str):
                 raise ConfigError(f"--data {f}: row {n} has a prompt or action that is not text")
             group = f"{r['env_id']}|{r['split']}|{r['task_id']}|{r['step']}"
             kind = str(r.get("perturbation") or ("gold" if label > 0 else "perturbed"))
             rows.append(
-                RMRow(group, str(r["split"]), domain_of(r["task_id"]), str(r.get("tool") or "?"), r["prompt"], r["action"], float(label), kind)
+                RMRow(
+                    group,
+                    str(r["split"]),
+                    domain_of(r["task_id"]),
+                    str(r.get("tool") or "?"),
+                    r["prompt"],
+                    r["action"],
+                    float(label),
+                    kind,
+                )
             )
     if not rows:
         raise ConfigError(f"--data {path}: the dataset is empty (0 rows); run make-rm-data with more --episodes")
@@ -260,7 +275,9 @@ class RewardModel(nn.Module):
         hidden_KAH = self.backbone(input_ids=ids_KA, cache=cache, position_ids=pos_KA).last_hidden_state
         # Mean over the action's own tokens (causal attention: a row's padding comes after them and cannot
         # change them). Pooling reads every token of the call, which a small backbone's last state does not.
-        mask_KA = (torch.arange(A, device=self.device).expand(K, A) < torch.tensor([len(a) for a in acts], device=self.device)[:, None]).float()
+        mask_KA = (
+            torch.arange(A, device=self.device).expand(K, A) < torch.tensor([len(a) for a in acts], device=self.device)[:, None]
+        ).float()
         pooled_KH = (hidden_KAH.float() * mask_KA[..., None]).sum(1) / mask_KA.sum(1, keepdim=True)
         return self.head(self.dropout(pooled_KH)).squeeze(-1)
 

@@ -46,7 +46,7 @@ from agentrl_train.reward_model import (
     save_rm,
 )
 
-__all__ = ["RMConfig", "domain_pairs", "evaluate_rm", "distill", "train_rm", "uncertainty_weights"]
+__all__ = ["RMConfig", "distill", "domain_pairs", "evaluate_rm", "train_rm", "uncertainty_weights"]
 
 
 @dataclass
@@ -121,7 +121,9 @@ def domain_pairs(group: list[RMRow]) -> list[tuple[RMRow, RMRow]]:
     return [(gold, RMRow(gold.group, gold.split, gold.domain, "sql", gold.prompt, w, -0.5, "domain.contrast")) for w in worse]
 
 
-def step_loss(rm: RewardModel, batch: list[list[RMRow]], cfg: RMConfig, rng: random.Random) -> tuple[torch.Tensor, dict[str, float]]:
+def step_loss(
+    rm: RewardModel, batch: list[list[RMRow]], cfg: RMConfig, rng: random.Random
+) -> tuple[torch.Tensor, dict[str, float]]:
     """The loss of one step on ``batch`` (calls, gold first) and its parts.
 
     Every text of a call (its rows cleaned, their decorated raw forms, the domain contrasts) is scored in
@@ -137,7 +139,9 @@ def step_loss(rm: RewardModel, batch: list[list[RMRow]], cfg: RMConfig, rng: ran
     pairs = [p for g in batch for p in domain_pairs(g)] if cfg.domain_adapt else []
     contrast = [b.action for _, b in pairs]
     all_scores = rm.score(
-        prompts + prompts[: len(raw)] + [b.prompt for _, b in pairs], texts + raw + [clean_action(c) for c in contrast], clean=False
+        prompts + prompts[: len(raw)] + [b.prompt for _, b in pairs],
+        texts + raw + [clean_action(c) for c in contrast],
+        clean=False,
     )
     scores = all_scores[:n]
     at, loss_terms = 0, []
@@ -203,7 +207,10 @@ def train_rm(cfg: RMConfig, *, log: Any = print, tiny_spec: Any = None) -> dict[
             opt.step()
             metrics.write(json.dumps({"step": step + 1, "loss": float(loss.detach()), **parts}) + "\n")
             if (step + 1) % 50 == 0 or step + 1 == cfg.steps:
-                log(f"rm: step {step + 1}/{cfg.steps} loss {float(loss):.4f} " + " ".join(f"{k} {v:.4f}" for k, v in parts.items()))
+                log(
+                    f"rm: step {step + 1}/{cfg.steps} loss {float(loss.detach()):.4f} "
+                    + " ".join(f"{k} {v:.4f}" for k, v in parts.items())
+                )
     rm.eval()
     table = evaluate_rm(rm, rows)
     (out / "eval.json").write_text(json.dumps(table, indent=2) + "\n", encoding="utf-8")
@@ -286,7 +293,9 @@ def uncertainty_weights(var: np.ndarray) -> np.ndarray:
 def teacher_stats(teacher: RewardModel, rows: list[RMRow], samples: int = 8, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Mean and variance of the teacher's score of each row over ``samples`` dropout samples."""
     if getattr(teacher.dropout, "p", 0.0) <= 0 and teacher.settings.get("lora_dropout", 0.0) <= 0:
-        raise ConfigError("the teacher has no dropout (head_dropout 0): its uncertainty cannot be sampled; train it with --head-dropout > 0")
+        raise ConfigError(
+            "the teacher has no dropout (head_dropout 0): its uncertainty cannot be sampled; train it with --head-dropout > 0"
+        )
     torch.manual_seed(seed)
     teacher.train()
     draws = []
@@ -342,7 +351,7 @@ def distill(
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
-            metrics.write(json.dumps({"step": step + 1, "loss": float(loss)}) + "\n")
+            metrics.write(json.dumps({"step": step + 1, "loss": float(loss.detach())}) + "\n")
     student.eval()
     with open(folder / "distill_weights.jsonl", "w", encoding="utf-8") as f:
         for r, m, v, wt in zip(rows, mean, var, weights):

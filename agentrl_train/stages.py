@@ -147,7 +147,9 @@ def train_reward_model(plan: dict[str, Any], out: Path, log: Any) -> Path:
     env = r.get("data_env", EXEC_ENV)
     make_rm_data(env, int(r.get("train_episodes", 16)), data, seed=plan["seed"], split="train")
     make_rm_data(env, int(r.get("test_episodes", 6)), data, seed=plan["seed"], split="test")
-    cfg = RMConfig(data=str(data), model=plan["model"], out=str(rm_dir), seed=plan["seed"], device=plan["ppo"].get("device", "auto"))
+    cfg = RMConfig(
+        data=str(data), model=plan["model"], out=str(rm_dir), seed=plan["seed"], device=plan["ppo"].get("device", "auto")
+    )
     for key in ("steps", "groups", "lr", "rank", "consistency"):
         if key in r:
             setattr(cfg, key, type(getattr(cfg, key))(r[key]))
@@ -204,7 +206,9 @@ def probe(
         "adapters": policy.active_adapters(),
     }
     (folder / "eval.json").write_text(json.dumps({"summary": row, "envs": results}, indent=2) + "\n", encoding="utf-8")
-    log(f"stages: {folder.name}: tool accuracy {row['tool_accuracy']:.3f}, task success {row['task_success']:.3f}, preference {row['preference_score']:.3f}")
+    log(
+        f"stages: {folder.name}: tool accuracy {row['tool_accuracy']:.3f}, task success {row['task_success']:.3f}, preference {row['preference_score']:.3f}"
+    )
     return row
 
 
@@ -245,6 +249,8 @@ def run_stages(plan_path: str | None, out: str, *, log: Any = print, plan: dict[
 
 def add_stages_parser(sub: Any) -> None:
     p = sub.add_parser("stages", help="preference -> tool -> exec, one adapter per stage, and the separation table")
-    p.add_argument("--plan", default=DEFAULT_PLAN, metavar="YAML", help="plan file (default: the shipped agentrl_train/plans/default.yaml)")
+    p.add_argument(
+        "--plan", default=DEFAULT_PLAN, metavar="YAML", help="plan file (default: the shipped agentrl_train/plans/default.yaml)"
+    )
     p.add_argument("--out", default="runs/stages", metavar="DIR", help="run folder (default: runs/stages)")
     p.set_defaults(func=lambda args: (run_stages(args.plan, args.out), 0)[1])
