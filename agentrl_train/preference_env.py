@@ -60,6 +60,10 @@ class PreferenceEnv(gym.Env[str, str]):
         info = {**info, "rm_score": score, "success": score > 0}
         return obs, score, True, False, info
 
+    def set_training_step(self, step: int) -> None:
+        """Passed on to the base env (its auxiliary reward schedule; the reward here is the RM's alone)."""
+        self.env.get_wrapper_attr("set_training_step")(step)
+
     def close(self) -> None:
         self.env.close()
 

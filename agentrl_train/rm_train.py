@@ -183,7 +183,10 @@ def train_rm(cfg: RMConfig, *, log: Any = print, tiny_spec: Any = None) -> dict[
         rm = load_rm(cfg.init, model=cfg.model, device=cfg.device, log=log)
         spec = _spec_of(rm) or tiny_spec
     else:
-        rm = build_rm(cfg.model, device=cfg.device, tiny_spec=tiny_spec, log=log, rank=cfg.rank, alpha=2.0 * cfg.rank)
+        rm = build_rm(
+            cfg.model, device=cfg.device, tiny_spec=tiny_spec, log=log, rank=cfg.rank, alpha=2.0 * cfg.rank,
+            max_tokens=cfg.max_tokens, head_dropout=cfg.head_dropout, clean=cfg.clean,
+        )  # fmt: skip
         spec = tiny_spec
     rm.clean = cfg.clean
     rm.settings["clean"] = cfg.clean

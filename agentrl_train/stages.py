@@ -110,7 +110,8 @@ def _cfg(plan: dict[str, Any], out: Path, **opts: Any) -> Any:
     from agentrl_train.config import load_config
 
     base = {"model": plan["model"], "seed": plan["seed"], "progress": False, "tensorboard": False, "record": False}
-    base.update(eval_every=0, final_eval_splits=[plan["eval_split"]], eval_episodes=plan["eval_episodes"])
+    # The stage's eval is probe()'s (every probe env, one policy); the ppo run's own final table is skipped.
+    base.update(eval_every=0, final_eval_splits=[], eval_episodes=plan["eval_episodes"])
     return load_config(None, {**base, **plan["ppo"], **opts, "out": str(out)})
 
 

@@ -34,6 +34,7 @@ def rm_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("rmdata")
     make_rm_data(ENV, 12, out, seed=0, split="train")
     make_rm_data(ENV, 6, out, seed=0, split="test")
+    make_rm_data(ENV, 2, out, seed=0, split="heldout")  # the held-out domain (logistics)
     return out
 
 
@@ -68,7 +69,8 @@ def test_rm_learns_well_above_chance_on_test(trained: dict[str, Any]) -> None:
     assert test["accuracy"] >= 0.65, trained["eval_a"]
     assert trained["eval_b"]["test/all"]["accuracy"] >= 0.6, trained["eval_b"]
     saved = json.loads((Path(trained["a"]) / "eval.json").read_text())
-    assert saved["test/all"] == test and {"train/all", "test/retail"} <= set(saved)
+    assert saved["test/all"] == test and {"train/all", "test/retail", "heldout/logistics"} <= set(saved)
+    assert saved["heldout/logistics"]["pairs"] > 0 and 0.0 <= saved["heldout/logistics"]["auc"] <= 1.0
 
 
 def test_decorated_inputs_score_like_clean_after_consistency_training_and_not_before(
@@ -120,7 +122,7 @@ def test_domain_adapt_trains_only_the_last_two_layers(rm_data: Path, tmp_path: P
     assert names and all(n.startswith("head.") or ".layers.2." in n or ".layers.3." in n for n in names)
     # The mismatched base: a reward model trained on the 4-layer model refuses the tiny one.
     with pytest.raises(ConfigError, match="differs"):
-        load_rm(da.out, model="tiny", device="cpu", **QUIET)
+        load_rm(da.out, model=str(tiny), device="cpu", **QUIET)
 
 
 def test_domain_pairs_are_unfiltered_and_sensitive_contrasts(rm_data: Path) -> None:
