@@ -53,21 +53,23 @@ def _gap(rm: Any, rows: list[Any]) -> float:
 
 @pytest.fixture(scope="module")
 def trained(rm_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Model A: 40 Bradley-Terry steps without the consistency term; model B: A + 20 steps with it."""
+    """The same 60 Bradley-Terry steps (seed 0) without (A) and with (B) the consistency term."""
+    torch.set_num_threads(1)  # as measured (and as build_policy sets it)
     root = tmp_path_factory.mktemp("rm")
-    a = RMConfig(data=str(rm_data), out=str(root / "a"), steps=40, consistency=0.0, device="cpu")
+    a = RMConfig(data=str(rm_data), out=str(root / "a"), steps=60, consistency=0.0, device="cpu")
     res_a = train_rm(a, tiny_spec=SPEC, **QUIET)
-    b = RMConfig(data=str(rm_data), out=str(root / "b"), steps=20, consistency=1.0, init=a.out, seed=1, device="cpu")
+    b = RMConfig(data=str(rm_data), out=str(root / "b"), steps=60, consistency=1.0, device="cpu")
     res_b = train_rm(b, tiny_spec=SPEC, **QUIET)
     return {"a": a.out, "b": b.out, "eval_a": res_a["eval"], "eval_b": res_b["eval"]}
 
 
 def test_rm_learns_well_above_chance_on_test(trained: dict[str, Any]) -> None:
-    # Measured: test pairwise accuracy 0.72 after 40 steps (54 gold-vs-perturbed pairs of 18 calls); chance is 0.5.
+    # Measured (same data, seed and steps): test pairwise accuracy 0.685 (A) and 0.722 (B) on 54
+    # gold-vs-perturbed pairs of 18 calls; chance is 0.5.
     test = trained["eval_a"]["test/all"]
     assert test["pairs"] >= 40
     assert test["accuracy"] >= 0.65, trained["eval_a"]
-    assert trained["eval_b"]["test/all"]["accuracy"] >= 0.6, trained["eval_b"]
+    assert trained["eval_b"]["test/all"]["accuracy"] >= 0.65, trained["eval_b"]
     saved = json.loads((Path(trained["a"]) / "eval.json").read_text())
     assert saved["test/all"] == test and {"train/all", "test/retail", "heldout/logistics"} <= set(saved)
     assert saved["heldout/logistics"]["pairs"] > 0 and 0.0 <= saved["heldout/logistics"]["auc"] <= 1.0
@@ -79,7 +81,8 @@ def test_decorated_inputs_score_like_clean_after_consistency_training_and_not_be
     rows = [r for r in load_rm_data(rm_data) if r.split == "test"][:32]
     before = _gap(load_rm(trained["a"], device="cpu", **QUIET), rows)
     after = _gap(load_rm(trained["b"], device="cpu", **QUIET), rows)
-    # Tolerance: the mean raw-vs-clean gap is at most 0.25 clean-score standard deviations.
+    # Tolerance: the mean raw-vs-clean gap is at most 0.25 clean-score standard deviations
+    # (measured on 40 test rows: 0.41 without the term, 0.09 with it).
     assert after <= 0.25 < before, (before, after)
 
 
