@@ -125,12 +125,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print resources.json itself")
     p.set_defaults(func=_cmd_resources)
 
-    for extra in ("agentrl_train.adapters.cli",):
+    for extra in ("agentrl_train.adapters.cli", "agentrl_train.rm_train", "agentrl_train.stages"):
         try:
             mod = __import__(extra, fromlist=["add_fuse_parser"])
         except ImportError:
             continue
-        for name in ("add_fuse_parser", "add_remap_parser"):
+        for name in ("add_fuse_parser", "add_remap_parser", "add_rm_parsers", "add_stages_parser"):
             if hasattr(mod, name):
                 getattr(mod, name)(sub)
     return parser

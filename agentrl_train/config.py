@@ -43,6 +43,9 @@ class ModelConfig:
     lora_dropout: float = _f(0.0, "LoRA dropout (off while sampling either way)")
     adapter: str = _f("exec", "name of the adapter this run trains")
     init_adapter: str = _f("", "start from this saved adapter folder (e.g. an sft run's final/) instead of a fresh one")
+    frozen_adapters: list = _f(
+        [], "earlier stages' adapters as NAME=DIR (a run's final/), loaded active and frozen beside the trained one"
+    )
     device: str = _f("auto", "auto (CUDA when present, else CPU), cpu or cuda")
     threads: int = _f(0, "torch CPU threads (0: 1 per process on CPU; env workers use the other cores)")
     tiny_pretrain_steps: int = _f(600, "tiny only: causal-LM pretraining steps on env text (no oracle actions)")
@@ -192,6 +195,9 @@ class TrainConfig:
             raise ConfigError(f"--ent-end={p.ent_end} is above --ent-start={p.ent_start}: the entropy coefficient decays")
         if not m.adapter.isidentifier():
             raise ConfigError(f"--adapter={m.adapter!r}: use a name made of letters, digits and _ (e.g. exec)")
+        for spec in m.frozen_adapters:
+            if not isinstance(spec, str) or "=" not in spec or not spec.split("=", 1)[0].isidentifier():
+                raise ConfigError(f"--frozen-adapters: {spec!r} is not NAME=DIR (e.g. preference=runs/stages/preference/final)")
         for split in [*r.eval_splits, *r.final_eval_splits]:
             _choice("eval_splits", split, ("train", "test", "heldout"))
         return self

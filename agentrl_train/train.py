@@ -46,6 +46,9 @@ def build_policy(cfg: TrainConfig, log: Any = print) -> Policy:
     policy = Policy(lm, tok, m.adapter, lora_targets(lm, m.lora_preset, m.lora_ranks, m.lora_alpha_ratio), m.lora_dropout)
     if m.init_adapter:
         policy.load_adapter_weights(m.init_adapter)
+    for spec in m.frozen_adapters:  # earlier stages: active and frozen (agentrl_train.stages)
+        name, folder = spec.split("=", 1)
+        policy.add_frozen_adapter(name, folder)
     return policy
 
 
