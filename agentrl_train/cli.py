@@ -126,10 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_resources)
 
     for extra in ("agentrl_train.adapters.cli", "agentrl_train.rm_train", "agentrl_train.stages"):
-        try:
-            mod = __import__(extra, fromlist=["add_fuse_parser"])
-        except ImportError:
-            continue
+        mod = __import__(extra, fromlist=["add_fuse_parser"])  # a broken module is an error, not a missing command
         for name in ("add_fuse_parser", "add_remap_parser", "add_rm_parsers", "add_stages_parser"):
             if hasattr(mod, name):
                 getattr(mod, name)(sub)
