@@ -67,25 +67,38 @@ _FINGERPRINT = re.compile(r"^(?:[A-Za-z0-9_.-]{0,100}-)?([0-9a-f]{16,64})$")
 _SQL_STATUS = {"timeout": 408, "denied": 403, "too_large": 413, "syntax": 400, "unknown_name": 400}
 
 
-@dataclass
+@dataclass(slots=True)
 class _Episode:
     """One open episode. Its workspace directory is created on first use (a Python run, a mail
-    attachment, a file read or write): an episode that only queries never touches the disk."""
+    attachment, a file read or write): an episode that only queries never touches the disk.
+
+    A server holds thousands of these, so each one is kept to a few objects the cycle collector
+    tracks: slots, no mailbox until the first mail, query results held as bytes (not tracked).
+    """
 
     root: str | None
     files: dict[str, str]
     database: ReadOnlyDatabase | None
-    mailbox: Mailbox
+    sender: str
+    allowed_domains: tuple[str, ...] | None
     queries: int = 0
     # The owner's secret: returned by open_episode, required on the wire for every later call.
     token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     # One call at a time per episode: its SQLite connection and mailbox are not thread-safe, and
     # an HTTP client may send concurrent calls for the same episode.
     lock: threading.Lock = field(default_factory=threading.Lock)
-    # Query results (CSV text) not yet written to the workspace (see ``workspace``).
-    pending: dict[str, str] = field(default_factory=dict)
+    # Query results (CSV as UTF-8 bytes) not yet written to the workspace (see ``workspace``).
+    pending: dict[str, bytes] = field(default_factory=dict)
     pending_bytes: int = 0
     _path: str | None = None
+    _mailbox: Mailbox | None = None
+
+    @property
+    def mailbox(self) -> Mailbox:
+        """The episode's mail record, made on the first mail."""
+        if self._mailbox is None:
+            self._mailbox = Mailbox(self.sender, "msg", allowed_domains=self.allowed_domains)
+        return self._mailbox
 
     @property
     def workspace(self) -> str:
@@ -98,17 +111,20 @@ class _Episode:
         if self._path is None:
             self._path = create_workspace(self.root, self.files)
         if self.pending:
-            texts = dict(self.pending)
+            results = dict(self.pending)
             self.pending.clear()
             self.pending_bytes = 0
-            write_files(self._path, texts)
+            write_files(self._path, results)
         return self._path
 
     def discard(self) -> None:
         if self.database is not None:
             self.database.close()
+            self.database = None
         if self._path is not None:
             shutil.rmtree(self._path, ignore_errors=True)
+            self._path = None
+        self.pending.clear()
 
 
 class SimulatorApp:
@@ -383,8 +399,7 @@ class SimulatorApp:
                     database.close()
                 return denied
             self.close_episode(episode_id)
-            mailbox = Mailbox(sender, "msg", allowed_domains=allowed)
-            episode = _Episode(self.workspace_root, dict(files), database, mailbox)
+            episode = _Episode(self.workspace_root, dict(files), database, sender, allowed)
             self._episodes[episode_id] = episode
         return _okr({"episode_id": episode_id, "episode_token": episode.token}, status=201)
 
@@ -414,8 +429,9 @@ class SimulatorApp:
             return _err(_SQL_STATUS.get(exc.kind, 400), exc.kind, exc.message)
         episode.queries += 1
         csv_path = f"results/q{episode.queries}.csv"
-        episode.pending[csv_path] = result.csv_text
-        episode.pending_bytes += len(result.csv_text)
+        data = result.csv_text.encode("utf-8", "surrogatepass")
+        episode.pending[csv_path] = data
+        episode.pending_bytes += len(data)
         if episode.pending_bytes > MAX_PENDING_BYTES:
             episode.workspace  # noqa: B018 (writes the pending results out)
         reply: dict[str, Any] = {
