@@ -46,6 +46,7 @@ from typing import Any
 
 import httpx
 
+from simulators.memory import CloseCounter, release_memory
 from simulators.python import PythonRunner, RunLimits
 from simulators.python.sandbox import SandboxRunner
 from simulators.smtp import Mailbox, SMTPError
@@ -54,6 +55,9 @@ from simulators.workspace import RESULTS, WorkspaceError, write_files
 from simulators.workspace import create as create_workspace
 
 MAX_REQUEST_BYTES = 8 << 20
+#: Default largest template upload (``PUT /v1/databases/...``); a setting: ``SimulatorApp(max_upload_bytes=...)``,
+#: ``agentrl-envs serve --max-upload-mb``.
+MAX_UPLOAD_BYTES = 1 << 30
 MAX_FILE_BYTES = 2 << 20
 #: Bytes of query results an episode may hold in memory before they are written to its workspace.
 MAX_PENDING_BYTES = 8 << 20
@@ -137,6 +141,8 @@ class SimulatorApp:
         python_sandbox: run programs in the hardened sandbox (default) rather than a plain
             subprocess with rlimits.
         allow_unsafe_sandbox: accept a sandbox that can only apply rlimits (tier UNSAFE).
+        max_upload_bytes: the largest template database upload (its JSON body) accepted; other
+            requests stay within ``MAX_REQUEST_BYTES``.
     """
 
     def __init__(
@@ -146,8 +152,12 @@ class SimulatorApp:
         workspace_root: str | None = None,
         python_sandbox: bool = True,
         allow_unsafe_sandbox: bool = False,
+        max_upload_bytes: int = MAX_UPLOAD_BYTES,
     ) -> None:
+        if not isinstance(max_upload_bytes, int) or isinstance(max_upload_bytes, bool) or max_upload_bytes < 1:
+            raise ValueError(f"max_upload_bytes={max_upload_bytes!r}: use a positive number of bytes")
         self.sql_deadline_s = sql_deadline_s
+        self.max_upload_bytes = max_upload_bytes
         self.templates = TemplateCache()
         self.runner: PythonRunner | SandboxRunner
         if python_sandbox:
@@ -161,6 +171,7 @@ class SimulatorApp:
         self.workspace_root = workspace_root
         self._episodes: dict[str, _Episode] = {}
         self._lock = threading.Lock()
+        self._closes = CloseCounter()
 
     # -- HTTP surface -------------------------------------------------------------------------
 
@@ -171,15 +182,16 @@ class SimulatorApp:
         return httpx.Response(status, content=body, headers=headers)
 
     def handle_bytes(
-        self, method: str, path: str, body: bytes, episode_token: str | None = None
+        self, method: str, path: str, body: bytes | bytearray, episode_token: str | None = None
     ) -> tuple[int, bytes, dict[str, str]]:
         """Serve one request given as bytes; answer (status, JSON bytes, headers). Never raises.
 
         ``episode_token`` is the ``X-AgentRL-Episode-Token`` header (None when absent).
         """
         try:
-            if len(body) > MAX_REQUEST_BYTES:
-                status, reply = _err(413, "too_large", f"request body over {MAX_REQUEST_BYTES} bytes")
+            limit = self.body_limit(method, path)
+            if len(body) > limit:
+                status, reply = self.too_large(method, path, limit)
             else:
                 payload = json.loads(body) if body else {}
                 if not isinstance(payload, dict):
@@ -199,6 +211,24 @@ class SimulatorApp:
             status, failure = _failure(exc)
             data = json.dumps(failure, separators=(",", ":")).encode()
         return status, data, {"content-type": "application/json"}
+
+    def body_limit(self, method: str, path: str) -> int:
+        """The largest body accepted for ``method path``: ``max_upload_bytes`` for a template upload."""
+        if method == "PUT" and path.startswith("/v1/databases/"):
+            return self.max_upload_bytes
+        return MAX_REQUEST_BYTES
+
+    def too_large(self, method: str, path: str, limit: int) -> Reply:
+        """The 413 answer to a body over :meth:`body_limit`, naming the setting that raises it."""
+        if limit == self.max_upload_bytes and method == "PUT" and path.startswith("/v1/databases/"):
+            return _err(
+                413,
+                "too_large",
+                f"template upload over {limit:,} bytes of JSON; start the server with a larger "
+                "--max-upload-mb (SimulatorApp(max_upload_bytes=...)) or use a smaller database",
+                limit_bytes=limit,
+            )
+        return _err(413, "too_large", f"request body over {limit} bytes", limit_bytes=limit)
 
     def call(self, method: str, path: str, payload: dict[str, Any], episode_token: str | None = None) -> Reply:
         """Route one request already decoded from JSON; answer (status, JSON object or None). Never raises.
@@ -409,6 +439,9 @@ class SimulatorApp:
         if episode is None:
             return
         episode.discard()
+        del episode
+        if self._closes.closed(len(self._episodes)):
+            release_memory()
 
     def close(self) -> None:
         for episode_id in list(self._episodes):
