@@ -37,6 +37,8 @@ __all__ = ["TOKEN_ENV", "HTTPBackend", "shard_of", "split_urls"]
 TOKEN_ENV = "AGENTRL_SERVE_TOKEN"
 BUSY_RETRIES = 8
 MAX_RETRY_AFTER_S = 5.0
+#: read timeout of a template database upload: the server parses, hashes and builds it before answering
+UPLOAD_READ_TIMEOUT_S = 600.0
 
 
 def shard_of(episode_id: str, shards: int) -> int:
@@ -135,6 +137,13 @@ class _Server(WireClient):
         self.url = url
         headers = {"authorization": f"Bearer {token}"} if token else {}
         super().__init__(httpx.Client(base_url=url, timeout=timeout, trust_env=False, headers=headers))
+
+    def _send(self, method: str, path: str, headers: dict[str, str] | None = None, **kwargs: object) -> httpx.Response:
+        if method == "PUT" and path.startswith("/v1/databases/"):
+            kwargs["timeout"] = httpx.Timeout(
+                connect=self._client.timeout.connect, read=UPLOAD_READ_TIMEOUT_S, write=UPLOAD_READ_TIMEOUT_S, pool=5.0
+            )
+        return super()._send(method, path, headers, **kwargs)
 
     def health(self) -> dict[str, object]:
         if not hasattr(self, "_health_result"):
