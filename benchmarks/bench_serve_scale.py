@@ -336,6 +336,7 @@ def main() -> None:
     if args.quick:
         args.seconds, args.churn = 10.0, 2000
     args.episodes = sorted(int(x) for x in args.episodes.split(","))
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[attr-defined]  # rows show as they are measured
     try:
         import uvloop
 
