@@ -46,6 +46,7 @@ from typing import Any
 
 import httpx
 
+from simulators.memory import CloseCounter, release_memory
 from simulators.python import PythonRunner, RunLimits
 from simulators.python.sandbox import SandboxRunner
 from simulators.routes import Reply
@@ -59,6 +60,9 @@ from simulators.workspace import RESULTS, WorkspaceError, write_files
 from simulators.workspace import create as create_workspace
 
 MAX_REQUEST_BYTES = 8 << 20
+#: Default largest template upload (``PUT /v1/databases/...``); a setting: ``SimulatorApp(max_upload_bytes=...)``,
+#: ``agentrl-envs serve --max-upload-mb``.
+MAX_UPLOAD_BYTES = 1 << 30
 MAX_FILE_BYTES = 2 << 20
 EPISODE_TOKEN_HEADER = "X-AgentRL-Episode-Token"
 
@@ -68,25 +72,38 @@ EPISODE_ID = _EPISODE_ID
 _FINGERPRINT = re.compile(r"^(?:[A-Za-z0-9_.-]{0,100}-)?([0-9a-f]{16,64})$")
 
 
-@dataclass
+@dataclass(slots=True)
 class _Episode:
     """One open episode. Its workspace directory is created on first use (a Python run, a mail
-    attachment, a file read or write): an episode that only queries never touches the disk."""
+    attachment, a file read or write): an episode that only queries never touches the disk.
+
+    A server holds thousands of these, so each one is kept to a few objects the cycle collector
+    tracks: slots, no mailbox until the first mail, query results held as bytes (not tracked).
+    """
 
     root: str | None
     files: dict[str, str]
     database: ReadOnlyDatabase | None
-    mailbox: Mailbox
+    sender: str
+    allowed_domains: tuple[str, ...] | None
     queries: int = 0
     # The owner's secret: returned by open_episode, required on the wire for every later call.
     token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     # One call at a time per episode: its SQLite connection and mailbox are not thread-safe, and
     # an HTTP client may send concurrent calls for the same episode.
     lock: threading.Lock = field(default_factory=threading.Lock)
-    # Query results (CSV text) not yet written to the workspace (see ``workspace``).
-    pending: dict[str, str] = field(default_factory=dict)
+    # Query results (CSV as UTF-8 bytes) not yet written to the workspace (see ``workspace``).
+    pending: dict[str, bytes] = field(default_factory=dict)
     pending_bytes: int = 0
     _path: str | None = None
+    _mailbox: Mailbox | None = None
+
+    @property
+    def mailbox(self) -> Mailbox:
+        """The episode's mail record, made on the first mail."""
+        if self._mailbox is None:
+            self._mailbox = Mailbox(self.sender, "msg", allowed_domains=self.allowed_domains)
+        return self._mailbox
 
     @property
     def workspace(self) -> str:
@@ -99,17 +116,20 @@ class _Episode:
         if self._path is None:
             self._path = create_workspace(self.root, self.files)
         if self.pending:
-            texts = dict(self.pending)
+            results = dict(self.pending)
             self.pending.clear()
             self.pending_bytes = 0
-            write_files(self._path, texts)
+            write_files(self._path, results)
         return self._path
 
     def discard(self) -> None:
         if self.database is not None:
             self.database.close()
+            self.database = None
         if self._path is not None:
             shutil.rmtree(self._path, ignore_errors=True)
+            self._path = None
+        self.pending.clear()
 
 
 class SimulatorApp:
@@ -122,6 +142,8 @@ class SimulatorApp:
         python_sandbox: run programs in the hardened sandbox (default) rather than a plain
             subprocess with rlimits.
         allow_unsafe_sandbox: accept a sandbox that can only apply rlimits (tier UNSAFE).
+        max_upload_bytes: the largest template database upload (its JSON body) accepted; other
+            requests stay within ``MAX_REQUEST_BYTES``.
     """
 
     def __init__(
@@ -131,8 +153,12 @@ class SimulatorApp:
         workspace_root: str | None = None,
         python_sandbox: bool = True,
         allow_unsafe_sandbox: bool = False,
+        max_upload_bytes: int = MAX_UPLOAD_BYTES,
     ) -> None:
+        if not isinstance(max_upload_bytes, int) or isinstance(max_upload_bytes, bool) or max_upload_bytes < 1:
+            raise ValueError(f"max_upload_bytes={max_upload_bytes!r}: use a positive number of bytes")
         self.sql_deadline_s = sql_deadline_s
+        self.max_upload_bytes = max_upload_bytes
         self.templates = TemplateCache()
         self.runner: PythonRunner | SandboxRunner
         if python_sandbox:
@@ -146,6 +172,7 @@ class SimulatorApp:
         self.workspace_root = workspace_root
         self._episodes: dict[str, _Episode] = {}
         self._lock = threading.Lock()
+        self._closes = CloseCounter()
 
     # -- HTTP surface -------------------------------------------------------------------------
 
@@ -156,15 +183,16 @@ class SimulatorApp:
         return httpx.Response(status, content=body, headers=headers)
 
     def handle_bytes(
-        self, method: str, path: str, body: bytes, episode_token: str | None = None
+        self, method: str, path: str, body: bytes | bytearray, episode_token: str | None = None
     ) -> tuple[int, bytes, dict[str, str]]:
         """Serve one request given as bytes; answer (status, JSON bytes, headers). Never raises.
 
         ``episode_token`` is the ``X-AgentRL-Episode-Token`` header (None when absent).
         """
         try:
-            if len(body) > MAX_REQUEST_BYTES:
-                status, reply = _err(413, "too_large", f"request body over {MAX_REQUEST_BYTES} bytes")
+            limit = self.body_limit(method, path)
+            if len(body) > limit:
+                status, reply = self.too_large(method, path, limit)
             else:
                 payload = json.loads(body) if body else {}
                 if not isinstance(payload, dict):
@@ -184,6 +212,24 @@ class SimulatorApp:
             status, failure = _failure(exc)
             data = json.dumps(failure, separators=(",", ":")).encode()
         return status, data, {"content-type": "application/json"}
+
+    def body_limit(self, method: str, path: str) -> int:
+        """The largest body accepted for ``method path``: ``max_upload_bytes`` for a template upload."""
+        if method == "PUT" and path.startswith("/v1/databases/"):
+            return self.max_upload_bytes
+        return MAX_REQUEST_BYTES
+
+    def too_large(self, method: str, path: str, limit: int) -> Reply:
+        """The 413 answer to a body over :meth:`body_limit`, naming the setting that raises it."""
+        if limit == self.max_upload_bytes and method == "PUT" and path.startswith("/v1/databases/"):
+            return _err(
+                413,
+                "too_large",
+                f"template upload over {limit:,} bytes of JSON; start the server with a larger "
+                "--max-upload-mb (SimulatorApp(max_upload_bytes=...)) or use a smaller database",
+                limit_bytes=limit,
+            )
+        return _err(413, "too_large", f"request body over {limit} bytes", limit_bytes=limit)
 
     def call(self, method: str, path: str, payload: dict[str, Any], episode_token: str | None = None) -> Reply:
         """Route one request already decoded from JSON; answer (status, JSON object or None). Never raises.
@@ -386,8 +432,7 @@ class SimulatorApp:
                     database.close()
                 return denied
             self.close_episode(episode_id)
-            mailbox = Mailbox(sender, "msg", allowed_domains=allowed)
-            episode = _Episode(self.workspace_root, dict(files), database, mailbox)
+            episode = _Episode(self.workspace_root, dict(files), database, sender, allowed)
             self._episodes[episode_id] = episode
         return _okr({"episode_id": episode_id, "episode_token": episode.token}, status=201)
 
@@ -397,6 +442,9 @@ class SimulatorApp:
         if episode is None:
             return
         episode.discard()
+        del episode
+        if self._closes.closed(len(self._episodes)):
+            release_memory()
 
     def close(self) -> None:
         for episode_id in list(self._episodes):

@@ -28,8 +28,9 @@ def handle(app: Any, episode: Any, payload: dict[str, Any]) -> Reply:
         return err(_STATUS.get(exc.kind, 400), exc.kind, exc.message)
     episode.queries += 1
     csv_path = f"results/q{episode.queries}.csv"
-    episode.pending[csv_path] = result.csv_text
-    episode.pending_bytes += len(result.csv_text)
+    data = result.csv_text.encode("utf-8", "surrogatepass")  # bytes: not tracked by the cycle collector
+    episode.pending[csv_path] = data
+    episode.pending_bytes += len(data)
     if episode.pending_bytes > MAX_PENDING_BYTES:
         episode.workspace  # noqa: B018 (writes the pending results out)
     reply: dict[str, Any] = {
