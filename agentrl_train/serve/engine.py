@@ -196,6 +196,7 @@ class Engine:
             fam.count += 1
             self.peft.add_adapter(slot, fam.config)
             self.peft.eval()
+            self._active = None  # set the adapter again before the next request, whatever peft did
             self._index(slot)
             return slot
 
