@@ -78,7 +78,7 @@ def bench_swaps(model: str, swaps: int, work: Path, label: str) -> dict[str, flo
         t0 = time.perf_counter()
         prepared = engine.prepare("p", b if n % 2 == 0 else a)
         read.append(time.perf_counter() - t0)
-        copy.append(engine.install(slot, prepared))
+        copy.append(engine.install(slot, prepared).result())
         del prepared
     engine.close()
     full = load_s + attach_s

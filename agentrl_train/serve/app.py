@@ -273,7 +273,7 @@ class ServeApp:
         # point runs before the job (and its version is the one routed to), one queued after runs after it.
         target = None if base else self.router.route(req.model, conversation)
         slot = self._slots[target.label] if target is not None else None
-        future = self.engine.submit(self.engine._generate, slot, prompt, budget, req.temperature, req.seed)
+        future = self.engine.generate(slot, prompt, budget, req.temperature, req.seed)
         try:
             ids, finish = await asyncio.wrap_future(future)
         except Exception as exc:
@@ -392,7 +392,7 @@ class ServeApp:
             slot = self._slots[dep.stable.label]
         # The copy is queued behind the requests already admitted and runs before any later one: the
         # router must point at the new version from the moment the copy is queued.
-        future = self.engine.submit(self.engine._copy, slot, prepared)
+        future = self.engine.install(slot, prepared)
         if canary:
             target = self.router.start_canary(name, slot, path, fraction)
         else:

@@ -206,9 +206,10 @@ class Engine:
         """Keep ``slot`` for the next canary of ``name``."""
         self.families[name].free.append(slot)
 
-    def install(self, slot: str, prepared: Prepared) -> float:
-        """Copy checked weights into ``slot`` between two requests; returns the swap's seconds."""
-        return self.submit(self._copy, slot, prepared).result()
+    def install(self, slot: str, prepared: Prepared) -> Future[float]:
+        """Queue the copy of checked weights into ``slot``: it runs after the requests already queued and
+        before any queued later. The future gives the swap's seconds."""
+        return self.submit(self._copy, slot, prepared)
 
     def _copy(self, slot: str, prepared: Prepared) -> float:
         t0 = time.perf_counter()
@@ -253,14 +254,15 @@ class Engine:
 
     def generate(
         self, slot: str | None, prompt_ids: list[int], max_new_tokens: int, temperature: float, seed: int | None
-    ) -> tuple[list[int], str | None]:
-        """New token ids (ending at a stop token or the budget) and why it stopped ("stop" or "length")."""
-        return self.submit(self._generate, slot, prompt_ids, max_new_tokens, temperature, seed).result()
+    ) -> Future[tuple[list[int], str]]:
+        """Queue a generation with ``slot`` (None: the base); the future gives the new ids (ending at a stop
+        token or the budget) and why it stopped ("stop" or "length"). Temperature 0 is greedy."""
+        return self.submit(self._generate, slot, prompt_ids, max_new_tokens, temperature, seed)
 
     @torch.no_grad()
     def _generate(
         self, slot: str | None, prompt_ids: list[int], max_new_tokens: int, temperature: float, seed: int | None
-    ) -> tuple[list[int], str | None]:
+    ) -> tuple[list[int], str]:
         if slot is None and self.peft is not None:
             with self.peft.disable_adapter():
                 return self._sample(prompt_ids, max_new_tokens, temperature, seed)

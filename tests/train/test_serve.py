@@ -374,3 +374,35 @@ def test_bad_input_gets_a_clear_4xx_and_the_old_version_keeps_serving(
         assert again.headers["x-adapter-version"] == good.headers["x-adapter-version"]
         assert _text(again) == _text(good)
         assert "agentrl_serve_refused_loads_total" in c.get("/metrics").text
+
+
+def test_the_cli_serves_an_agent_with_a_token(adapters: dict[str, Path]) -> None:
+    """``agentrl-train serve`` as a user starts it (a subprocess, a token): an OpenAIChatAgent episode through it."""
+    import subprocess
+    import sys
+
+    from tests.integration.servers import wait_http
+
+    port, token = free_port(), "test-token-0123456789abcdef"
+    argv = ["serve", "--model", "tiny", "--adapter", f"policy={adapters['zero']}", "--port", str(port), "--token", token]
+    argv += ["--max-new-tokens", str(MAX_TOKENS)]
+    proc = subprocess.Popen([sys.executable, "-m", "agentrl_train", *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(url, timeout=600, proc=proc)  # a hang bound: the model loads first
+        assert httpx.get(url + "/v1/models").status_code == 401
+        env = gym.make("AgentRL/SQL-v0", split="train", max_steps=2)
+        with OpenAIChatAgent(url, "policy", api_key=token, temperature=0.0, max_retries=0, feedback=True) as agent:
+            obs, info = env.reset(seed=3)
+            done = False
+            while not done:
+                obs, _, terminated, truncated, info = env.step(agent.act(obs, info))
+                done = terminated or truncated
+            agent.report_outcome(info)
+        env.close()
+        assert agent.stats.http_errors == 0 and agent.stats.feedback_sent == 1 and agent.stats.feedback_errors == 0
+        metrics = httpx.get(url + "/metrics", headers={"authorization": f"Bearer {token}"}).text
+        assert 'agentrl_serve_episodes_total{model="policy",version="policy@1",role="stable"} 1' in metrics
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
