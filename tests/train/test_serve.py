@@ -27,6 +27,10 @@ import agentrl_envs  # noqa: F401
 from agentrl_envs.agents import OpenAIChatAgent
 from tests.integration.servers import free_port
 
+# A hang detector, not a speed check: on an idle machine the module takes about a minute, but on the
+# shared 2-core machine at load 30 the 100-swap test alone ran past the default 300 s.
+pytestmark = pytest.mark.timeout(1800)
+
 MAX_TOKENS = 48
 PROMPT = {
     "messages": [{"role": "system", "content": "You answer with one tool call."}, {"role": "user", "content": "How many rows?"}],
