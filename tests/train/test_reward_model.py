@@ -102,7 +102,14 @@ def test_domain_adapt_trains_only_the_last_two_layers(rm_data: Path, tmp_path: P
     tiny = build_tiny(SPEC, **QUIET)
     tok = AutoTokenizer.from_pretrained(tiny)
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4)
+    cfg = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     folder = tmp_path / "four-layers"
     Qwen2ForCausalLM(cfg).save_pretrained(folder)
     for f in tiny.iterdir():
