@@ -50,6 +50,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_backends.py
 	$(BIN)/python benchmarks/bench_storage.py
 	$(BIN)/python benchmarks/bench_train.py
+	$(BIN)/python benchmarks/bench_generate.py
 	$(BIN)/python benchmarks/bench_sandbox.py
 
 # Baselines and trained agents on the same fixed episodes: docs/leaderboard.md and docs/img/leaderboard.png.
