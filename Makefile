@@ -31,7 +31,7 @@ demo: $(STAMP)
 	@echo "learning curve: runs/demo/learning_curve.png"
 
 test: lint
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra --durations=25
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
