@@ -369,34 +369,68 @@ def distill(
 # -- command line --------------------------------------------------------------------------------
 
 
+#: help text of each ``agentrl-train rm`` option (the field comments of RMConfig)
+_RM_HELP = {
+    "data": "make-rm-data output folder or one .parquet file",
+    "model": "'tiny' or a local Hugging Face model folder",
+    "out": "output folder",
+    "loss": "pairwise (Bradley-Terry) or pointwise (labels 1 / -0.5)",
+    "steps": "optimizer steps",
+    "groups": "calls (gold + its perturbations) per step",
+    "lr": "AdamW learning rate",
+    "rank": "LoRA rank",
+    "consistency": "weight of the raw-vs-clean consistency term (0: off)",
+    "clean": "clean inputs (the env's format-invariant form) before scoring",
+    "domain_adapt": "train only the last 2 layers (+ head) and add domain contrastive pairs",
+    "init": "start from this reward-model folder (e.g. for --domain-adapt on a trained RM)",
+    "train_split": "rows of this split train; every split is evaluated",
+    "max_tokens": "tokens per input (prompt cut from the left)",
+    "head_dropout": "dropout before the head",
+    "seed": "seed of the model, the batches and the decorations",
+    "device": "auto, cpu or cuda",
+}
+
+
 def add_rm_parsers(sub: Any) -> None:
     """``rm``, ``rm-eval`` and ``rm-distill`` sub-commands of ``agentrl-train``."""
     p = sub.add_parser("rm", help="train a reward model on make-rm-data output", description=__doc__.split("\n\n")[0])
     for f in RMConfig.__dataclass_fields__.values():
         flag = "--" + f.name.replace("_", "-")
         if isinstance(f.default, bool):
-            p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default)
+            p.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default, help=_RM_HELP[f.name])
         else:
-            p.add_argument(flag, dest=f.name, type=type(f.default), default=f.default, required=f.name == "data")
+            p.add_argument(
+                flag,
+                dest=f.name,
+                type=type(f.default),
+                default=f.default,
+                required=f.name == "data",
+                help=f"{_RM_HELP[f.name]} (default: {f.default!r})",
+            )
     p.set_defaults(func=_cmd_rm)
 
     p = sub.add_parser("rm-eval", help="pairwise accuracy and AUC of a reward model per split and domain")
     p.add_argument("--rm", required=True, metavar="DIR", help="reward-model folder (agentrl-train rm --out)")
     p.add_argument("--data", required=True, metavar="DIR_OR_PARQUET", help="make-rm-data output (train, test, heldout files)")
-    p.add_argument("--device", default="auto")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda (default: auto)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_cmd_rm_eval)
 
     p = sub.add_parser("rm-distill", help="distil a reward model into a smaller one, weighted by teacher certainty")
     p.add_argument("--teacher", required=True, metavar="DIR", help="teacher reward-model folder")
     p.add_argument("--student-model", default="tiny", metavar="M", help="'tiny' or a local model folder")
-    p.add_argument("--data", required=True, metavar="DIR_OR_PARQUET")
-    p.add_argument("--out", default="runs/rm-student", metavar="DIR")
-    for name, kind, default in (("steps", int, 100), ("batch", int, 16), ("lr", float, 2e-3), ("rank", int, 4)):
-        p.add_argument(f"--{name}", type=kind, default=default)
-    p.add_argument("--samples", type=int, default=8, help="dropout samples of the teacher per row")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="auto")
+    p.add_argument("--data", required=True, metavar="DIR_OR_PARQUET", help="make-rm-data output the student trains on")
+    p.add_argument("--out", default="runs/rm-student", metavar="DIR", help="student folder (default: runs/rm-student)")
+    for name, kind, default, what in (
+        ("steps", int, 100, "optimizer steps"),
+        ("batch", int, 16, "rows per step"),
+        ("lr", float, 2e-3, "AdamW learning rate"),
+        ("rank", int, 4, "the student's LoRA rank"),
+    ):
+        p.add_argument(f"--{name}", type=kind, default=default, help=f"{what} (default: {default})")
+    p.add_argument("--samples", type=int, default=8, help="dropout samples of the teacher per row (default: 8)")
+    p.add_argument("--seed", type=int, default=0, help="seed (default: 0)")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda (default: auto)")
     p.set_defaults(func=_cmd_rm_distill)
 
 
