@@ -28,7 +28,7 @@ from torch import nn
 
 from agentrl_envs.errors import ConfigError
 
-__all__ = ["LORA_PRESETS", "Policy", "ScoreOut", "load_base", "lora_targets"]
+__all__ = ["LORA_PRESETS", "Policy", "ScoreOut", "load_base", "lora_targets", "stop_token_ids"]
 
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj")
 MLP = ("gate_proj", "up_proj", "down_proj", "gate_up_proj")
@@ -166,7 +166,7 @@ class Policy(nn.Module):
         self.value_head = nn.Linear(hidden, 1, device=dev, dtype=torch.float32)
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
-        self.stop_ids = self._stop_ids()
+        self.stop_ids = stop_token_ids(self.tokenizer)
 
     # -- structure ------------------------------------------------------------------------------
 
@@ -399,11 +399,12 @@ class Policy(nn.Module):
         entropy_N = -(logp_NV.exp() * logp_NV).sum(-1)
         return lp_N, entropy_N, self._value(hidden[P - 1])
 
-    def _stop_ids(self) -> set[int]:
-        tok = self.tokenizer
-        out = {i for i in (tok.eos_token_id,) if i is not None}
-        for s in ("</tool_call>", "<|im_end|>", "<|eot_id|>", "<|end|>"):
-            i = tok.convert_tokens_to_ids(s)
-            if isinstance(i, int) and i != tok.unk_token_id and i >= 0:
-                out.add(i)
-        return out
+
+def stop_token_ids(tokenizer: Any) -> set[int]:
+    """Token ids that end an action: EOS, ``</tool_call>`` and the end-of-turn tokens the tokenizer has."""
+    out = {i for i in (tokenizer.eos_token_id,) if i is not None}
+    for s in ("</tool_call>", "<|im_end|>", "<|eot_id|>", "<|end|>"):
+        i = tokenizer.convert_tokens_to_ids(s)
+        if isinstance(i, int) and i != tokenizer.unk_token_id and i >= 0:
+            out.add(i)
+    return out

@@ -113,7 +113,9 @@ class Engine:
         self._active: str | None = None
         self._slot_count = 0
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentrl-serve-model")
-        self.stop_ids = self._stop_ids()
+        from agentrl_train.policy import stop_token_ids
+
+        self.stop_ids = stop_token_ids(self.tokenizer)
 
     # -- the worker ------------------------------------------------------------------------------
 
@@ -319,15 +321,6 @@ class Engine:
         if ids and ids[-1] in self.stop_ids and self.tokenizer.convert_ids_to_tokens(ids[-1]) != "</tool_call>":
             ids = ids[:-1]
         return self.tokenizer.decode(ids, skip_special_tokens=False)
-
-    def _stop_ids(self) -> set[int]:
-        tok = self.tokenizer
-        out = {i for i in (tok.eos_token_id,) if i is not None}
-        for s in ("</tool_call>", "<|im_end|>", "<|eot_id|>", "<|end|>"):
-            i = tok.convert_tokens_to_ids(s)
-            if isinstance(i, int) and i != tok.unk_token_id and i >= 0:
-                out.add(i)
-        return out
 
 
 def _peft_keys(raw: dict[str, torch.Tensor], trainable: bool) -> dict[str, torch.Tensor]:
