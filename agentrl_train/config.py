@@ -111,6 +111,14 @@ class PPOConfig:
         0.0, "stop an update's epochs early when the approximate KL to the rollout policy exceeds this (0: off)"
     )
     shuffle_rewards: bool = _f(False, "control experiment: permute rewards across the batch (nothing should be learned)")
+    critic_grad: str = _f(
+        "shared", "shared (the value loss also trains the LoRA backbone) or head (the value head reads detached features)"
+    )
+    anchor_coef: float = _f(
+        0.0,
+        "candidates mode: weight of the squared drift of each candidate's score from the reference model's score "
+        "(keeps the adapter from moving what the candidate softmax cannot see)",
+    )
 
 
 @dataclass
@@ -165,6 +173,7 @@ class TrainConfig:
         _choice("advantage", p.advantage, ("gae", "hierarchical"))
         _choice("clip_mode", p.clip_mode, ("per-layer", "global"))
         _choice("reward_norm", p.reward_norm, ("scale", "zscore", "none"))
+        _choice("critic_grad", p.critic_grad, ("shared", "head"))
         _choice("lr_schedule", p.lr_schedule, ("constant", "linear"))
         _choice("scoring", p.scoring, ("mean", "sum"))
         _choice("score_baseline", p.score_baseline, ("none", "reference"))
@@ -184,7 +193,7 @@ class TrainConfig:
             "tiny_pretrain_steps",
         ):
             _non_negative(name, _get(self, name))
-        for name in ("clip", "value_clip", "vf_coef", "kl_coef", "ent_start", "ent_end", "target_kl", "lora_dropout"):
+        for name in ("clip", "value_clip", "vf_coef", "kl_coef", "ent_start", "ent_end", "target_kl", "lora_dropout", "anchor_coef"):
             _non_negative(name, _get(self, name))
         for name in ("gamma", "lam"):
             if not 0.0 <= _get(self, name) <= 1.0:

@@ -166,6 +166,7 @@ class Policy(nn.Module):
         self.value_head = nn.Linear(hidden, 1, device=dev, dtype=torch.float32)
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
+        self.critic_detach = False
         self.stop_ids = stop_token_ids(self.tokenizer)
 
     # -- structure ------------------------------------------------------------------------------
@@ -322,6 +323,8 @@ class Policy(nn.Module):
         return out.last_hidden_state, out.cache
 
     def _value(self, hidden_last: torch.Tensor) -> torch.Tensor:
+        if self.critic_detach:  # --critic-grad head: the value loss trains the head only
+            hidden_last = hidden_last.detach()
         return self.value_head(hidden_last.float()).squeeze(-1)
 
     def _logprobs(self, hidden: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -44,6 +44,7 @@ def build_policy(cfg: TrainConfig, log: Any = print) -> Policy:
     lm, tok = load_base(m.model, device, tiny_spec=spec, log=log)
     torch.manual_seed(cfg.run.seed)
     policy = Policy(lm, tok, m.adapter, lora_targets(lm, m.lora_preset, m.lora_ranks, m.lora_alpha_ratio), m.lora_dropout)
+    policy.critic_detach = cfg.ppo.critic_grad == "head"
     if m.init_adapter:
         policy.load_adapter_weights(m.init_adapter)
     for spec in m.frozen_adapters:  # earlier stages: active and frozen (agentrl_train.stages)
@@ -52,19 +53,27 @@ def build_policy(cfg: TrainConfig, log: Any = print) -> Policy:
     return policy
 
 
-def unit_terms(policy: Policy, tr: Transition, cfg: TrainConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def unit_terms(
+    policy: Policy, tr: Transition, cfg: TrainConfig
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Recompute (with grad) one transition's per-unit log-probs and entropies, and its value.
 
     A unit is the chosen candidate (candidates mode) or a sampled token (generate mode). Returns
-    ``(logp_U, entropy_U, value, old_logp_U)``.
+    ``(logp_U, entropy_U, value, old_logp_U, drift)``; ``drift`` is the mean squared distance of the
+    K candidates' scores from the reference model's (candidates mode with reference scores; else 0).
     """
     if cfg.env.mode == "candidates":
         out = policy.score_candidates(tr.prompt_ids, tr.cand_ids, cfg.ppo.scoring)
         logp_K = candidate_logprobs(out.scores_K, tr.baseline_scores or None, cfg.ppo)
         entropy = -(logp_K.exp() * logp_K).sum().reshape(1)
-        return logp_K[tr.action : tr.action + 1], entropy, out.value, torch.tensor([tr.logprob], device=policy.device)
+        drift = torch.zeros((), device=policy.device)
+        if tr.baseline_scores:
+            base_K = torch.tensor(tr.baseline_scores, device=out.scores_K.device, dtype=out.scores_K.dtype)
+            drift = ((out.scores_K - base_K) ** 2).mean()
+        old = torch.tensor([tr.logprob], device=policy.device)
+        return logp_K[tr.action : tr.action + 1], entropy, out.value, old, drift
     lp_N, ent_N, value = policy.sequence_logprobs(tr.prompt_ids, tr.new_ids)
-    return lp_N, ent_N, value, torch.tensor(tr.token_logprobs, device=policy.device)
+    return lp_N, ent_N, value, torch.tensor(tr.token_logprobs, device=policy.device), torch.zeros((), device=policy.device)
 
 
 class PPOLoss(torch.nn.Module):
@@ -86,11 +95,11 @@ class PPOLoss(torch.nn.Module):
         cfg, policy = self.cfg, self.policy
         loss = torch.zeros((), device=policy.device)
         for tr, adv, ret in batch:
-            logp, ent, value, old = unit_terms(policy, tr, cfg)
+            logp, ent, value, old, drift = unit_terms(policy, tr, cfg)
             pg, ratio, clipped = ppo.policy_loss(logp, old, torch.full_like(logp, adv), cfg.ppo.clip)
             kl = ppo.k3_kl(logp, torch.tensor(tr.ref_logprobs, device=logp.device), cfg.ppo.kl_clamp)
             vl = ppo.value_loss(value, torch.tensor(tr.value), torch.tensor(ret), cfg.ppo.value_clip)
-            unit_loss = pg + cfg.ppo.kl_coef * kl - ent_coef * ent
+            unit_loss = pg + cfg.ppo.kl_coef * kl - ent_coef * ent + cfg.ppo.anchor_coef * drift
             loss = loss + unit_loss.sum() / n_units + cfg.ppo.vf_coef * critic_w * vl / n_samples
             with torch.no_grad():
                 stats["pg"].append(float(pg.mean()))
@@ -99,6 +108,7 @@ class PPOLoss(torch.nn.Module):
                 stats["kl_ref"].append(float(kl.mean()))
                 stats["approx_kl"].append(float(((ratio - 1) - torch.log(ratio)).mean()))
                 stats["clipfrac"].append(float(clipped.mean()))
+                stats.setdefault("drift", []).append(float(drift))
         return loss
 
 
@@ -228,6 +238,9 @@ def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, 
                 rewards = roll.rewards_TN.copy()
                 if cfg.ppo.shuffle_rewards:  # control: rewards carry no information about the actions
                     rewards = sgd_rng.permutation(rewards.ravel()).reshape(rewards.shape)
+                    # ... nor about episode length: permuted rewards with a positive mean would pay for every
+                    # extra step, so the control centres them (a per-step reward of 0 in expectation).
+                    rewards = rewards - rewards[valid].mean()
                 rewards = ppo.normalize_rewards(
                     rewards, valid, cfg.ppo.reward_norm, cfg.ppo.min_sigma, dist.moments(rewards[valid])
                 )
@@ -243,7 +256,9 @@ def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, 
                 for group, base_lr in zip(optimizer.param_groups, (cfg.ppo.lr, cfg.ppo.value_lr), strict=True):
                     group["lr"] = base_lr * ppo.lr_factor(update, cfg.ppo.updates, cfg.ppo.lr_schedule)
                 cw = ppo.critic_weight(update, warmup)
-                stats: dict[str, list[float]] = {k: [] for k in ("pg", "vf", "entropy", "kl_ref", "approx_kl", "clipfrac")}
+                stats: dict[str, list[float]] = {
+                    k: [] for k in ("pg", "vf", "entropy", "kl_ref", "approx_kl", "clipfrac", "drift")
+                }
                 grad_norms: dict[str, float] = {}
                 t_sgd = time.perf_counter()
                 stop_early = False
