@@ -70,7 +70,7 @@ class EnvConfig:
 class PPOConfig:
     """The algorithm: rollout size, PPO losses, schedules, clipping and advantage estimation."""
 
-    updates: int = _f(20, "PPO updates (each: one rollout of rollout_steps x num_envs transitions, then epochs of SGD)")
+    updates: int = _f(10, "PPO updates (each: one rollout of rollout_steps x num_envs transitions, then epochs of SGD)")
     rollout_steps: int = _f(8, "env steps per sub-env per update")
     epochs: int = _f(2, "passes over each rollout")
     micro_batch: int = _f(16, "transitions per forward/backward pass (memory)")
@@ -91,7 +91,7 @@ class PPOConfig:
     critic_warmup: int = _f(
         0, "updates over which the value loss weight rises 0 -> 1 (0: 1000 env steps' worth, at most a tenth of the run)"
     )
-    kl_coef: float = _f(0.02, "coefficient of the k3 KL penalty to the reference (adapters disabled)")
+    kl_coef: float = _f(0.1, "coefficient of the k3 KL penalty to the reference (adapters disabled)")
     kl_clamp: float = _f(10.0, "clamp of the log-ratio inside the k3 estimator")
     ent_start: float = _f(0.01, "entropy coefficient at the start (log decay)")
     ent_end: float = _f(0.001, "entropy coefficient at the end")
@@ -193,7 +193,17 @@ class TrainConfig:
             "tiny_pretrain_steps",
         ):
             _non_negative(name, _get(self, name))
-        for name in ("clip", "value_clip", "vf_coef", "kl_coef", "ent_start", "ent_end", "target_kl", "lora_dropout", "anchor_coef"):
+        for name in (
+            "clip",
+            "value_clip",
+            "vf_coef",
+            "kl_coef",
+            "ent_start",
+            "ent_end",
+            "target_kl",
+            "lora_dropout",
+            "anchor_coef",
+        ):
             _non_negative(name, _get(self, name))
         for name in ("gamma", "lam"):
             if not 0.0 <= _get(self, name) <= 1.0:

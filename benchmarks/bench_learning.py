@@ -5,7 +5,7 @@ the batch (the control: the same budget should stay flat), and prints greedy suc
 test at every evaluation with the wall time it was reached, next to the no-model baselines
 (random candidate, overlap heuristic) on the same episodes.
 
-    python benchmarks/bench_learning.py [--seeds 0 1 2] [--updates 20] [--control] [--parallel]
+    python benchmarks/bench_learning.py [--seeds 0 1 2] [--updates 10] [--control] [--parallel]
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def baselines(episodes: int) -> dict[str, dict[str, float]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds to train (default 0 1 2)")
-    ap.add_argument("--updates", type=int, default=20, help="PPO updates per run (default: the CLI's 20)")
+    ap.add_argument("--updates", type=int, default=10, help="PPO updates per run (default: the CLI's 10)")
     ap.add_argument("--control", action="store_true", help="also run seed 0 with rewards shuffled across the batch")
     ap.add_argument(
         "--parallel", action="store_true", help="run the jobs at the same time (wall times then include the contention)"

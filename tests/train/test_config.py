@@ -38,6 +38,8 @@ def test_yaml_then_flags(tmp_path) -> None:
         ({"adapter": "my adapter"}, "letters"),
         ({"resume": "maybe"}, "true or false"),
         ({"eval_splits": ["train", "valid"]}, "eval-splits"),
+        ({"critic_grad": "both"}, "--critic-grad='both': use one of shared, head"),
+        ({"anchor_coef": -1}, "--anchor-coef"),
     ],
 )
 def test_bad_values_name_the_option(overrides, match) -> None:

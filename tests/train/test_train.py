@@ -154,3 +154,58 @@ def test_sft_then_ppo_from_its_adapter(tmp_path) -> None:
         tmp_path / "p", env="AgentRL/SQL-v0", mode="generate", max_new_tokens=8, updates=1, record=False, init_adapter=str(final)
     )
     assert train(ppo_cfg, log=lambda *a, **k: None)["finished"]
+
+
+def test_critic_grad_head_keeps_the_value_loss_out_of_the_adapter(small_policy) -> None:
+    policy, cfg = small_policy
+    prompt = _fixed_batch(policy, cfg)[0][0].prompt_ids
+
+    def grads(detach: bool) -> tuple[float, float]:
+        policy.zero_grad(set_to_none=True)
+        policy.critic_detach = detach
+        try:
+            (policy.value(prompt) - 1.0).pow(2).backward()
+        finally:
+            policy.critic_detach = False
+        named = policy.trainable_parameters()
+        lora = sum(float(p.grad.abs().sum()) for n, p in named if p.grad is not None and not n.startswith("value_head"))
+        head = sum(float(p.grad.abs().sum()) for n, p in named if p.grad is not None and n.startswith("value_head"))
+        policy.zero_grad(set_to_none=True)
+        return lora, head
+
+    with torch.no_grad():  # a non-zero head, so that the value depends on the backbone at all
+        policy.value_head.weight.normal_(generator=torch.Generator().manual_seed(0))
+    try:
+        shared, shared_head = grads(False)
+        head_only, head_head = grads(True)
+    finally:
+        with torch.no_grad():
+            policy.value_head.weight.zero_()
+    assert shared > 0 and shared_head > 0
+    assert head_only == 0 and head_head == pytest.approx(shared_head)
+
+
+def test_anchor_drift_is_zero_at_the_start_and_penalises_a_moved_adapter(small_policy) -> None:
+    from agentrl_train.train import unit_terms
+
+    policy, cfg = small_policy
+    tr = _fixed_batch(policy, cfg)[0][0]
+    assert tr.baseline_scores, "candidates mode with score_baseline=reference stores the reference scores"
+    assert float(unit_terms(policy, tr, cfg)[4]) == pytest.approx(0.0, abs=1e-10)
+    saved = {n: p.detach().clone() for n, p in policy.lm.named_parameters() if "lora_B" in n}
+    gen = torch.Generator().manual_seed(3)
+    try:
+        with torch.no_grad():
+            for n, p in policy.lm.named_parameters():
+                if "lora_B" in n:
+                    p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+        drift = unit_terms(policy, tr, cfg)[4]
+        assert float(drift) > 1e-6
+        drift.backward()  # the anchor's gradient reaches the adapter
+        assert any(p.grad is not None and float(p.grad.abs().sum()) > 0 for n, p in policy.lm.named_parameters() if "lora_" in n)
+    finally:
+        policy.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            for n, p in policy.lm.named_parameters():
+                if n in saved:
+                    p.copy_(saved[n])
