@@ -105,8 +105,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_serve)
 
+    from agentrl_envs.analysis import counterfactual, report
     from agentrl_envs.faults import fit
-    from agentrl_envs.rewards import counterfactual, report
 
     p = sub.add_parser("fit-profile", help="fit an error profile to real API logs (JSON lines or combined access logs)")
     fit.add_arguments(p)
