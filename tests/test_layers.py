@@ -28,8 +28,11 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("agentrl_envs/tools", BELOW_ENV),
     ("agentrl_envs/tasks", BELOW_ENV),
     ("agentrl_envs/data", BELOW_ENV),
-    ("agentrl_envs", ("agentrl_train", "torch", "transformers", "peft")),
+    ("agentrl_envs", ("agentrl_train", "torch", "transformers", "peft", "tests", "pytest")),
     ("simulators", ("agentrl_envs", "agentrl_train", "gymnasium", "torch")),
+    # Shared helpers live in agentrl_envs.testing, so scripts never reach into the test suite.
+    ("benchmarks", ("tests",)),
+    ("examples", ("tests",)),
 )
 #: Deprecated aliases that re-export a moved module from its old path, kept for one release.
 ALIASES = {"agentrl_envs/rewards/report.py", "agentrl_envs/rewards/counterfactual.py"}
