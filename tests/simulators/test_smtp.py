@@ -220,6 +220,8 @@ def test_at_least_one_recipient(mailbox: Mailbox, workspace: Path, to: Any) -> N
         "bob@example.com\x00",
         "bob@exa_mple.com",
         '"bob"@example.com',
+        "bob@[127.0.0.1]",  # a domain literal: email.headerregistry accepts it, a strict MTA here does not
+        "bob@example.com (Bob)",  # a comment: likewise
         "x" * 65 + "@example.com",
         "bob@" + "a" * 250 + ".com",
         "bob@" + "a" * 64 + ".com",
