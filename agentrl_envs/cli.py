@@ -30,6 +30,7 @@ import agentrl_envs
 from agentrl_envs.actions import format_call
 from agentrl_envs.errors import AgentRLError
 from agentrl_envs.tasks.sampler import SPLITS
+from agentrl_envs.text_table import format_table
 
 __all__ = ["main"]
 
@@ -105,8 +106,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_serve)
 
+    from agentrl_envs.analysis import counterfactual, report
     from agentrl_envs.faults import fit
-    from agentrl_envs.rewards import counterfactual, report
 
     p = sub.add_parser("fit-profile", help="fit an error profile to real API logs (JSON lines or combined access logs)")
     fit.add_arguments(p)
@@ -497,12 +498,7 @@ def _summary_row(split: str, domain: str, eps: list[tuple[bool, float, int]]) ->
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO) -> None:
-    cells = [list(map(str, header))] + [[str(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    for j, row in enumerate(cells):
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip(), file=out)
-        if j == 0:
-            print("  ".join("-" * w for w in widths), file=out)
+    print(format_table(header, rows), file=out)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,10 @@
-"""The four registered environments. Each class is an env card, as Gymnasium's own envs are."""
+"""The registered environments. Each class is an env card, as Gymnasium's own envs are.
+
+Every card states its own arguments, ``info`` keys and version history: nothing is glued in from
+shared text, so a card cannot promise what its env does not do. ``tests/envs/test_env_cards.py``
+checks that every ``gym.make`` keyword of every registered id, and every ``info`` key an episode
+produces, is named in that id's card.
+"""
 
 from __future__ import annotations
 
@@ -8,87 +14,9 @@ from agentrl_envs.env import ToolUseEnv
 
 __all__ = ["PythonEnv", "SMTPEnv", "SQLEnv", "SQLPythonSMTPEnv"]
 
-_COMMON_ARGS = """
-    ## Arguments
-
-    ``gym.make(id, **kwargs)``, all optional:
-
-    - ``split``: ``"train"`` (default), ``"test"`` (same domains, disjoint data seeds and template
-      parameters) or ``"heldout"`` (a domain never seen in train or test).
-    - ``domain``: restrict to one domain of the split (``retail``, ``finance``, ``hr``; heldout:
-      ``logistics``).
-    - ``max_steps``: step limit (default: 3 x the gold plan's calls + 4, at least 10); reaching it
-      truncates the episode.
-    - ``candidates``: K > 0 puts K shuffled actions in ``info["candidates"]``: the oracle's next
-      action and K-1 plausible wrong ones (for classic RL and GLAM-style scoring).
-    - ``candidates_difficulty``: ``"easy"`` (default) or ``"hard"`` (wrong candidates keep the
-      instruction's entities and figures and change the meaning; a word-overlap heuristic scores
-      like chance on them).
-    - ``render_mode``: ``"ansi"`` returns the transcript from ``render()``.
-    - ``backend``: ``"sim"`` (default), ``"direct"``, ``"http://host:port"`` (``agentrl-envs serve``),
-      a dict of per-tool backends (``{"sql": "postgresql://...", "smtp": "smtp://..."}``) or a
-      :class:`~agentrl_envs.backends.Backend` instance.
-    - ``error_profile``: ``"none"`` (default), a shipped profile (``realistic``, ``flaky``,
-      ``outage``, ``rate-limited``, ``auth-expiry``) or the path of a YAML profile.
-    - ``aux_reward``: the dense auxiliary reward and its schedule (``None``: the default; ``False``:
-      none; a number: a constant weight; a dict of ``schedule``, ``start``, ``end``, ``steps``, ``terms``).
-    - ``realtime``: sleep for simulated latencies instead of only advancing the virtual clock.
-    - ``time_budget_s``: virtual seconds before the episode is truncated.
-    - ``format_penalty``: reward for an unparseable action (default -0.1).
-    - ``python_timeout_s``, ``sql_deadline_s``: service limits (default 5 s and 2 s).
-    - ``python_sandbox``, ``allow_unsafe_sandbox``: run Python in the hardened sandbox (default);
-      accept its rlimits-only tier.
-    - ``mail_domains``: recipient domains mail may go to (default ``"company"``; ``None``: any).
-
-    After ``gym.make``, ``training_step``, ``aux_reward`` and ``candidates`` can be changed
-    (``vec_env.set_attr``, ``env.set_wrapper_attr``), validated as above; other attributes are refused.
-"""
-
-_COMMON_SPACES = """
-    ## Action Space
-
-    ``UnicodeText(200000)``: one tool call per step, ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
-    (free text around it is allowed), a bare JSON object with the same keys, OpenAI's
-    ``{"type": "function", "function": {...}}`` or Llama 3's ``{"name": ..., "parameters": {...}}``
-    (``info["call_format"]`` says which). Several calls in one turn are refused. Any string is a legal
-    action: text that is not one well-formed call of an available tool gets an error observation
-    and the format penalty. A non-str action raises ``TypeError``.
-
-    ## Observation Space
-
-    ``UnicodeText(16000)``: after reset, the task instruction; after a step, the tool result as text
-    (tables as CSV lines capped at 20 rows with a truncation note; errors with their type and status).
-
-    ``info`` always holds ``task_id``, ``domain``, ``split``, ``step``, ``reward_components``,
-    ``tool``, ``tool_result``, ``fault``, ``virtual_time_s``, ``subtask_index``,
-    ``subtask_boundary`` (the tool type changed) and ``sandbox_tier``. At reset also ``instruction``,
-    ``tools`` (OpenAI function schemas), ``system_prompt`` and ``max_steps``; at the end ``success``,
-    ``task_components``, ``partial_credit`` and ``fault_stats``.
-
-    ## Rewards
-
-    ``task``: 1.0 on the final step when every required component of the task holds (the components
-    are in ``info["task_components"]``); ``aux``: the dense auxiliary reward for newly completed
-    progress times the schedule weight; ``fault``: the error profile's penalty for a fault;
-    ``format``: the format penalty. The step reward is their sum.
-
-    ## Episode End
-
-    Terminated when the agent calls ``finish``; truncated at ``max_steps`` or when the virtual
-    time budget is spent. After the end, ``oracle_action()`` answers a ``finish`` call, so that
-    ``vec_env.call("oracle_action")`` works at a vector env's NEXT_STEP autoreset step.
-"""
-
-_HISTORY = """
-    ## Version History
-
-    - v0: initial release.
-"""
-
 
 class SQLEnv(ToolUseEnv):
-    __doc__ = (
-        """``AgentRL/SQL-v0``: answer a question about a company database with read-only SQL.
+    """``AgentRL/SQL-v0``: answer a question about a company database with read-only SQL.
 
     ## Description
 
@@ -96,18 +24,96 @@ class SQLEnv(ToolUseEnv):
     totals, top entity, averages, distinct entities over a threshold). The agent queries the
     episode's private SQLite copy with the ``sql`` tool and answers with ``finish``. Required
     components: ``queried`` (a query returned rows) and ``answer`` (the expected figure or name).
-"""
-        + _COMMON_SPACES
-        + _COMMON_ARGS
-        + _HISTORY
-    )
+
+    ## Action Space
+
+    ``UnicodeText(200000)``: one tool call per step, of ``sql {"query": str}`` (one read-only
+    SELECT, SQLite dialect; its result is also saved as ``results/qN.csv``) or ``finish {"answer":
+    str}``. Accepted forms: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (free text
+    around it allowed), a bare JSON object with the same keys, OpenAI's ``{"type": "function",
+    "function": {...}}`` or Llama 3's ``{"name": ..., "parameters": {...}}``. Several calls in one
+    turn are refused. Any string is a legal action: text that is not one well-formed call of
+    ``sql`` or ``finish`` gets an error observation and the format penalty. A non-str action raises
+    ``TypeError``.
+
+    ## Observation Space
+
+    ``UnicodeText(16000)``: after reset, the task instruction; after a step, the query result as
+    CSV lines (at most 20 rows shown, with a note saying how many there are and where all of them
+    were saved) or the error with its type and status.
+
+    ``info`` keys, each with one type across steps:
+
+    - every step: ``task_id``, ``domain``, ``split``, ``step``, ``reward_components`` (``task``,
+      ``aux``, ``fault``, ``format``), ``tool`` (``"sql"``, ``"finish"`` or None for an unparsed
+      action), ``tool_result`` (``{}`` after reset; else ``tool``, ``ok``, ``status``,
+      ``error_type``, ``error``, and for ``sql`` ``columns``, ``row_count``, ``csv_path``,
+      ``truncated``), ``fault`` (``{}``, or its ``type``, ``status`` and ``origin``),
+      ``virtual_time_s``, ``subtask_index``, ``subtask_boundary`` (always False here: one tool),
+      ``sandbox_tier`` (the backend's Python isolation tier; this env runs no Python) and
+      ``call_format`` (``hermes``, ``json``, ``openai``, ``llama3`` or ``none``);
+    - at reset: ``instruction``, ``tools`` (OpenAI function schemas of ``sql`` and ``finish``),
+      ``system_prompt`` and ``max_steps``;
+    - at the end: ``success``, ``task_components`` (``queried``, ``answer``), ``partial_credit`` and
+      ``fault_stats`` (``faults``, ``retries``, ``recoveries``; ``recovery_rate`` after a fault);
+    - with ``candidates=K``: ``candidates`` at reset and after every step that does not end the
+      episode.
+
+    ## Rewards
+
+    ``task``: 1.0 on the final step when ``queried`` and ``answer`` both hold; ``aux``: 0.3 times
+    the schedule weight for the first query that returns rows; ``fault``: the error profile's
+    penalty for a fault; ``format``: the format penalty. The step reward is their sum.
+
+    ## Episode End
+
+    Terminated when the agent calls ``finish``; truncated at ``max_steps`` or when the virtual
+    time budget is spent. After the end, ``oracle_action()`` answers a ``finish`` call, so that
+    ``vec_env.call("oracle_action")`` works at a vector env's NEXT_STEP autoreset step.
+
+    ## Arguments
+
+    ``gym.make("AgentRL/SQL-v0", **kwargs)``, all optional:
+
+    - ``split``: ``"train"`` (default), ``"test"`` (same domains, disjoint data seeds and template
+      parameters) or ``"heldout"`` (a domain never seen in train or test).
+    - ``domain``: one domain of the split (``retail``, ``finance``, ``hr``; heldout: ``logistics``).
+    - ``max_steps``: step limit (default: 3 x the gold plan's calls + 4, at least 10).
+    - ``time_budget_s``: virtual seconds before the episode is truncated (default None: no budget).
+    - ``candidates``: K > 0 puts K shuffled actions in ``info["candidates"]``: the oracle's next
+      action and K-1 plausible wrong ones (wrong queries, wrong answers).
+    - ``candidates_difficulty``: ``"easy"`` (default) or ``"hard"`` (wrong candidates keep the
+      instruction's entities and figures and change the meaning).
+    - ``render_mode``: ``"ansi"`` returns the transcript from ``render()``.
+    - ``backend``: ``"sim"`` (default), ``"direct"``, ``"http://host:port"`` (``agentrl-envs
+      serve``), ``{"sql": "postgresql://..."}`` or a :class:`~agentrl_envs.backends.Backend`.
+    - ``error_profile``: ``"none"`` (default), a shipped profile (``realistic``, ``flaky``,
+      ``outage``, ``rate-limited``, ``auth-expiry``) or the path of a YAML profile.
+    - ``aux_reward``: ``None`` (default: 0.3 per first useful query, weight 0.8 -> 0.1 linearly over
+      1,000,000 training steps), ``False`` (none), a number (a constant weight) or a dict of
+      ``schedule``, ``start``, ``end``, ``steps``, ``terms``.
+    - ``format_penalty``: reward for an unparseable action (default -0.1).
+    - ``sql_deadline_s``: deadline of one statement (default 2.0 s).
+    - ``realtime``: sleep for simulated latencies instead of only advancing the virtual clock.
+    - ``long_horizon``: False only; True is refused (only ``AgentRL/SQLPythonSMTP-v0`` chains
+      sub-tasks).
+    - ``python_timeout_s``, ``python_sandbox``, ``allow_unsafe_sandbox``, ``mail_domains``: accepted
+      so every id takes the same keywords; they configure services this env's tools never call.
+
+    After ``gym.make``, ``training_step``, ``aux_reward`` and ``candidates`` can be changed
+    (``vec_env.set_attr``, ``env.set_wrapper_attr``), validated as above; other attributes are refused.
+
+    ## Version History
+
+    - v0: initial release (agentrl 0.1.0).
+    """
+
     kind: ClassVar[str] = "sql"
     tool_names: ClassVar[tuple[str, ...]] = ("sql", "finish")
 
 
 class PythonEnv(ToolUseEnv):
-    __doc__ = (
-        """``AgentRL/Python-v0``: compute a statistic from a CSV file with Python.
+    """``AgentRL/Python-v0``: compute a statistic from a CSV file with Python.
 
     ## Description
 
@@ -116,18 +122,98 @@ class PythonEnv(ToolUseEnv):
     largest values. The agent runs programs with the ``python`` tool (cwd is the workspace) and
     answers with ``finish``. Required components: ``computed`` (a successful run printed the
     figure) and ``answer``.
-"""
-        + _COMMON_SPACES
-        + _COMMON_ARGS
-        + _HISTORY
-    )
+
+    ## Action Space
+
+    ``UnicodeText(200000)``: one tool call per step, of ``python {"code": str}`` (runs in the
+    hardened sandbox with the workspace as cwd, the standard library and numpy when installed, no
+    network, a time limit and a 1 MiB output cap) or ``finish {"answer": str}``. Accepted forms:
+    ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (free text around it allowed), a
+    bare JSON object with the same keys, OpenAI's ``{"type": "function", "function": {...}}`` or
+    Llama 3's ``{"name": ..., "parameters": {...}}``. Several calls in one turn are refused. Any
+    string is a legal action: text that is not one well-formed call of ``python`` or ``finish``
+    gets an error observation and the format penalty. A non-str action raises ``TypeError``.
+
+    ## Observation Space
+
+    ``UnicodeText(16000)``: after reset, the task instruction; after a step, the program's stdout
+    and stderr (clipped) and its exit status, or the error with its type and status.
+
+    ``info`` keys, each with one type across steps:
+
+    - every step: ``task_id``, ``domain``, ``split``, ``step``, ``reward_components`` (``task``,
+      ``aux``, ``fault``, ``format``), ``tool`` (``"python"``, ``"finish"`` or None for an unparsed
+      action), ``tool_result`` (``{}`` after reset; else ``tool``, ``ok``, ``status``,
+      ``error_type``, ``error``, and for ``python`` ``stdout``, ``stderr``, ``exit_code``,
+      ``timed_out``), ``fault`` (``{}``, or its ``type``, ``status`` and ``origin``),
+      ``virtual_time_s``, ``subtask_index``, ``subtask_boundary`` (always False here: one tool),
+      ``sandbox_tier`` (how isolated programs run: ``FULL``, ``REDUCED``, ``UNSAFE``, ``BASIC``
+      without the sandbox, or ``unknown`` when the backend does not say) and ``call_format`` (``hermes``, ``json``, ``openai``, ``llama3`` or ``none``);
+    - at reset: ``instruction``, ``tools`` (OpenAI function schemas of ``python`` and ``finish``),
+      ``system_prompt`` and ``max_steps``;
+    - at the end: ``success``, ``task_components`` (``computed``, ``answer``), ``partial_credit``
+      and ``fault_stats`` (``faults``, ``retries``, ``recoveries``; ``recovery_rate`` after a fault);
+    - with ``candidates=K``: ``candidates`` at reset and after every step that does not end the
+      episode.
+
+    ## Rewards
+
+    ``task``: 1.0 on the final step when ``computed`` and ``answer`` both hold; ``aux``: 0.2 times
+    the schedule weight for the first run that computes the figure; ``fault``: the error profile's
+    penalty for a fault; ``format``: the format penalty. The step reward is their sum.
+
+    ## Episode End
+
+    Terminated when the agent calls ``finish``; truncated at ``max_steps`` or when the virtual
+    time budget is spent. After the end, ``oracle_action()`` answers a ``finish`` call, so that
+    ``vec_env.call("oracle_action")`` works at a vector env's NEXT_STEP autoreset step.
+
+    ## Arguments
+
+    ``gym.make("AgentRL/Python-v0", **kwargs)``, all optional:
+
+    - ``split``: ``"train"`` (default), ``"test"`` (same domains, disjoint data seeds and template
+      parameters) or ``"heldout"`` (a domain never seen in train or test).
+    - ``domain``: one domain of the split (``retail``, ``finance``, ``hr``; heldout: ``logistics``).
+    - ``max_steps``: step limit (default: 3 x the gold plan's calls + 4, at least 10).
+    - ``time_budget_s``: virtual seconds before the episode is truncated (default None: no budget).
+    - ``candidates``: K > 0 puts K shuffled actions in ``info["candidates"]``: the oracle's next
+      action and K-1 plausible wrong ones (wrong programs, wrong answers).
+    - ``candidates_difficulty``: ``"easy"`` (default) or ``"hard"`` (wrong candidates keep the
+      instruction's entities and figures and change the meaning).
+    - ``render_mode``: ``"ansi"`` returns the transcript from ``render()``.
+    - ``backend``: ``"sim"`` (default), ``"direct"``, ``"http://host:port"`` (``agentrl-envs
+      serve``) or a :class:`~agentrl_envs.backends.Backend`.
+    - ``error_profile``: ``"none"`` (default), a shipped profile (``realistic``, ``flaky``,
+      ``outage``, ``rate-limited``, ``auth-expiry``) or the path of a YAML profile.
+    - ``aux_reward``: ``None`` (default: 0.2 per first computing run, weight 0.8 -> 0.1 linearly over
+      1,000,000 training steps), ``False`` (none), a number (a constant weight) or a dict of
+      ``schedule``, ``start``, ``end``, ``steps``, ``terms``.
+    - ``format_penalty``: reward for an unparseable action (default -0.1).
+    - ``python_timeout_s``: time limit of one run (default 5.0 s, wall clock or CPU).
+    - ``python_sandbox``: run programs in the hardened sandbox (default True);
+      ``allow_unsafe_sandbox``: accept its rlimits-only tier where the machine allows no more
+      (default False: refuse).
+    - ``realtime``: sleep for simulated latencies instead of only advancing the virtual clock.
+    - ``long_horizon``: False only; True is refused (only ``AgentRL/SQLPythonSMTP-v0`` chains
+      sub-tasks).
+    - ``sql_deadline_s``, ``mail_domains``: accepted so every id takes the same keywords; they
+      configure services this env's tools never call.
+
+    After ``gym.make``, ``training_step``, ``aux_reward`` and ``candidates`` can be changed
+    (``vec_env.set_attr``, ``env.set_wrapper_attr``), validated as above; other attributes are refused.
+
+    ## Version History
+
+    - v0: initial release (agentrl 0.1.0).
+    """
+
     kind: ClassVar[str] = "python"
     tool_names: ClassVar[tuple[str, ...]] = ("python", "finish")
 
 
 class SMTPEnv(ToolUseEnv):
-    __doc__ = (
-        """``AgentRL/SMTP-v0``: send the right email to the right people.
+    """``AgentRL/SMTP-v0``: send the right email to the right people.
 
     ## Description
 
@@ -135,18 +221,97 @@ class SMTPEnv(ToolUseEnv):
     with the director in Cc, to all analysts, with a workspace file attached, to two managers with
     two figures. Required component: ``emailed`` (an accepted message to exactly the required
     recipients with the figures in the body and the required attachments).
-"""
-        + _COMMON_SPACES
-        + _COMMON_ARGS
-        + _HISTORY
-    )
+
+    ## Action Space
+
+    ``UnicodeText(200000)``: one tool call per step, of ``smtp {"to": str | [str], "subject": str,
+    "body": str, "cc"?: [str], "attachments"?: [path]}`` (validated like a strict mail server; the
+    sender is set by the env) or ``finish {"answer": str}``. Accepted forms: ``<tool_call>{"name":
+    ..., "arguments": {...}}</tool_call>`` (free text around it allowed), a bare JSON object with the
+    same keys, OpenAI's ``{"type": "function", "function": {...}}`` or Llama 3's ``{"name": ...,
+    "parameters": {...}}``. Several calls in one turn are refused. Any string is a legal action:
+    text that is not one well-formed call of ``smtp`` or ``finish`` gets an error observation and
+    the format penalty. A non-str action raises ``TypeError``.
+
+    ## Observation Space
+
+    ``UnicodeText(16000)``: after reset, the task instruction; after a step, the server's answer
+    (accepted with a message id and the recipients, or refused with the reason, type and status).
+
+    ``info`` keys, each with one type across steps:
+
+    - every step: ``task_id``, ``domain``, ``split``, ``step``, ``reward_components`` (``task``,
+      ``aux``, ``fault``, ``format``), ``tool`` (``"smtp"``, ``"finish"`` or None for an unparsed
+      action), ``tool_result`` (``{}`` after reset; else ``tool``, ``ok``, ``status``,
+      ``error_type``, ``error``, and for ``smtp`` ``message_id``, ``to``, ``cc``, ``attachments``),
+      ``fault`` (``{}``, or its ``type``, ``status`` and ``origin``), ``virtual_time_s``,
+      ``subtask_index``, ``subtask_boundary`` (always False here: one tool), ``sandbox_tier`` (the
+      backend's Python isolation tier; this env runs no Python) and ``call_format`` (``hermes``,
+      ``json``, ``openai``, ``llama3`` or ``none``);
+    - at reset: ``instruction``, ``tools`` (OpenAI function schemas of ``smtp`` and ``finish``),
+      ``system_prompt`` and ``max_steps``;
+    - at the end: ``success``, ``task_components`` (``emailed``), ``partial_credit`` and
+      ``fault_stats`` (``faults``, ``retries``, ``recoveries``; ``recovery_rate`` after a fault);
+    - with ``candidates=K``: ``candidates`` at reset and after every step that does not end the
+      episode.
+
+    ## Rewards
+
+    ``task``: 1.0 on the final step when ``emailed`` holds; ``aux``: 0.5 times the schedule weight
+    for the first accepted message that does the task's mail; ``fault``: the error profile's
+    penalty for a fault; ``format``: the format penalty. The step reward is their sum.
+
+    ## Episode End
+
+    Terminated when the agent calls ``finish``; truncated at ``max_steps`` or when the virtual
+    time budget is spent. After the end, ``oracle_action()`` answers a ``finish`` call, so that
+    ``vec_env.call("oracle_action")`` works at a vector env's NEXT_STEP autoreset step.
+
+    ## Arguments
+
+    ``gym.make("AgentRL/SMTP-v0", **kwargs)``, all optional:
+
+    - ``split``: ``"train"`` (default), ``"test"`` (same domains, disjoint data seeds and template
+      parameters) or ``"heldout"`` (a domain never seen in train or test).
+    - ``domain``: one domain of the split (``retail``, ``finance``, ``hr``; heldout: ``logistics``).
+    - ``max_steps``: step limit (default: 3 x the gold plan's calls + 4, at least 10).
+    - ``time_budget_s``: virtual seconds before the episode is truncated (default None: no budget).
+    - ``candidates``: K > 0 puts K shuffled actions in ``info["candidates"]``: the oracle's next
+      action and K-1 plausible wrong ones (wrong recipients, figures, Cc or attachments).
+    - ``candidates_difficulty``: ``"easy"`` (default) or ``"hard"`` (wrong candidates keep the
+      instruction's entities and figures and change the meaning).
+    - ``render_mode``: ``"ansi"`` returns the transcript from ``render()``.
+    - ``backend``: ``"sim"`` (default), ``"direct"``, ``"http://host:port"`` (``agentrl-envs
+      serve``), ``{"smtp": "smtp://host:port"}`` or a :class:`~agentrl_envs.backends.Backend`.
+    - ``error_profile``: ``"none"`` (default), a shipped profile (``realistic``, ``flaky``,
+      ``outage``, ``rate-limited``, ``auth-expiry``) or the path of a YAML profile.
+    - ``aux_reward``: ``None`` (default: 0.5 per first useful message, weight 0.8 -> 0.1 linearly
+      over 1,000,000 training steps), ``False`` (none), a number (a constant weight) or a dict of
+      ``schedule``, ``start``, ``end``, ``steps``, ``terms``.
+    - ``format_penalty``: reward for an unparseable action (default -0.1).
+    - ``mail_domains``: recipient domains mail may go to (default ``"company"``: the domain's own;
+      a list of domains; ``None``: any).
+    - ``realtime``: sleep for simulated latencies instead of only advancing the virtual clock.
+    - ``long_horizon``: False only; True is refused (only ``AgentRL/SQLPythonSMTP-v0`` chains
+      sub-tasks).
+    - ``python_timeout_s``, ``sql_deadline_s``, ``python_sandbox``, ``allow_unsafe_sandbox``:
+      accepted so every id takes the same keywords; they configure services this env's tools never
+      call.
+
+    After ``gym.make``, ``training_step``, ``aux_reward`` and ``candidates`` can be changed
+    (``vec_env.set_attr``, ``env.set_wrapper_attr``), validated as above; other attributes are refused.
+
+    ## Version History
+
+    - v0: initial release (agentrl 0.1.0).
+    """
+
     kind: ClassVar[str] = "smtp"
     tool_names: ClassVar[tuple[str, ...]] = ("smtp", "finish")
 
 
 class SQLPythonSMTPEnv(ToolUseEnv):
-    __doc__ = (
-        """``AgentRL/SQLPythonSMTP-v0``: query, compute in Python from the saved CSV, email the result.
+    """``AgentRL/SQLPythonSMTP-v0``: query, compute in Python from the saved CSV, email the result.
 
     ## Description
 
@@ -158,11 +323,97 @@ class SQLPythonSMTPEnv(ToolUseEnv):
     ``info["subtask_boundary"]`` mark where sub-tasks and tool types change. Required components
     per sub-task: ``queried``, ``computed``, ``emailed`` (prefixed ``sN.`` when there are several).
 
-    - ``long_horizon``: chain five sub-tasks (default False).
-"""
-        + _COMMON_SPACES
-        + _COMMON_ARGS
-        + _HISTORY
-    )
+    ## Action Space
+
+    ``UnicodeText(200000)``: one tool call per step, of ``sql {"query": str}`` (one read-only
+    SELECT, SQLite dialect), ``python {"code": str}`` (the hardened sandbox, cwd the workspace),
+    ``smtp {"to", "subject", "body", "cc"?, "attachments"?}`` or ``finish {"answer": str}``.
+    Accepted forms: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (free text around
+    it allowed), a bare JSON object with the same keys, OpenAI's ``{"type": "function", "function":
+    {...}}`` or Llama 3's ``{"name": ..., "parameters": {...}}``. Several calls in one turn are
+    refused. Any string is a legal action: text that is not one well-formed call of an available
+    tool gets an error observation and the format penalty. A non-str action raises ``TypeError``.
+
+    ## Observation Space
+
+    ``UnicodeText(16000)``: after reset, the task instruction; after a step, the tool result as
+    text (tables as CSV lines capped at 20 rows with a truncation note; program output; the mail
+    server's answer; errors with their type and status).
+
+    ``info`` keys, each with one type across steps:
+
+    - every step: ``task_id``, ``domain``, ``split``, ``step``, ``reward_components`` (``task``,
+      ``aux``, ``fault``, ``format``), ``tool`` (the tool called, or None for an unparsed action),
+      ``tool_result`` (``{}`` after reset; else ``tool``, ``ok``, ``status``, ``error_type``,
+      ``error``, and per tool: ``sql`` ``columns``, ``row_count``, ``csv_path``, ``truncated``;
+      ``python`` ``stdout``, ``stderr``, ``exit_code``, ``timed_out``; ``smtp`` ``message_id``,
+      ``to``, ``cc``, ``attachments``), ``fault`` (``{}``, or its ``type``, ``status`` and
+      ``origin``), ``virtual_time_s``, ``subtask_index`` (the first sub-task not yet complete),
+      ``subtask_boundary`` (the tool type changed), ``sandbox_tier`` (``FULL``, ``REDUCED``,
+      ``UNSAFE``, ``BASIC`` without the sandbox, or ``unknown``) and ``call_format`` (``hermes``, ``json``, ``openai``, ``llama3`` or
+      ``none``);
+    - at reset: ``instruction``, ``tools`` (OpenAI function schemas of the four tools),
+      ``system_prompt`` and ``max_steps``;
+    - at the end: ``success``, ``task_components`` (``queried``, ``computed``, ``emailed``, or
+      ``s1.queried`` ... ``s5.emailed`` with ``long_horizon``), ``partial_credit`` and
+      ``fault_stats`` (``faults``, ``retries``, ``recoveries``; ``recovery_rate`` after a fault);
+    - with ``candidates=K``: ``candidates`` at reset and after every step that does not end the
+      episode.
+
+    ## Rewards
+
+    ``task``: 1.0 on the final step when every required component holds; ``aux``: the schedule
+    weight times 0.3 (a query), 0.2 (a computing run) or 0.5 (an accepted message) when the call
+    newly completes its tool's part of a sub-task, divided by the number of sub-tasks; ``fault``:
+    the error profile's penalty for a fault; ``format``: the format penalty. The step reward is
+    their sum.
+
+    ## Episode End
+
+    Terminated when the agent calls ``finish``; truncated at ``max_steps`` or when the virtual
+    time budget is spent. After the end, ``oracle_action()`` answers a ``finish`` call, so that
+    ``vec_env.call("oracle_action")`` works at a vector env's NEXT_STEP autoreset step.
+
+    ## Arguments
+
+    ``gym.make("AgentRL/SQLPythonSMTP-v0", **kwargs)``, all optional:
+
+    - ``split``: ``"train"`` (default), ``"test"`` (same domains, disjoint data seeds and template
+      parameters) or ``"heldout"`` (a domain never seen in train or test).
+    - ``domain``: one domain of the split (``retail``, ``finance``, ``hr``; heldout: ``logistics``).
+    - ``long_horizon``: chain five sub-tasks, 16 gold calls (default False).
+    - ``max_steps``: step limit (default: 3 x the gold plan's calls + 4, at least 10).
+    - ``time_budget_s``: virtual seconds before the episode is truncated (default None: no budget).
+    - ``candidates``: K > 0 puts K shuffled actions in ``info["candidates"]``: the oracle's next
+      action and K-1 plausible wrong ones (for classic RL and GLAM-style scoring).
+    - ``candidates_difficulty``: ``"easy"`` (default) or ``"hard"`` (wrong candidates keep the
+      instruction's entities and figures and change the meaning; a word-overlap heuristic scores
+      like chance on them).
+    - ``render_mode``: ``"ansi"`` returns the transcript from ``render()``.
+    - ``backend``: ``"sim"`` (default), ``"direct"``, ``"http://host:port"`` (``agentrl-envs
+      serve``), a dict of per-tool backends (``{"sql": "postgresql://...", "smtp": "smtp://..."}``)
+      or a :class:`~agentrl_envs.backends.Backend` instance.
+    - ``error_profile``: ``"none"`` (default), a shipped profile (``realistic``, ``flaky``,
+      ``outage``, ``rate-limited``, ``auth-expiry``) or the path of a YAML profile.
+    - ``aux_reward``: ``None`` (default: the three terms above, weight 0.8 -> 0.1 linearly over
+      1,000,000 training steps), ``False`` (none), a number (a constant weight) or a dict of
+      ``schedule``, ``start``, ``end``, ``steps``, ``terms``.
+    - ``format_penalty``: reward for an unparseable action (default -0.1).
+    - ``python_timeout_s``, ``sql_deadline_s``: service limits (default 5.0 s and 2.0 s).
+    - ``python_sandbox``: run programs in the hardened sandbox (default True);
+      ``allow_unsafe_sandbox``: accept its rlimits-only tier where the machine allows no more
+      (default False: refuse).
+    - ``mail_domains``: recipient domains mail may go to (default ``"company"``: the domain's own;
+      a list of domains; ``None``: any).
+    - ``realtime``: sleep for simulated latencies instead of only advancing the virtual clock.
+
+    After ``gym.make``, ``training_step``, ``aux_reward`` and ``candidates`` can be changed
+    (``vec_env.set_attr``, ``env.set_wrapper_attr``), validated as above; other attributes are refused.
+
+    ## Version History
+
+    - v0: initial release (agentrl 0.1.0); ``long_horizon`` is part of it.
+    """
+
     kind: ClassVar[str] = "pipeline"
     tool_names: ClassVar[tuple[str, ...]] = ("sql", "python", "smtp", "finish")

@@ -137,7 +137,7 @@ def _env_opts(env_id: str, rm_dir: Path) -> dict[str, Any]:
 
 def train_reward_model(plan: dict[str, Any], out: Path, log: Any) -> Path:
     """make-rm-data (train and test splits) and ``agentrl-train rm``, in the run folder; returns the RM folder."""
-    from agentrl_envs.rewards.counterfactual import make_rm_data
+    from agentrl_envs.analysis.counterfactual import make_rm_data
     from agentrl_train.rm_train import RMConfig, train_rm
 
     r = plan["rm"]

@@ -23,7 +23,7 @@ import httpx
 
 import agentrl_envs  # noqa: F401
 from agentrl_envs.agents import OracleAgent
-from tests.integration.servers import simulator_server
+from agentrl_envs.testing import simulator_server
 
 
 def episodes_per_s(env_id: str, backend: object, n: int) -> tuple[float, float]:

@@ -59,6 +59,7 @@ from agentrl_envs.actions import format_call  # noqa: E402
 from agentrl_envs.backends import DatabaseSpec, EpisodeSetup, ToolRequest  # noqa: E402
 from agentrl_envs.backends.sim import SimBackend  # noqa: E402
 from agentrl_envs.tasks.domains import DOMAINS  # noqa: E402
+from agentrl_envs.text_table import format_table  # noqa: E402
 from simulators.app import template_fingerprint  # noqa: E402
 from simulators.sql import ReadOnlyDatabase, build_database  # noqa: E402
 
@@ -141,17 +142,7 @@ def optional(what: str, build: Callable[[], Callable[[], Any]]) -> Callable[[], 
 
 
 def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]], footer: Sequence[str] = ()) -> None:
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    line = "  ".join("-" * w for w in widths)
-    print(f"\n{title}")
-    print(line)
-    print("  ".join(str(h).ljust(w) if i == 0 else str(h).rjust(w) for i, (h, w) in enumerate(zip(header, widths))))
-    print(line)
-    for row in rows:
-        print("  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
-    print(line)
-    for note in footer:
-        print(f"  {note}")
+    print("\n" + format_table(header, rows, align="l" + "r" * (len(header) - 1), title=title, footer=footer, boxed=True))
     sys.stdout.flush()
 
 

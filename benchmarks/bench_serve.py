@@ -207,10 +207,9 @@ def main() -> None:
     if args.qwen_shapes:
         bench_swaps(_qwen_shaped(work), args.swaps, work, "Qwen2.5-0.5B shapes")
 
+    from agentrl_envs.testing import free_port, serve_in_thread
     from agentrl_train.serve.app import ServeApp
     from agentrl_train.serve.engine import Engine
-    from tests.agents.oracle_replay import serve_in_thread
-    from tests.integration.servers import free_port
 
     engine = Engine("tiny", log=lambda *a: None)
     dirs = {k: str(_write_adapter(engine, work / f"http-{k}", s)) for k, s in (("a", 3), ("b", 4))}

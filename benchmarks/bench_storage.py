@@ -53,6 +53,7 @@ from agentrl_envs.data import (  # noqa: E402
     write_jsonl,
 )
 from agentrl_envs.data._ring import span_of  # noqa: E402
+from agentrl_envs.text_table import format_table  # noqa: E402
 
 REPORTED = "the field report measured 1.2k (JSON-lines) and 4.7k samples/s (its faster loader)"
 
@@ -119,16 +120,7 @@ def timed(fn: Callable[[], Any]) -> float:
 
 
 def print_table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]], footer: Sequence[str] = ()) -> None:
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    line = "  ".join("-" * w for w in widths)
-    print(f"\n{title}\n{line}")
-    print("  ".join(str(h).ljust(w) if i == 0 else str(h).rjust(w) for i, (h, w) in enumerate(zip(header, widths))))
-    print(line)
-    for row in rows:
-        print("  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths))))
-    print(line)
-    for note in footer:
-        print(f"  {note}")
+    print("\n" + format_table(header, rows, align="l" + "r" * (len(header) - 1), title=title, footer=footer, boxed=True))
     sys.stdout.flush()
 
 

@@ -27,10 +27,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from agentrl_envs.testing import descendants, with_marker
 from simulators.python import RunLimits
 from simulators.python.sandbox import SandboxRunner
 from simulators.python.sandbox import runner as sandbox_runner
-from tests.procs import descendants, with_marker
 
 LIMITS = RunLimits(
     wall_s=2.0, cpu_s=2, memory_bytes=512 << 20, file_bytes=1 << 20, open_files=64, processes=32, output_bytes=64 << 10

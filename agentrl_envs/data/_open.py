@@ -1,7 +1,9 @@
-"""Creating, opening, recovering and refreshing a :class:`~agentrl_envs.data.ReplayBuffer`. Private.
+"""The file side of a :class:`~agentrl_envs.data.ReplayBuffer`: create, validate, lock, map and scan. Private.
 
 Kept apart from replay.py so that the hot path (append, get) reads on its own; the format and the
-recovery invariant are described in _ring.py.
+recovery invariant are described in _ring.py. These functions take and return plain values (a
+mapping, entries, sequence ranges) and never touch a buffer: ``ReplayBuffer`` alone reads and sets
+its own fields (``tests/data/test_replay.py`` checks that nothing here reaches a private attribute).
 """
 
 from __future__ import annotations
@@ -14,22 +16,39 @@ import os
 import secrets
 import stat
 import time
-from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import BinaryIO
 
 from agentrl_envs.data import _ring as ring
-from agentrl_envs.data._ring import HEADER_PAGE, HEADER_SIZE, KIND_RECORD, KIND_TOMBSTONE, Entry, SeqRanges
-from agentrl_envs.data.codec import Limits
+from agentrl_envs.data._ring import HEADER_PAGE, HEADER_SIZE, KIND_TOMBSTONE, Entry, SeqRanges
 from agentrl_envs.data.errors import BufferLockedError, FormatError, StorageError
-
-if TYPE_CHECKING:
-    from agentrl_envs.data.replay import ReplayBuffer
 
 __all__: list[str] = []  # private module
 
 MAX_REPORTED_SEQS = 1_000
 QUARANTINE_REGION_CAP = 4 << 20
+
+
+@dataclass(frozen=True)
+class Index:
+    """What a scan of the ring finds: the live entries in ring order and the seqs known lost."""
+
+    kept: list[Entry]
+    lost: SeqRanges
+    tail: int
+    next_seq: int
+
+
+@dataclass(frozen=True)
+class Recovered:
+    """What :func:`recover` found: the index, and what the open reports (``ReplayBuffer.recovery``)."""
+
+    index: Index
+    torn_tail: bool
+    quarantined: SeqRanges  # lost to corruption found by this open
+    stale: int
 
 
 def create_file(path: Path, capacity: int, overwrite: bool) -> None:
@@ -61,18 +80,14 @@ def create_file(path: Path, capacity: int, overwrite: bool) -> None:
     _fsync_dir(path.parent)
 
 
-def open_buffer(
-    cls: type[ReplayBuffer],
-    path: Path,
-    readonly: bool,
-    capacity_bytes: int | None,
-    durability: str,
-    repair: bool,
-    max_resident_bytes: int,
-    limits: Limits,
-    fresh: bool = False,
-) -> ReplayBuffer:
-    """Validate the file, lock it (writers), map it and recover; see ``ReplayBuffer.open``."""
+def open_file(
+    path: Path, readonly: bool, capacity_bytes: int | None, durability: str, repair: bool
+) -> tuple[BinaryIO, mmap.mmap, int, bytes]:
+    """Validate the file, lock it (writers) and map it; see ``ReplayBuffer.open``.
+
+    Returns:
+        ``(file, mapping, capacity, salt)``; the caller owns the file and the mapping.
+    """
     if durability not in ("process", "fsync"):
         raise ValueError(f"durability={durability!r}: use 'process' or 'fsync'")
     if path.is_dir():
@@ -108,23 +123,7 @@ def open_buffer(
     except BaseException:
         file.close()
         raise
-    buf = cls.__new__(cls)
-    buf._setup(path, file, mm, capacity, salt, readonly)
-    buf._durable = durability == "fsync"
-    buf._limits = limits
-    buf._resident = max(0, int(max_resident_bytes))
-    try:
-        if fresh:
-            buf._write_hint()
-        else:
-            recover(buf)
-            if buf._capacity > buf._resident:
-                buf._release(0, buf._capacity)  # the scan touched every page; hand them back
-    except BaseException:
-        mm.close()
-        file.close()  # releases the writer lock
-        raise
-    return buf
+    return file, mm, capacity, salt
 
 
 def _read_file_header(path: Path, fd: int, size: int) -> tuple[int, bytes]:
@@ -160,11 +159,11 @@ def _lock(path: Path, fd: int, salt: bytes) -> None:
         ) from None
 
 
-def recover(buf: ReplayBuffer) -> None:
-    """Rebuild the index from the file; a writer also quarantines gaps and clears torn headers."""
-    started = time.perf_counter()
-    mm, salt, cap = buf._mm, buf._salt, buf._capacity
-    hint = buf._read_hint()
+def recover(path: Path, mm: mmap.mmap, salt: int, cap: int, readonly: bool, hint: tuple[int, int, int, int] | None) -> Recovered:
+    """Rebuild the index from the ring; a writer also quarantines gaps and clears torn headers.
+
+    ``salt`` is the CRC seed of the file's salt, ``hint`` the writer's last hint (None: none valid).
+    """
     plan = ring.plan(ring.scan(mm, HEADER_PAGE, cap, salt), cap, hint[0] if hint else None)
     kept = list(plan.kept)
     lost = SeqRanges()
@@ -172,8 +171,8 @@ def recover(buf: ReplayBuffer) -> None:
         if entry.kind == KIND_TOMBSTONE:
             lost.add(entry.seq, entry.width, "was damaged on disk and quarantined by an earlier open")
     new_lost = SeqRanges()
-    sidecar = buf._path.with_name(buf._path.name + ".quarantine")
-    notes = open_sidecar(sidecar) if plan.gaps and not buf._readonly else None  # refused before anything changes
+    sidecar = path.with_name(path.name + ".quarantine")
+    notes = open_sidecar(sidecar) if plan.gaps and not readonly else None  # refused before anything changes
     try:
         for gap in plan.gaps:
             new_lost.add(gap.first_seq, gap.count, "")
@@ -195,102 +194,60 @@ def recover(buf: ReplayBuffer) -> None:
     top = plan.next_seq - plan.lost_tail
     new_lost.add(top, plan.lost_tail, "")
     lost.add(top, plan.lost_tail, "was committed but its bytes are damaged (the newest records of the file)")
-    torn = _torn_positions(buf, plan.tail, {e.off for e in kept})
-    if not buf._readonly:
+    torn = _torn_positions(mm, cap, plan.tail, {e.off for e in kept})
+    if not readonly:
         for entry in plan.stale:
             if ring.parse_header(mm, entry.off, salt, HEADER_PAGE, cap) == entry:
                 mm[HEADER_PAGE + entry.off : HEADER_PAGE + entry.off + HEADER_SIZE] = ring.ZERO_HEADER
         for pos in torn:
             mm[HEADER_PAGE + pos : HEADER_PAGE + pos + HEADER_SIZE] = ring.ZERO_HEADER
     kept.sort()
-    _install(buf, kept, lost, plan.tail, plan.next_seq)
-    if not buf._readonly:
-        buf._write_hint()
-        mm.flush()
-    buf.recovery = type(buf.recovery)(
-        records=len(buf._index),
-        first_seq=next((e.seq for e in kept if e.kind == KIND_RECORD), None),
-        next_seq=buf._next_seq,
-        torn_tail=bool(torn),
-        quarantined=new_lost.total(),
-        quarantined_seqs=new_lost.first(MAX_REPORTED_SEQS),
-        stale=len(plan.stale),
-        seconds=time.perf_counter() - started,
-    )
+    return Recovered(Index(kept, lost, plan.tail, plan.next_seq), bool(torn), new_lost, len(plan.stale))
 
 
-def _torn_positions(buf: ReplayBuffer, tail: int, live_offsets: set[int]) -> list[int]:
+def _torn_positions(mm: mmap.mmap, cap: int, tail: int, live_offsets: set[int]) -> list[int]:
     """Write positions (the tail, and 0 after a wrap) holding the start of a header that did not validate."""
     out = []
     for pos in {tail, 0}:
-        if pos in live_offsets or pos + HEADER_SIZE > buf._capacity:
+        if pos in live_offsets or pos + HEADER_SIZE > cap:
             continue
-        if buf._mm[HEADER_PAGE + pos : HEADER_PAGE + pos + 4] == ring.RECORD_MAGIC:
+        if mm[HEADER_PAGE + pos : HEADER_PAGE + pos + 4] == ring.RECORD_MAGIC:
             out.append(pos)
     return out
 
 
-def _install(buf: ReplayBuffer, kept: list[Entry], lost: SeqRanges, tail: int, next_seq: int) -> None:
-    buf._order = deque(kept)
-    buf._index = {e.seq: e for e in kept if e.kind == KIND_RECORD}
-    buf._lost = lost
-    buf._tail = tail
-    buf._next_seq = next_seq
-    buf._used = sum(ring.span_of(e.length) for e in kept)
-    buf._lap = 0
-    buf._released = tail
-
-
-def refresh(buf: ReplayBuffer, rescan: bool) -> None:
-    """Bring a reader's index up to the writer: follow new records, drop evicted ones, or rescan.
-
-    The hint is advisory and may be forged: a record is dropped only once its header is gone from
-    the file, and a hint that the records do not bear out triggers one rescan, not one per call.
-    """
-    hint = buf._read_hint()
-    if not rescan and hint is not None:
-        next_seq, head, _tail, _pid = hint
-        if next_seq > buf._next_seq:
-            _walk(buf, next_seq)
-        if buf._next_seq >= next_seq or hint == buf._doubted_hint:
-            _prune(buf, head)
-            return
-    elif not rescan and buf._doubted_hint is None:
-        return  # no valid hint, and we rescanned since: no writer is appending (each append rewrites it)
-    plan = ring.plan(ring.scan(buf._mm, HEADER_PAGE, buf._capacity, buf._salt), buf._capacity, None)
+def scan_index(mm: mmap.mmap, salt: int, cap: int) -> Index:
+    """A reader's full rescan of the ring (it changes nothing; a writer's open quarantines the gaps)."""
+    plan = ring.plan(ring.scan(mm, HEADER_PAGE, cap, salt), cap, None)
     lost = SeqRanges()
     for g in plan.gaps:
         lost.add(g.first_seq, g.count, "is missing from the file (damaged); a writer's open will quarantine it")
-    _install(buf, plan.kept, lost, plan.tail, plan.next_seq)
-    buf._doubted_hint = hint  # the records, not this hint, are the truth until the hint changes
+    return Index(list(plan.kept), lost, plan.tail, plan.next_seq)
 
 
-def _walk(buf: ReplayBuffer, target: int) -> None:
-    """Follow records the writer published after our newest one (at our tail, or at 0 after a wrap)."""
-    while buf._next_seq < target:
-        for pos in (buf._tail, 0):
-            entry = ring.parse_header(buf._mm, pos, buf._salt, HEADER_PAGE, buf._capacity)
-            if entry is not None and entry.seq == buf._next_seq:
+def follow(mm: mmap.mmap, salt: int, cap: int, tail: int, next_seq: int, target: int) -> list[Entry]:
+    """Entries the writer published after ``next_seq - 1`` (at ``tail``, or at 0 after a wrap), up to ``target``."""
+    out: list[Entry] = []
+    while next_seq < target:
+        for pos in (tail, 0):
+            entry = ring.parse_header(mm, pos, salt, HEADER_PAGE, cap)
+            if entry is not None and entry.seq == next_seq:
                 break
         else:
-            return
-        buf._order.append(entry)
-        if entry.kind == KIND_RECORD:
-            buf._index[entry.seq] = entry
-        buf._tail = entry.end
-        buf._next_seq = entry.seq + entry.width
-        buf._used += ring.span_of(entry.length)
+            break
+        out.append(entry)
+        tail, next_seq = entry.end, entry.seq + entry.width
+    return out
 
 
-def _prune(buf: ReplayBuffer, head: int) -> None:
-    """Drop the oldest entries the hint says were evicted, if the file agrees (their header is gone)."""
-    order, mm, salt, cap = buf._order, buf._mm, buf._salt, buf._capacity
-    while order and order[0].seq + order[0].width <= head:
-        if ring.parse_header(mm, order[0].off, salt, HEADER_PAGE, cap) == order[0]:
-            break  # still in the file, so still live: the hint is wrong (or forged)
-        entry = order.popleft()
-        buf._index.pop(entry.seq, None)
-        buf._used -= ring.span_of(entry.length)
+def evicted(mm: mmap.mmap, salt: int, cap: int, order: Iterable[Entry], head: int) -> int:
+    """How many of the oldest entries the hint says were evicted and the file agrees (their header is gone)."""
+    n = 0
+    for entry in order:
+        if entry.seq + entry.width > head or ring.parse_header(mm, entry.off, salt, HEADER_PAGE, cap) == entry:
+            break  # not evicted per the hint; or still in the file, so still live: the hint is wrong (or forged)
+        n += 1
+    return n
 
 
 def _refuse_if_locked(path: Path) -> None:

@@ -30,6 +30,7 @@ import mmap
 import os
 import signal
 import threading
+import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ from typing import Any, Literal, NoReturn
 import numpy as np
 
 from agentrl_envs.data import _ring as ring
-from agentrl_envs.data._open import create_file, open_buffer, refresh
+from agentrl_envs.data._open import MAX_REPORTED_SEQS, Index, create_file, evicted, follow, open_file, recover, scan_index
 from agentrl_envs.data._ring import HEADER_PAGE, HEADER_SIZE, KIND_RECORD, Entry, SeqRanges
 from agentrl_envs.data.codec import DEFAULT_LIMITS, Limits, Trajectory, decode, encode
 from agentrl_envs.data.errors import (
@@ -151,7 +152,7 @@ class ReplayBuffer:
             raise FileExistsError(f"{path} already exists: open it with ReplayBuffer.open(path), or pass overwrite=True")
         create_file(path, capacity, overwrite)
         # A new ring is known to be empty: skip the recovery scan, which would read every page.
-        return open_buffer(cls, path, False, None, durability, False, max_resident_bytes, limits, fresh=True)
+        return cls._open_file(path, False, None, durability, False, max_resident_bytes, limits, fresh=True)
 
     @classmethod
     def open(
@@ -182,9 +183,50 @@ class ReplayBuffer:
             FormatError: not a buffer, another format version or capacity, or truncated.
             BufferLockedError: another writer has it open (for ``readonly=False``).
         """
-        return open_buffer(cls, Path(path), readonly, capacity_bytes, durability, repair, max_resident_bytes, limits)
+        return cls._open_file(Path(path), readonly, capacity_bytes, durability, repair, max_resident_bytes, limits)
 
-    def _setup(self, path: Path, file: Any, mm: mmap.mmap, capacity: int, salt: bytes, readonly: bool) -> None:
+    @classmethod
+    def _open_file(
+        cls,
+        path: Path,
+        readonly: bool,
+        capacity_bytes: int | None,
+        durability: str,
+        repair: bool,
+        max_resident_bytes: int,
+        limits: Limits,
+        fresh: bool = False,
+    ) -> ReplayBuffer:
+        """The one constructor: map the file (``_open.open_file`` validates and locks it), set every field
+        (``_setup``), then recover the index from the ring (or, for a ``fresh`` file, write the first hint)."""
+        file, mm, capacity, salt = open_file(path, readonly, capacity_bytes, durability, repair)
+        buf = cls.__new__(cls)
+        buf._setup(path, file, mm, capacity, salt, readonly, durability == "fsync", limits, max(0, int(max_resident_bytes)))
+        try:
+            if fresh:
+                buf._write_hint()
+            else:
+                buf._recover()
+                if buf._capacity > buf._resident:
+                    buf._release(0, buf._capacity)  # the scan touched every page; hand them back
+        except BaseException:
+            mm.close()
+            file.close()  # releases the writer lock
+            raise
+        return buf
+
+    def _setup(
+        self,
+        path: Path,
+        file: Any,
+        mm: mmap.mmap,
+        capacity: int,
+        salt: bytes,
+        readonly: bool,
+        durable: bool,
+        limits: Limits,
+        resident: int,
+    ) -> None:
         self._path = path
         self._file = file
         self._fd: int = file.fileno()
@@ -192,8 +234,8 @@ class ReplayBuffer:
         self._capacity = capacity
         self._salt = ring.crc_extend(0, salt)
         self._readonly = readonly
-        self._durable = False
-        self._limits = DEFAULT_LIMITS
+        self._durable = durable
+        self._limits = limits
         self._lock = threading.RLock()
         self._pid = os.getpid()
         self._order: deque[Entry] = deque()
@@ -204,7 +246,7 @@ class ReplayBuffer:
         self._tail = 0
         self._next_seq = 0
         self._used = 0
-        self._resident = DEFAULT_RESIDENT
+        self._resident = resident
         self._lap = 0  # laps completed since open: lap * capacity + tail is a position that only grows
         self._released = 0  # pages before this position (same units) have been released
         self._appends = 0
@@ -573,6 +615,61 @@ class ReplayBuffer:
             start = end
         self._released = target
 
+    def _recover(self) -> None:
+        """Rebuild the index from the file at open (see ``_open.recover``) and report what it found."""
+        started = time.perf_counter()
+        found = recover(self._path, self._mm, self._salt, self._capacity, self._readonly, self._read_hint())
+        self._install(found.index)
+        if not self._readonly:
+            self._write_hint()
+            self._mm.flush()
+        self.recovery = RecoveryReport(
+            records=len(self._index),
+            first_seq=next((e.seq for e in found.index.kept if e.kind == KIND_RECORD), None),
+            next_seq=self._next_seq,
+            torn_tail=found.torn_tail,
+            quarantined=found.quarantined.total(),
+            quarantined_seqs=found.quarantined.first(MAX_REPORTED_SEQS),
+            stale=found.stale,
+            seconds=time.perf_counter() - started,
+        )
+
+    def _install(self, index: Index) -> None:
+        self._order = deque(index.kept)
+        self._index = {e.seq: e for e in index.kept if e.kind == KIND_RECORD}
+        self._lost = index.lost
+        self._tail = index.tail
+        self._next_seq = index.next_seq
+        self._used = sum(ring.span_of(e.length) for e in index.kept)
+        self._lap = 0
+        self._released = index.tail
+
     def _refresh(self, rescan: bool = False) -> None:
+        """Bring a reader's index up to the writer: follow new records, drop evicted ones, or rescan.
+
+        The hint is advisory and may be forged: a record is dropped only once its header is gone from
+        the file, and a hint that the records do not bear out triggers one rescan, not one per call.
+        """
         self._check_size()
-        refresh(self, rescan)
+        mm, salt, cap = self._mm, self._salt, self._capacity
+        hint = self._read_hint()
+        if not rescan and hint is not None:
+            next_seq, head, _tail, _pid = hint
+            if next_seq > self._next_seq:
+                for entry in follow(mm, salt, cap, self._tail, self._next_seq, next_seq):
+                    self._order.append(entry)
+                    if entry.kind == KIND_RECORD:
+                        self._index[entry.seq] = entry
+                    self._tail = entry.end
+                    self._next_seq = entry.seq + entry.width
+                    self._used += ring.span_of(entry.length)
+            if self._next_seq >= next_seq or hint == self._doubted_hint:
+                for _ in range(evicted(mm, salt, cap, self._order, head)):
+                    entry = self._order.popleft()
+                    self._index.pop(entry.seq, None)
+                    self._used -= ring.span_of(entry.length)
+                return
+        elif not rescan and self._doubted_hint is None:
+            return  # no valid hint, and we rescanned since: no writer is appending (each append rewrites it)
+        self._install(scan_index(mm, salt, cap))
+        self._doubted_hint = hint  # the records, not this hint, are the truth until the hint changes

@@ -41,6 +41,12 @@ in the report: logs with absurd latencies give a profile that still keeps the en
 
 ``defaults`` is the fit of all calls pooled (marginal rates, no burst chain: chains are per tool);
 ``tools`` holds each tool's own fit where it differs from the defaults. Penalties are the defaults.
+
+Libraries: the normal quantile is the standard library's ``statistics.NormalDist``. The two-state
+Baum-Welch and the KS statistic stay hand-written: scipy and hmmlearn are not dependencies of the
+env side (a scipy wheel is tens of MB, for two functions here), and ``scipy.stats.kstest`` has no
+notion of the rounding bins logged latencies need (:func:`ks_lognormal`). ``tests/faults/test_fit.py``
+checks that both recover the parameters of synthetic logs drawn from known profiles.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -69,7 +76,6 @@ from agentrl_envs.faults.profile import (
     ErrorProfile,
     Latency,
     ProfileError,
-    _erfinv,
     parse_profile,
 )
 from agentrl_envs.tools import service_tools
@@ -253,7 +259,7 @@ def _fit_timeout(latency: dict[str, Any], timed_out: np.ndarray, all_s: np.ndarr
     else:
         high = latency.get("ms", 0.0) / 1000.0
         if latency["distribution"] == "lognormal":  # its 99.99th percentile
-            high = latency["median_ms"] / 1000.0 * math.exp(min(700.0, latency["sigma"] * math.sqrt(2.0) * _erfinv(1 - 2e-4)))
+            high = latency["median_ms"] / 1000.0 * math.exp(min(700.0, latency["sigma"] * NormalDist().inv_cdf(1 - 1e-4)))
         value = max(float(all_s.max()) if all_s.size else 0.0, high)
         notes.append("timeout_s: no timeouts logged; the largest latency or the fit's 99.99th percentile")
     if not value > 0 or not math.isfinite(value):

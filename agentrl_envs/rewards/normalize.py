@@ -8,6 +8,7 @@ Neither changes observations, actions or episode ends.
 from __future__ import annotations
 
 import numbers
+import warnings
 from typing import Any
 
 import gymnasium as gym
@@ -17,7 +18,7 @@ from gymnasium.wrappers.utils import RunningMeanStd
 
 from agentrl_envs.errors import ConfigError
 
-__all__ = ["MODES", "NormalizeReward", "NormalizeRewardBatch"]
+__all__ = ["MODES", "NormalizeRewardBatch", "NormalizeRewardSingleEnv"]
 
 MODES = ("zscore", "scale")
 
@@ -111,8 +112,12 @@ class NormalizeRewardBatch(VectorWrapper):
         return max(float(np.sqrt(self.return_rms.var)), self.min_sigma)
 
 
-class NormalizeReward(gym.Wrapper[Any, Any, Any, Any]):
+class NormalizeRewardSingleEnv(gym.Wrapper[Any, Any, Any, Any]):
     """Single-env counterpart of :class:`NormalizeRewardBatch`, with running statistics over steps.
+
+    It was called ``NormalizeReward``, the name of Gymnasium's own wrapper, which it is not (it keeps
+    the raw reward, clips sigma and has a z-score mode); the old name still imports, with a
+    :class:`DeprecationWarning`, for one release.
 
     ``"scale"``: ``r / max(std(G), min_sigma)`` with G the running discounted return (reset at episode
     ends). ``"zscore"``: ``(r - mean) / max(std, min_sigma)`` with the running mean and std of step
@@ -155,6 +160,19 @@ class NormalizeReward(gym.Wrapper[Any, Any, Any, Any]):
         info = dict(info)
         info["raw_reward"] = raw
         return obs, out, terminated, truncated, info
+
+
+def __getattr__(name: str) -> Any:
+    """The old name ``NormalizeReward``, kept for one release."""
+    if name == "NormalizeReward":
+        warnings.warn(
+            "agentrl_envs.rewards.normalize.NormalizeReward is now NormalizeRewardSingleEnv (the old name clashed with "
+            "gymnasium.wrappers.NormalizeReward); import the new name (the old one goes away in the next release)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return NormalizeRewardSingleEnv
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _check(mode: str, min_sigma: float, gamma: float) -> None:

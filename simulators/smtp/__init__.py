@@ -1,5 +1,5 @@
 """Simulated mail service: strict validation and a record of deliveries."""
 
-from simulators.smtp.server import Delivery, Mailbox, SMTPError, check_wire, validate_address
+from simulators.smtp.mailbox import Delivery, Mailbox, SMTPError, check_wire, validate_address
 
 __all__ = ["Delivery", "Mailbox", "SMTPError", "check_wire", "validate_address"]

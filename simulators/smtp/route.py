@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from simulators.routes import Reply, ToolRoute, err, ok
-from simulators.smtp.server import SMTPError
+from simulators.smtp.mailbox import SMTPError
 
 __all__ = ["ROUTE"]
 

@@ -11,11 +11,8 @@ The same :meth:`OracleReplay.answer` serves a respx side effect and a real ASGI 
 
 from __future__ import annotations
 
-import contextlib
 import json
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -23,6 +20,9 @@ import httpx
 
 import agentrl_envs  # noqa: F401
 from agentrl_envs.agents import OracleAgent
+from agentrl_envs.testing import serve_in_thread
+
+__all__ = ["OracleReplay", "asgi_app", "serve_in_thread"]
 
 
 class OracleReplay:
@@ -133,24 +133,3 @@ def asgi_app(replay: OracleReplay) -> Callable[..., Any]:
         await send({"type": "http.response.body", "body": data})
 
     return app
-
-
-@contextlib.contextmanager
-def serve_in_thread(app: Callable[..., Any], port: int) -> Iterator[str]:
-    """uvicorn on 127.0.0.1:port in a daemon thread; yields the base URL, stops the server after."""
-    import uvicorn
-
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        for _ in range(2000):  # a hang bound, not a speed check
-            if server.started or not thread.is_alive():
-                break
-            time.sleep(0.01)
-        if not server.started:
-            raise RuntimeError(f"uvicorn did not start on 127.0.0.1:{port}")
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)

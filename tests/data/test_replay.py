@@ -340,3 +340,22 @@ def test_random_sizes_and_reopens_match_a_model(path: Path) -> None:
                 assert buf.used_bytes + span_of(len(encode(written[live[0] - 1]))) > buf.capacity_bytes - 6032
             for s in rng.choice(live, size=min(10, len(live)), replace=False):
                 assert buf.get(int(s)) == written[int(s)]
+
+
+def test_the_file_module_never_reaches_into_a_buffer() -> None:
+    """One class, one place: ``_open.py`` works on plain values; only ``ReplayBuffer`` reads and sets its fields."""
+    import ast
+
+    from agentrl_envs.data import _open
+
+    tree = ast.parse(Path(_open.__file__).read_text())
+    private = sorted(
+        {
+            f"line {node.lineno}: .{node.attr}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+        }
+    )
+    assert not private, f"agentrl_envs/data/_open.py reaches private attributes (move that code into ReplayBuffer): {private}"
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    assert "ReplayBuffer" not in names

@@ -370,3 +370,36 @@ def test_fault_injection_refuses_a_bad_seed(seed: Any) -> None:
     backend = FaultInjectingBackend(FakeBackend(), load_profile("flaky"))
     with pytest.raises(ConfigError, match="seed"):
         backend.start("ep", seed)
+
+
+class _FixedDraw:
+    """An rng whose ``random()`` always returns ``u`` (what ``Latency.sample_s`` consumes)."""
+
+    def __init__(self, u: float) -> None:
+        self.u = u
+
+    def random(self) -> float:
+        return self.u
+
+
+def test_lognormal_draws_follow_the_normal_quantile() -> None:
+    """Quantiles of seeded draws match the model's; the clamped tails match the tabled z of 1e-12."""
+    import math
+    from statistics import NormalDist
+
+    import numpy as np
+
+    from agentrl_envs.faults.profile import Latency
+
+    lat = Latency(distribution="lognormal", median_ms=100.0, sigma=0.5)
+    rng = np.random.default_rng(0)
+    draws_ms = np.array([lat.sample_s(rng) for _ in range(20_000)]) * 1000.0
+    for q, z in ((0.5, 0.0), (0.05, -1.6448536269514722), (0.95, 1.6448536269514722)):
+        assert abs(np.quantile(draws_ms, q) / (100.0 * math.exp(0.5 * z)) - 1) < 0.02, q
+    z_tail = -7.034483825301132  # the standard normal quantile at 1e-12 (tables; the old erfinv gave -7.03441)
+    assert lat.sample_s(_FixedDraw(0.0)) == pytest.approx(0.1 * math.exp(0.5 * z_tail), rel=1e-12)
+    # u clamps to the float 1 - 1e-12, whose upper tail is 1.0000889e-12: by symmetry z = -quantile(that tail).
+    z_upper = -NormalDist().inv_cdf(1.0 - (1.0 - 1e-12))
+    assert z_upper > -z_tail
+    assert lat.sample_s(_FixedDraw(1.0)) == pytest.approx(0.1 * math.exp(0.5 * z_upper), rel=1e-12)
+    assert lat.sample_s(_FixedDraw(0.5)) == pytest.approx(0.1, rel=1e-15)

@@ -11,70 +11,34 @@ import glob
 import os
 import pwd
 import shutil
-import socket
 import subprocess
-import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
+from agentrl_envs.testing import free_port, simulator_server, wait_http
 from tests.conftest import require_integration
+
+__all__ = [
+    "PostgresCluster",
+    "agentrl_leftovers",
+    "free_port",
+    "postgres_cluster",
+    "simulator_server",
+    "smtp_server",
+    "unavailable",
+    "wait_http",
+]
 
 
 def unavailable(reason: str) -> None:
     if require_integration():
         pytest.fail(f"integration server unavailable under AGENTRL_REQUIRE_INTEGRATION=1: {reason}")
     pytest.skip(reason)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_http(url: str, timeout: float = 120.0, proc: subprocess.Popen[Any] | None = None) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if proc is not None and proc.poll() is not None:
-            err = proc.stderr.read().decode(errors="replace")[-2000:] if proc.stderr else ""
-            raise RuntimeError(f"the server exited with {proc.returncode}: {err}")
-        try:
-            if httpx.get(url + "/health", timeout=1.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            time.sleep(0.1)
-    raise RuntimeError(f"{url} did not come up in {timeout} s")
-
-
-@contextlib.contextmanager
-def simulator_server(profile: str = "none") -> Iterator[tuple[str, subprocess.Popen[Any]]]:
-    """``agentrl-envs serve`` in a subprocess; yields (url, process)."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agentrl_envs.cli", "serve", "--host", "127.0.0.1", "--port", str(port), "--profile", profile],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http(url, proc=proc)
-        yield url, proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        if proc.stderr is not None:
-            proc.stderr.close()
 
 
 def _pg_bin(name: str) -> str | None:

@@ -12,7 +12,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 
 from agentrl_envs import ConfigError
 from agentrl_envs.agents import OracleAgent
-from agentrl_envs.rewards.normalize import NormalizeReward, NormalizeRewardBatch
+from agentrl_envs.rewards.normalize import NormalizeRewardBatch, NormalizeRewardSingleEnv
 
 
 class ScriptedVectorEnv(VectorEnv[Any, Any, Any]):
@@ -123,7 +123,7 @@ def test_bad_arguments(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ConfigError):
         NormalizeRewardBatch(ScriptedVectorEnv([[1.0, 2.0]]), **kwargs)
     with pytest.raises(ConfigError):
-        NormalizeReward(gym.make("AgentRL/SMTP-v0"), **kwargs)
+        NormalizeRewardSingleEnv(gym.make("AgentRL/SMTP-v0"), **kwargs)
 
 
 def test_on_a_real_vector_env_keeps_raw_rewards() -> None:
@@ -140,7 +140,7 @@ def test_on_a_real_vector_env_keeps_raw_rewards() -> None:
 
 def test_single_env_wrapper_with_the_oracle() -> None:
     for mode in ("scale", "zscore"):
-        env = NormalizeReward(gym.make("AgentRL/SQLPythonSMTP-v0"), mode=mode)
+        env = NormalizeRewardSingleEnv(gym.make("AgentRL/SQLPythonSMTP-v0"), mode=mode)
         agent = OracleAgent(env)
         try:
             for seed in range(2):
@@ -155,3 +155,11 @@ def test_single_env_wrapper_with_the_oracle() -> None:
                     assert reward > 0  # the solving step stays positive
         finally:
             env.close()
+
+
+def test_the_old_name_still_imports_with_a_deprecation_warning() -> None:
+    with pytest.warns(DeprecationWarning, match="NormalizeRewardSingleEnv"):
+        from agentrl_envs.rewards.normalize import NormalizeReward
+    assert NormalizeReward is NormalizeRewardSingleEnv
+    with pytest.raises(ImportError, match="NoSuchWrapper"):
+        from agentrl_envs.rewards.normalize import NoSuchWrapper  # noqa: F401

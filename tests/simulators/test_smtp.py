@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulators.smtp import Delivery, Mailbox, SMTPError, validate_address
-from simulators.smtp.server import MAX_ATTACHMENTS, MAX_BODY_BYTES, MAX_RECIPIENTS, MAX_SUBJECT_CHARS
+from simulators.smtp.mailbox import MAX_ATTACHMENTS, MAX_BODY_BYTES, MAX_RECIPIENTS, MAX_SUBJECT_CHARS
 
 SENDER = "agent@agentrl.example"
 
@@ -220,6 +220,8 @@ def test_at_least_one_recipient(mailbox: Mailbox, workspace: Path, to: Any) -> N
         "bob@example.com\x00",
         "bob@exa_mple.com",
         '"bob"@example.com',
+        "bob@[127.0.0.1]",  # a domain literal: email.headerregistry accepts it, a strict MTA here does not
+        "bob@example.com (Bob)",  # a comment: likewise
         "x" * 65 + "@example.com",
         "bob@" + "a" * 250 + ".com",
         "bob@" + "a" * 64 + ".com",
@@ -554,3 +556,16 @@ def test_real_server_gets_no_injected_headers(real_smtp: tuple[str, list[Any]], 
         assert b"Reply-To" not in received[0].original_content and b"X-Evil" not in received[0].original_content
     finally:
         env.close()
+
+
+def test_the_old_module_path_still_imports_with_a_deprecation_warning() -> None:
+    import importlib
+    import sys
+
+    from simulators.smtp import mailbox
+
+    sys.modules.pop("simulators.smtp.server", None)
+    with pytest.warns(DeprecationWarning, match="simulators.smtp.mailbox"):
+        old = importlib.import_module("simulators.smtp.server")
+    assert old.Mailbox is mailbox.Mailbox and old.validate_address is mailbox.validate_address
+    assert old.MAX_RECIPIENTS == mailbox.MAX_RECIPIENTS and old._ADDRESS is mailbox._ADDRESS

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.timeout(1800)  # a hang detector; the work is bounded b
 
 @pytest.fixture(scope="module")
 def rm_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from agentrl_envs.rewards.counterfactual import make_rm_data
+    from agentrl_envs.analysis.counterfactual import make_rm_data
 
     out = tmp_path_factory.mktemp("rmdata")
     make_rm_data(ENV, 12, out, seed=0, split="train")
@@ -176,7 +176,7 @@ def _write(path: Path, rows: list[dict[str, Any]]) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from agentrl_envs.rewards.counterfactual import COLUMNS
+    from agentrl_envs.analysis.counterfactual import COLUMNS
 
     schema = pa.schema(
         [

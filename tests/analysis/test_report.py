@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agentrl_envs import ConfigError
-from agentrl_envs.rewards.report import (
+from agentrl_envs.analysis.report import (
     Thresholds,
     _correlation,
     _Episode,

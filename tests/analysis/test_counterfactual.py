@@ -14,7 +14,7 @@ import sqlglot
 
 from agentrl_envs import ConfigError
 from agentrl_envs.agents import OracleAgent
-from agentrl_envs.rewards.counterfactual import (
+from agentrl_envs.analysis.counterfactual import (
     GOLD_LABEL,
     PERTURBED_LABEL,
     add_arguments,

@@ -1,0 +1,143 @@
+"""Helpers for tests and benchmarks that run real servers and watch processes (Linux ``/proc``).
+
+Shared by ``tests/`` and ``benchmarks/``, so neither imports the other. Nothing here imports pytest
+or torch; ``import agentrl_envs`` does not import this module.
+
+- :func:`free_port`, :func:`wait_http`: a loopback port, and waiting for ``GET /health`` to answer;
+- :func:`simulator_server`: ``agentrl-envs serve`` in a subprocess on a free loopback port;
+- :func:`serve_in_thread`: any ASGI app under uvicorn in a daemon thread;
+- :func:`alive`, :func:`descendants`, :func:`with_marker`: process inspection through ``/proc``.
+  Pids printed inside a sandboxed run belong to its own pid namespace, so callers find the processes
+  a run started by a marker in their command line instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+
+__all__ = ["alive", "descendants", "free_port", "serve_in_thread", "simulator_server", "wait_http", "with_marker"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_http(url: str, timeout: float = 120.0, proc: subprocess.Popen[Any] | None = None) -> None:
+    """Wait until ``GET url/health`` answers 200.
+
+    Raises:
+        RuntimeError: ``proc`` exited first (its stderr tail is in the message), or ``timeout`` passed.
+    """
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc is not None and proc.poll() is not None:
+            err = proc.stderr.read().decode(errors="replace")[-2000:] if proc.stderr else ""
+            raise RuntimeError(f"the server exited with {proc.returncode}: {err}")
+        try:
+            if httpx.get(url + "/health", timeout=1.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up in {timeout} s")
+
+
+@contextlib.contextmanager
+def simulator_server(profile: str = "none") -> Iterator[tuple[str, subprocess.Popen[Any]]]:
+    """``agentrl-envs serve`` in a subprocess on a free loopback port; yields (url, process), stops it after."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentrl_envs.cli", "serve", "--host", "127.0.0.1", "--port", str(port), "--profile", profile],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_http(url, proc=proc)
+        yield url, proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: Callable[..., Any], port: int) -> Iterator[str]:
+    """uvicorn on 127.0.0.1:port in a daemon thread; yields the base URL, stops the server after."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        for _ in range(2000):  # a hang bound, not a speed check
+            if server.started or not thread.is_alive():
+                break
+            time.sleep(0.01)
+        if not server.started:
+            raise RuntimeError(f"uvicorn did not start on 127.0.0.1:{port}")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def alive(pid: int) -> bool:
+    """A live process; a zombie counts as dead (killed, not yet reaped)."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
+
+
+def descendants(root: int) -> list[int]:
+    """Live descendants of ``root`` (walking /proc by parent pid)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat_fields(int(entry))
+            if fields is not None and fields[0] not in ("Z", "X"):
+                children.setdefault(int(fields[1]), []).append(int(entry))
+    found, stack = [], [root]
+    while stack:
+        for kid in children.get(stack.pop(), []):
+            found.append(kid)
+            stack.append(kid)
+    return found
+
+
+def with_marker(marker: str) -> list[int]:
+    """Live processes whose command line contains ``marker``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if marker.encode() in f.read() and alive(int(entry)):
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
