@@ -1,4 +1,4 @@
-"""The four registered environments. Each class is an env card, as Gymnasium's own envs are."""
+"""The registered environments. Each class is an env card, as Gymnasium's own envs are."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import ClassVar
 
 from agentrl_envs.env import ToolUseEnv
 
-__all__ = ["PythonEnv", "SMTPEnv", "SQLEnv", "SQLPythonSMTPEnv"]
+__all__ = ["HTTPEnv", "PythonEnv", "SMTPEnv", "SQLEnv", "SQLPythonSMTPEnv"]
 
 _COMMON_ARGS = """
     ## Arguments
@@ -166,3 +166,33 @@ class SQLPythonSMTPEnv(ToolUseEnv):
     )
     kind: ClassVar[str] = "pipeline"
     tool_names: ClassVar[tuple[str, ...]] = ("sql", "python", "smtp", "finish")
+
+
+class HTTPEnv(ToolUseEnv):
+    __doc__ = (
+        """``AgentRL/HTTP-v0``: work with the company's internal REST service (CRM and ticketing).
+
+    ## Description
+
+    The ``http`` tool calls a REST service built from the episode's own data: every table of the
+    domain (entities, facts, ``staff``) and a ``tickets`` table are collections (``GET
+    /v1/<table>`` with exact-match filters and ``limit``/``offset`` pagination, ``GET
+    /v1/<table>/<id>``); tickets take ``POST``, ``PATCH`` and ``DELETE``. ``GET /openapi.json``
+    describes it. Bad requests are answered 4xx with a message (unknown field, wrong type, an
+    assignee who is not staff, ...). Five templates: look up an entity's key by name, count tickets
+    of a status and priority (a listing's ``total``), open a ticket for an entity assigned to a
+    unit's manager, close a ticket, reassign one to a unit's analyst. Required components: ``api``
+    (a successful answer of the service shows the required record, state or count) and, for the two
+    questions, ``answer``. Writes last for the episode and are checked on what the service answers.
+
+    A real service: ``backend={"http": "https://gateway.internal"}`` (paths are appended to the base
+    URL; only its host is allowed, redirects are not followed) or an
+    :class:`~agentrl_envs.backends.rest.RESTBackend` with its own ``allow_hosts`` and
+    ``allow_methods``.
+"""
+        + _COMMON_SPACES
+        + _COMMON_ARGS
+        + _HISTORY
+    )
+    kind: ClassVar[str] = "http"
+    tool_names: ClassVar[tuple[str, ...]] = ("http", "finish")

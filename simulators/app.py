@@ -95,6 +95,8 @@ class _Episode:
     # Query results (CSV as UTF-8 bytes) not yet written to the workspace (see ``workspace``).
     pending: dict[str, bytes] = field(default_factory=dict)
     pending_bytes: int = 0
+    # State a tool's route keeps for the episode, by tool (the http tool's company service); made on first use.
+    services: dict[str, Any] | None = None
     _path: str | None = None
     _mailbox: Mailbox | None = None
 
@@ -130,6 +132,7 @@ class _Episode:
             shutil.rmtree(self._path, ignore_errors=True)
             self._path = None
         self.pending.clear()
+        self.services = None
 
 
 class SimulatorApp:

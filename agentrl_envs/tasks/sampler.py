@@ -36,7 +36,11 @@ LONG_HORIZON_SUBTASKS = 5
 DATA_VARIANTS = 8
 _DATA_BASE = {"train": 0, "test": 100, "heldout": 200}
 _SPLIT_CODE = {"train": 11, "test": 23, "heldout": 37}
-_KIND_CODE = {"sql": 1, "python": 2, "smtp": 3, "pipeline": 4}
+_KIND_CODE = {"sql": 1, "python": 2, "smtp": 3, "pipeline": 4, "http": 5}
+#: Kinds whose data holds the company service's tickets table (:func:`~agentrl_envs.tasks.http_templates.with_tickets`).
+_TICKET_KINDS = ("http",)
+#: Kinds whose episodes get the database (for the sql tool, or the http tool's company service).
+_DATABASE_KINDS = ("sql", "pipeline", "http")
 #: Tasks kept per process (a few kB each; the data sets they point to are shared).
 TASK_CACHE_SIZE = 4096
 
@@ -46,8 +50,12 @@ _TASKS_LOCK = threading.Lock()
 
 
 @functools.lru_cache(maxsize=64)
-def _dataset(domain: str, data_seed: int) -> DatabaseSpec:
+def _dataset(domain: str, data_seed: int, tickets: bool = False) -> DatabaseSpec:
     tables = DOMAINS[domain].generate(data_seed)
+    if tickets:
+        from agentrl_envs.tasks.http_templates import with_tickets
+
+        tables = with_tickets(DOMAINS[domain], tables, data_seed)
     return DatabaseSpec(fingerprint(domain, data_seed, tables), freeze_tables(tables))
 
 
@@ -106,7 +114,7 @@ class TaskSampler:
         rng = np.random.default_rng([int(seed), _SPLIT_CODE[self.split], _KIND_CODE[self.kind], int(self.long_horizon)])
         domain = DOMAINS[self.domains[int(rng.integers(len(self.domains)))]]
         data_seed = _DATA_BASE[self.split] + int(rng.integers(DATA_VARIANTS))
-        database = _dataset(domain.name, data_seed)
+        database = _dataset(domain.name, data_seed, self.kind in _TICKET_KINDS)
         ctx = Context(domain, database.tables, database, rng, self.runner, self.split)
         templates = list(TEMPLATES[self.kind])
         if self.long_horizon:
@@ -119,7 +127,7 @@ class TaskSampler:
             files[f"data/{domain.fact}.csv"] = self.runner.csv_of(database, f"SELECT * FROM {domain.fact} ORDER BY id")
         for sub in subtasks:
             files.update(dict(sub.files))
-        name = {"sql": "SQL", "python": "Python", "smtp": "SMTP", "pipeline": "SQLPythonSMTP"}[self.kind]
+        name = {"sql": "SQL", "python": "Python", "smtp": "SMTP", "pipeline": "SQLPythonSMTP", "http": "HTTP"}[self.kind]
         long = "-long" if self.long_horizon else ""
         return Task(
             task_id=f"{name}{long}/{domain.name}/{self.split}/{seed}",
@@ -129,9 +137,9 @@ class TaskSampler:
             seed=int(seed),
             instruction=self._instruction(domain, database, subtasks, files),
             subtasks=subtasks,
-            database=database if self.kind in ("sql", "pipeline") else None,
+            database=database if self.kind in _DATABASE_KINDS else None,
             files=FrozenDict(files),
-            answer_required=self.kind in ("sql", "python"),
+            answer_required=_answer_required(self.kind, subtasks),
             data=database,
         )
 
@@ -169,11 +177,23 @@ class TaskSampler:
             for s in Domain.staff(database.tables):
                 where = "" if s.role == "director" else f" of {s.unit}"
                 lines.append(f"- {s.name}, {s.role}{where}: {s.email}")
-        if self.kind in ("sql", "python"):
+        if self.kind == "http":
+            lines.append(
+                "\nThe company's internal REST service (CRM and ticketing) is reached with the http tool; "
+                "GET /openapi.json describes its resources, fields and filters."
+            )
+        if _answer_required(self.kind, subtasks):
             lines.append('\nWhen you know the answer, call finish with {"answer": "<the answer>"}.')
+        elif self.kind == "http":
+            lines.append('\nWhen the change is made, call finish with {"answer": "done"}.')
         else:
             lines.append('\nWhen every email is sent, call finish with {"answer": "done"}.')
         return "\n".join(lines)
 
     def close(self) -> None:
         self.runner.close()
+
+
+def _answer_required(kind: str, subtasks: tuple[SubTask, ...]) -> bool:
+    """Whether the final answer is checked: always for sql and python tasks; for http ones that ask a question."""
+    return kind in ("sql", "python") or (kind == "http" and any(s.answer is not None for s in subtasks))
