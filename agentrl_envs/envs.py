@@ -6,7 +6,7 @@ from typing import ClassVar
 
 from agentrl_envs.env import ToolUseEnv
 
-__all__ = ["HTTPEnv", "PythonEnv", "SMTPEnv", "SQLEnv", "SQLPythonSMTPEnv"]
+__all__ = ["HTTPEnv", "PythonEnv", "SMTPEnv", "SQLEnv", "SQLPythonSMTPEnv", "WorkplaceEnv"]
 
 _COMMON_ARGS = """
     ## Arguments
@@ -196,3 +196,26 @@ class HTTPEnv(ToolUseEnv):
     )
     kind: ClassVar[str] = "http"
     tool_names: ClassVar[tuple[str, ...]] = ("http", "finish")
+
+
+class WorkplaceEnv(ToolUseEnv):
+    __doc__ = (
+        """``AgentRL/Workplace-v0``: a long-horizon day at work with all four tools.
+
+    ## Description
+
+    Every task chains four sub-tasks, in an order drawn per task: two of ``AgentRL/SQLPythonSMTP-v0``
+    (a ``sql`` query, a ``python`` program on the CSV it saved, an ``smtp`` message to the right
+    people) and two ticket changes on the company REST service of ``AgentRL/HTTP-v0`` (open a
+    ticket, close one, reassign one, with the ``http`` tool): 8 gold calls and ``finish``. The
+    database also holds the ``tickets`` table as it was at the start (the REST service is where
+    changes happen). Required components per sub-task (prefixed ``s1.`` .. ``s4.``):
+    ``queried``, ``computed``, ``emailed`` for the pipeline ones, ``api`` for the ticket ones;
+    ``info["subtask_index"]`` and ``info["subtask_boundary"]`` mark where sub-tasks and tools change.
+"""
+        + _COMMON_SPACES
+        + _COMMON_ARGS
+        + _HISTORY
+    )
+    kind: ClassVar[str] = "workplace"
+    tool_names: ClassVar[tuple[str, ...]] = ("sql", "python", "smtp", "http", "finish")

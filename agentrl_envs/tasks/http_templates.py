@@ -18,7 +18,7 @@ from agentrl_envs.tasks.domains.base import Domain
 from agentrl_envs.tasks.templates import Context, Retry, Template, fmt
 from simulators.http.service import PRIORITIES, STATUSES
 
-__all__ = ["HTTP_TEMPLATES", "TICKETS", "with_tickets"]
+__all__ = ["HTTP_TEMPLATES", "HTTP_WRITES", "TICKETS", "with_tickets"]
 
 #: Tickets in an http task's data.
 TICKETS = 36
@@ -172,3 +172,5 @@ def http_reassign(c: Context) -> SubTask:
 
 
 HTTP_TEMPLATES: tuple[Template, ...] = (http_lookup, http_ticket_count, http_create_ticket, http_close_ticket, http_reassign)
+#: The templates that change the service's state (no final answer): the http part of ``Workplace-v0``.
+HTTP_WRITES: tuple[Template, ...] = (http_create_ticket, http_close_ticket, http_reassign)

@@ -21,7 +21,7 @@ from agentrl_envs.tasks.base import CSV_PLACEHOLDER, EmailSpec, GoldRunner, SubT
 from agentrl_envs.tasks.domains.base import MONTHS, Domain, Staff
 from agentrl_envs.tasks.scoring import extract_numbers
 
-__all__ = ["TEMPLATES", "Context", "Retry"]
+__all__ = ["TEMPLATES", "WORKPLACE_PLAN", "Context", "Retry"]
 
 TRAIN_SHARE = 7  # of 10 parameter buckets go to train; the rest to test
 
@@ -605,6 +605,9 @@ TEMPLATES: dict[str, tuple[Template, ...]] = {
     "pipeline": (pipeline_median, pipeline_growth, pipeline_share, pipeline_stdev, pipeline_mean_count),
 }
 
-from agentrl_envs.tasks.http_templates import HTTP_TEMPLATES  # noqa: E402 - it builds on Context and Retry above
+from agentrl_envs.tasks.http_templates import HTTP_TEMPLATES, HTTP_WRITES  # noqa: E402 - it builds on Context and Retry above
 
 TEMPLATES["http"] = HTTP_TEMPLATES
+#: ``AgentRL/Workplace-v0``: two pipeline sub-tasks and two ticket changes, in an order drawn per task.
+WORKPLACE_PLAN: tuple[tuple[Template, ...], ...] = (TEMPLATES["pipeline"], HTTP_WRITES, TEMPLATES["pipeline"], HTTP_WRITES)
+TEMPLATES["workplace"] = TEMPLATES["pipeline"] + HTTP_WRITES

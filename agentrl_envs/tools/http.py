@@ -61,8 +61,9 @@ class HTTPTool(Tool):
         return response.ok and isinstance(response.result.get("status"), int) and 200 <= response.result["status"] < 300
 
     def details(self, response: ToolResponse) -> dict[str, Any]:
-        body = response.result.get("body")
-        return {"http_status": response.result.get("status"), "total": body.get("total") if isinstance(body, dict) else None}
+        # Only fields of one type in every answer (vector envs merge info keys across sub-envs).
+        status = response.result.get("status")
+        return {"http_status": status if isinstance(status, int) else 0}
 
     def render(self, response: ToolResponse) -> str:
         if not response.ok:

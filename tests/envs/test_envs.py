@@ -51,6 +51,7 @@ def test_ids_registered() -> None:
         "AgentRL/SMTP-v0",
         "AgentRL/SQLPythonSMTP-v0",
         "AgentRL/HTTP-v0",
+        "AgentRL/Workplace-v0",
     }
     for env_id in ENV_IDS:
         assert env_id in gym.registry

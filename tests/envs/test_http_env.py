@@ -214,3 +214,24 @@ def test_a_write_the_service_refuses_is_the_agents_error_not_a_fault() -> None:
         assert obs.startswith("http ok [HTTP 200]") and "/v1/tickets" in obs
     finally:
         env.close()
+
+
+@pytest.mark.parametrize(("env_id", "mode"), [(ENV_ID, "sync"), (ENV_ID, "async"), ("AgentRL/Workplace-v0", "async")])
+def test_vector_envs_solve_the_new_ids(env_id: str, mode: str) -> None:
+    """The registry-wide vector test runs on SQLPythonSMTP-v0 only; the http envs get theirs here."""
+    venv = gym.make_vec(env_id, num_envs=2, vectorization_mode=mode)
+    try:
+        obs, _info = venv.reset(seed=20)
+        assert len(set(obs)) == 2 and all(o.startswith("You are an analytics agent") for o in obs)
+        solved = [False, False]
+        for _ in range(40):
+            obs, rewards, terminated, truncated, _info = venv.step(venv.call("oracle_action"))
+            assert all(isinstance(o, str) and o.strip("0") for o in obs), "stale shared-memory observation"
+            for i in range(2):
+                solved[i] |= bool(terminated[i] and rewards[i] >= 1.0)
+                assert not truncated[i]
+            if all(solved):
+                break
+        assert all(solved)
+    finally:
+        venv.close()
