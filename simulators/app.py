@@ -11,7 +11,8 @@ OpenAPI document is served at ``GET /openapi.json``)::
     DELETE /v1/episodes/{episode_id}
     POST   /v1/episodes/{episode_id}/{tool}               one tool call (the tools of simulators.tools):
                                                           sql {"query"}, python {"code"},
-                                                          smtp {"to", "subject", "body", "cc"?, "attachments"?}
+                                                          smtp {"to", "subject", "body", "cc"?, "attachments"?},
+                                                          http {"method", "path", "body"?, "query"?}
     PUT    /v1/episodes/{episode_id}/files/{path}         {"text"} or {"b64"}: write a workspace file
     GET    /v1/episodes/{episode_id}/files/{path}         {"ok": true, "result": {"path", "b64"}}
 
@@ -136,7 +137,7 @@ class _Episode:
 
 
 class SimulatorApp:
-    """In-memory simulator of the SQL, Python and SMTP services.
+    """In-memory simulator of the SQL, Python, SMTP and company REST (``http``) services.
 
     Args:
         sql_deadline_s: statement deadline of the SQL service.
