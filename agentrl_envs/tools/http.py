@@ -48,7 +48,11 @@ class HTTPTool(Tool):
     max_chars: int = 8000
 
     def validate(self, arguments: dict[str, Any]) -> dict[str, Any]:
-        """Types from the schema, then the request checks every backend applies (relative path, sizes)."""
+        """Types from the schema, then the request checks every backend applies (relative path, sizes).
+
+        A ``null`` body or query is dropped (as if left out), as function-calling models often send them.
+        """
+        arguments = {k: v for k, v in arguments.items() if not (k in ("body", "query") and v is None)}
         check_arguments(self.name, self.parameters, arguments)
         try:
             check_call(arguments)

@@ -5,7 +5,8 @@ base URL: an absolute URL, a scheme-relative ``//host`` path, a dot segment (``.
 percent-encoded), a backslash, a ``?`` or ``#`` (the query goes in ``query``), whitespace or a
 control character (CR/LF header injection) is refused, so a call can never name another host or
 smuggle a header. Bodies are JSON objects of at most :data:`MAX_BODY_BYTES`, sent only with
-``POST`` and ``PATCH``; query values are scalars.
+``POST`` and ``PATCH``; query values are scalars. ``null`` (and an empty body) is the same as leaving
+``body`` or ``query`` out.
 """
 
 from __future__ import annotations
@@ -86,6 +87,8 @@ def check_call(payload: Any, methods: tuple[str, ...] = METHODS) -> HTTPCall:
     path = _check_path(payload.get("path"))
     query = _check_query(payload.get("query"))
     body = payload.get("body")
+    if body == {}:
+        body = None  # an empty body is no body (models send {} with a GET)
     if body is not None:
         if not isinstance(body, dict):
             raise RequestError(422, "bad_arguments", "body must be a JSON object")

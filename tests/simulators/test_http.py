@@ -150,6 +150,13 @@ def test_hostile_requests_are_refused(payload: Any, status: int, kind: str) -> N
     assert (caught.value.status, caught.value.kind) == (status, kind), caught.value.message
 
 
+def test_null_and_empty_body_or_query_are_left_out() -> None:
+    from agentrl_envs.tools import get_tool
+
+    assert check_call({"method": "GET", "path": "/v1", "body": {}, "query": None}) == check_call({"method": "GET", "path": "/v1"})
+    assert get_tool("http").validate({"method": "GET", "path": "/v1", "body": None}) == {"method": "GET", "path": "/v1"}
+
+
 def test_method_allow_list() -> None:
     with pytest.raises(RequestError) as caught:
         check_call({"method": "DELETE", "path": "/v1/tickets/1"}, methods=("GET",))
