@@ -54,11 +54,11 @@ class RequestError(Exception):
 
 @dataclass(frozen=True)
 class HTTPCall:
-    """A checked call: method, relative path, query (scalar values) and body (or None)."""
+    """A checked call: method, relative path, query (values as the text a URL carries) and body (or None)."""
 
     method: str
     path: str
-    query: dict[str, str | int | float | bool] = field(default_factory=dict)
+    query: dict[str, str] = field(default_factory=dict)
     body: dict[str, Any] | None = None
 
 
@@ -124,14 +124,14 @@ def _check_path(path: Any) -> str:
     return path
 
 
-def _check_query(query: Any) -> dict[str, str | int | float | bool]:
+def _check_query(query: Any) -> dict[str, str]:
     if query is None:
         return {}
     if not isinstance(query, dict):
         raise RequestError(422, "bad_arguments", "query must be an object of {name: string or number}")
     if len(query) > MAX_QUERY_KEYS:
         raise RequestError(413, "too_large", f"query has {len(query)} parameters; the limit is {MAX_QUERY_KEYS}")
-    out: dict[str, str | int | float | bool] = {}
+    out: dict[str, str] = {}
     for key, value in query.items():
         if not isinstance(key, str) or not _KEY.fullmatch(key):
             raise RequestError(422, "bad_arguments", f"query parameter name {str(key)[:40]!r} is not a plain name")
@@ -144,7 +144,9 @@ def _check_query(query: Any) -> dict[str, str | int | float | bool]:
                 raise RequestError(400, "bad_request", f"query parameter {key!r} holds control characters or invalid text")
         elif not isinstance(value, (int, float, bool)):
             raise RequestError(422, "bad_arguments", f"query parameter {key!r} must be a string or a number")
-        out[key] = value
+        # As text, written as a URL's query carries it (httpx's rule), so the simulator and a real
+        # service over the wire see the same values.
+        out[key] = ("true" if value else "false") if isinstance(value, bool) else str(value)
     return out
 
 

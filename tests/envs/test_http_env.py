@@ -235,3 +235,41 @@ def test_vector_envs_solve_the_new_ids(env_id: str, mode: str) -> None:
         assert all(solved)
     finally:
         venv.close()
+
+
+_EDGE_CALLS = [
+    {"method": "GET", "path": "/v1/customers", "query": {"name": 24, "limit": "2"}},
+    {"method": "GET", "path": "/v1/customers", "query": {"tier": True}},
+    {"method": "GET", "path": "/v1/tickets", "query": {"ticket_id": 1.0}},
+    {"method": "GET", "path": "/v1/tickets", "query": {"ticket_id": 1.5, "offset": "x"}},
+    {"method": "GET", "path": "/v1/tickets/%31"},
+    {"method": "GET", "path": "/v1/tickets/1'"},
+    {"method": "GET", "path": "/v1/staff", "query": {"name": "Zoë ✓ & = ?"}},
+    {"method": "GET", "path": "/v1/tickets/", "body": {}},
+    {"method": "PATCH", "path": "/v1/tickets/2", "body": {"title": "naïve \u2028 line", "priority": "high"}},
+    {
+        "method": "POST",
+        "path": "/v1/tickets",
+        "body": {"title": "x", "priority": "low", "assignee": "nobody@x", "customer_id": 1},
+    },
+    {"method": "DELETE", "path": "/v1/tickets/3"},
+    {"method": "DELETE", "path": "/v1/tickets/3"},
+    {"method": "GET", "path": "/openapi.json"},
+]
+
+
+def test_edge_calls_answer_alike_on_the_simulator_and_the_upstream(upstream: CompanyServer) -> None:
+    """Values that a URL carries as text (numbers, booleans, escapes, non-ASCII) mean the same on both."""
+    sim, real = make("sim", max_steps=40), make({"http": upstream.url}, max_steps=40)
+    try:
+        seed = 0  # a retail task: the customers collection exists
+        _fresh(upstream, seed)
+        seen = []
+        for env in (sim, real):
+            env.reset(seed=seed, options={"task_seed": seed})
+            seen.append([env.step(format_call("http", call))[::4] for call in _EDGE_CALLS])
+        assert seen[0] == seen[1]
+        assert sum(info["tool_result"]["ok"] for _, info in seen[0]) >= 5  # not only errors
+    finally:
+        sim.close()
+        real.close()
