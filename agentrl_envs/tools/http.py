@@ -116,17 +116,12 @@ class HTTPTool(Tool):
         if method != "GET":
             out.append(_call("GET", path, {}, {}))
         for name, pool in (("priority", PRIORITIES), ("status", STATUSES)):
-            for where in (body, query):
-                if name in where:
-                    other = next(v for v in pool if v != where[name])
-                    out.append(
-                        _call(
-                            method,
-                            path,
-                            {**query, name: other} if where is query else query,
-                            {**body, name: other} if where is body else body,
-                        )
-                    )
+            if name in body:
+                out.append(_call(method, path, query, {**body, name: next(v for v in pool if v != body[name])}))
+            if name in query:
+                out.append(_call(method, path, {**query, name: next(v for v in pool if v != query[name])}, body))
+        if "name" in query:
+            out += [_call(method, path, {**query, "name": other}, body) for other in _other_names(task, query["name"])]
         for key in list(body)[:2]:
             out.append(_call(method, path, query, {k: v for k, v in body.items() if k != key}))
         for key in [k for k in query if k not in ("limit", "offset")][:2]:
@@ -157,6 +152,15 @@ class HTTPTool(Tool):
                 {"method": "POST", "path": "/v1/tickets", "body": {"title": "Issue", "priority": pick(rng, PRIORITIES)}},
             ],
         )
+
+
+def _other_names(task: Task, name: str, k: int = 2) -> list[str]:
+    """Names of ``k`` other records of the task's entity table (a lookup of the wrong one)."""
+    from agentrl_envs.tasks.domains import DOMAINS
+
+    table = task.data.tables.get(DOMAINS[task.domain].entity) if task.data is not None else None
+    names = [str(row[1]) for row in table["rows"]] if table else []
+    return [n for n in names if n != name][:k]
 
 
 def _call(method: str, path: str, query: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
