@@ -67,11 +67,13 @@ def upstream() -> Iterator[CompanyServer]:
     server = CompanyServer(CompanyAPI.from_tables(_tables(0)))
     yield server
     server.close()
+    server.api.close()
 
 
 def _fresh(server: CompanyServer, task_seed: int) -> None:
     """The upstream's data set back to the episode's own (a real service would be reset the same way)."""
-    server.api = CompanyAPI.from_tables(_tables(task_seed))
+    old, server.api = server.api, CompanyAPI.from_tables(_tables(task_seed))
+    old.close()
 
 
 @pytest.mark.parametrize("profile", ["none", "flaky"])

@@ -108,6 +108,18 @@ def test_writes_change_the_state(api: CompanyAPI, tables: dict[str, Any]) -> Non
     assert call(api, "GET", "/v1/tickets", query={"limit": 1})[1]["total"] == TICKETS
 
 
+def test_filters_are_values_not_sql(api: CompanyAPI) -> None:
+    """Read-only collections are answered by SQL on the episode's copy; a filter is a literal, never code."""
+    for hostile in ("x' OR '1'='1", "x'; DROP TABLE customers; --", "' UNION SELECT * FROM staff --"):
+        status, page = call(api, "GET", "/v1/customers", query={"name": hostile})
+        assert status == 200 and page["total"] == 0 and page["items"] == []
+    status, answer = call(api, "PATCH", "/v1/tickets/1", {"assignee": "a' OR 1=1 --"})
+    assert status == 422 and "not the email" in answer["error"]["message"]
+    status, answer = call(api, "PATCH", "/v1/tickets/1", {"assignee": "a\x00b"})
+    assert 400 <= status < 500
+    assert call(api, "GET", "/v1/customers", query={"limit": 1})[1]["total"] == 40
+
+
 def test_openapi_document_lists_every_collection(api: CompanyAPI, tables: dict[str, Any]) -> None:
     status, doc = call(api, "GET", "/openapi.json")
     assert status == 200 and doc["openapi"].startswith("3.")
