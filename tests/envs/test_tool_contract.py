@@ -129,7 +129,9 @@ def check_mounts(tool: Tool) -> None:
             own = make_mounted({"default": default, tool.name: scheme + "host:1"})
             assert isinstance(own, MountedBackend)
             kind = type(own.routes[tool.name])
-            assert kind is type(tool.real_backend(scheme + "host:1"))
+            real = tool.real_backend(scheme + "host:1")
+            assert kind is type(real)
+            real.close()
             for other in others:
                 mounted = make_mounted({"default": default, other: scheme + "host:1"})
                 assert isinstance(mounted, MountedBackend) and not isinstance(mounted.routes[other], kind)
