@@ -1,7 +1,7 @@
 """agentrl_envs: Gymnasium environments for tool-using LLM agents.
 
-``import agentrl_envs`` registers ``AgentRL/SQL-v0``, ``AgentRL/Python-v0``, ``AgentRL/SMTP-v0``
-and ``AgentRL/SQLPythonSMTP-v0``. It never imports torch, transformers or peft.
+``import agentrl_envs`` registers ``AgentRL/SQL-v0``, ``AgentRL/Python-v0``, ``AgentRL/SMTP-v0``,
+``AgentRL/SQLPythonSMTP-v0``, ``AgentRL/HTTP-v0`` and ``AgentRL/Workplace-v0``. It never imports torch, transformers or peft.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ ENV_IDS: dict[str, str] = {
     "AgentRL/Python-v0": "agentrl_envs.envs:PythonEnv",
     "AgentRL/SMTP-v0": "agentrl_envs.envs:SMTPEnv",
     "AgentRL/SQLPythonSMTP-v0": "agentrl_envs.envs:SQLPythonSMTPEnv",
+    "AgentRL/HTTP-v0": "agentrl_envs.envs:HTTPEnv",
+    "AgentRL/Workplace-v0": "agentrl_envs.envs:WorkplaceEnv",
 }
 
 for _env_id, _entry_point in ENV_IDS.items():

@@ -1,6 +1,6 @@
 """Mock services behind the agentrl tool API.
 
-Each tool has a folder (``sql/``, ``python/``, ``smtp/``) holding a service that turns a request into
+Each tool has a folder (``sql/``, ``python/``, ``smtp/``, ``http/``) holding a service that turns a request into
 a result with no knowledge of Gymnasium. :mod:`simulators.app` puts them behind one small REST API,
 served in process through an ``httpx.MockTransport`` or over real HTTP.
 

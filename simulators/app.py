@@ -11,7 +11,8 @@ OpenAPI document is served at ``GET /openapi.json``)::
     DELETE /v1/episodes/{episode_id}
     POST   /v1/episodes/{episode_id}/{tool}               one tool call (the tools of simulators.tools):
                                                           sql {"query"}, python {"code"},
-                                                          smtp {"to", "subject", "body", "cc"?, "attachments"?}
+                                                          smtp {"to", "subject", "body", "cc"?, "attachments"?},
+                                                          http {"method", "path", "body"?, "query"?}
     PUT    /v1/episodes/{episode_id}/files/{path}         {"text"} or {"b64"}: write a workspace file
     GET    /v1/episodes/{episode_id}/files/{path}         {"ok": true, "result": {"path", "b64"}}
 
@@ -95,6 +96,8 @@ class _Episode:
     # Query results (CSV as UTF-8 bytes) not yet written to the workspace (see ``workspace``).
     pending: dict[str, bytes] = field(default_factory=dict)
     pending_bytes: int = 0
+    # State a tool's route keeps for the episode, by tool (the http tool's company service); made on first use.
+    services: dict[str, Any] | None = None
     _path: str | None = None
     _mailbox: Mailbox | None = None
 
@@ -130,10 +133,11 @@ class _Episode:
             shutil.rmtree(self._path, ignore_errors=True)
             self._path = None
         self.pending.clear()
+        self.services = None
 
 
 class SimulatorApp:
-    """In-memory simulator of the SQL, Python and SMTP services.
+    """In-memory simulator of the SQL, Python, SMTP and company REST (``http``) services.
 
     Args:
         sql_deadline_s: statement deadline of the SQL service.

@@ -75,7 +75,7 @@ OPENAPI: dict[str, Any] = {
     "info": {
         "title": "agentrl simulator",
         "version": "1",
-        "description": "Simulated SQL, Python and SMTP services for tool-using agents. Each episode has its own "
+        "description": "Simulated SQL, Python, SMTP and company REST (http) services for tool-using agents. Each episode has its own "
         "read-only database copy, workspace directory and mailbox, owned by the client that opened it. "
         "A server started with a bearer token answers 401 to requests without 'Authorization: Bearer <token>' "
         "(all but /health); a busy server answers 429 server_busy with Retry-After. "

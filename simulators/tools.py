@@ -6,6 +6,7 @@ dispatch and the OpenAPI document are built from this table.
 
 from __future__ import annotations
 
+from simulators.http.route import ROUTE as HTTP
 from simulators.python.route import ROUTE as PYTHON
 from simulators.routes import ToolRoute
 from simulators.smtp.route import ROUTE as SMTP
@@ -13,4 +14,4 @@ from simulators.sql.route import ROUTE as SQL
 
 __all__ = ["TOOL_ROUTES"]
 
-TOOL_ROUTES: dict[str, ToolRoute] = {r.name: r for r in (SQL, PYTHON, SMTP)}
+TOOL_ROUTES: dict[str, ToolRoute] = {r.name: r for r in (SQL, PYTHON, SMTP, HTTP)}

@@ -7,7 +7,10 @@ from typing import Any
 from agentrl_envs.backends.base import Backend, DatabaseSpec, EpisodeSetup, ToolRequest, ToolResponse
 from agentrl_envs.errors import ConfigError
 
-__all__ = ["Backend", "DatabaseSpec", "EpisodeSetup", "ToolRequest", "ToolResponse", "make_backend"]
+__all__ = ["SHARED_SCHEMES", "Backend", "DatabaseSpec", "EpisodeSetup", "ToolRequest", "ToolResponse", "make_backend"]
+
+#: URL schemes of ``agentrl-envs serve`` (any tool); a tool may claim them too, when mounted on it by name.
+SHARED_SCHEMES = ("http://", "https://")
 
 
 def make_backend(spec: Any = "sim", **options: Any) -> Backend:
@@ -43,7 +46,7 @@ def _single(spec: str, **options: Any) -> Backend:
         from agentrl_envs.backends.direct import DirectBackend
 
         return DirectBackend(**options)
-    if spec.startswith(("http://", "https://")):
+    if spec.startswith(SHARED_SCHEMES):
         options = {k: v for k, v in options.items() if k not in ("python_sandbox", "allow_unsafe_sandbox")}
         from agentrl_envs.backends.http import HTTPBackend
 

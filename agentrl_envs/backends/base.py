@@ -51,7 +51,7 @@ class EpisodeSetup:
 
 @dataclass(frozen=True)
 class ToolRequest:
-    """One tool call: ``tool`` is ``sql``, ``python`` or ``smtp``; ``arguments`` its JSON arguments;
+    """One tool call: ``tool`` is a service tool of the registry (``sql``, ``python``, ``smtp``, ``http``); ``arguments`` its JSON arguments;
     ``at_s`` the episode's virtual time when the call goes out (the env owns the clock);
     ``files`` workspace files the call needs, when the backend does not hold the workspace
     itself (attachments of an ``smtp`` call to a real mail server)."""

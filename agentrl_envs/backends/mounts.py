@@ -22,11 +22,12 @@ __all__ = ["MountedBackend", "make_mounted"]
 def make_mounted(spec: dict[str, Any], **options: Any) -> Backend:
     """A :class:`MountedBackend` from ``{"default"?: ..., "<tool>"?: ...}`` over the registry's tools.
 
-    Values: ``"sim"``, ``"direct"``, ``"http://host:port"`` (any tool), a URL of one of a tool's
-    ``backend_schemes`` (that tool only: ``"postgresql://..."`` for ``sql``, ``"smtp://host:port"``
-    for ``smtp``), or a Backend. A missing tool uses ``default``, which itself defaults to ``"sim"``.
+    Values: ``"sim"``, ``"direct"``, ``"http://host:port"`` (``agentrl-envs serve``, any tool), a URL
+    of one of a tool's ``backend_schemes`` (that tool only: ``"postgresql://..."`` for ``sql``,
+    ``"smtp://host:port"`` for ``smtp``; under the ``http`` key an http(s) URL is the company REST
+    service itself), or a Backend. A missing tool uses ``default``, which itself defaults to ``"sim"``.
     """
-    from agentrl_envs.backends import _single
+    from agentrl_envs.backends import SHARED_SCHEMES, _single
     from agentrl_envs.tools import TOOLS, service_tools
 
     tools = service_tools()
@@ -34,27 +35,33 @@ def make_mounted(spec: dict[str, Any], **options: Any) -> Backend:
     if unknown:
         keys = ", ".join(repr(k) for k in ("default", *tools))
         raise ConfigError(f"backend dict: unknown key(s) {sorted(map(str, unknown))}; use {keys}")
-    built: dict[str, Backend] = {}
+    built: dict[tuple[str, bool], Backend] = {}
 
-    def build(value: Any, tool: str | None) -> Backend:
+    def build(value: Any, tool: str | None, explicit: bool) -> Backend:
         if not isinstance(value, str):
             if isinstance(value, Backend):
                 return value
             raise ConfigError(f"backend[{tool or 'default'!r}]={value!r}: expected a URL string or a Backend")
-        if value in built:
-            return built[value]
-        owner = next((name for name in tools if value.startswith(TOOLS[name].backend_schemes)), None)
-        if owner is not None:
-            if tool != owner:
-                raise ConfigError(f"backend[{tool or 'default'!r}]={value[:80]!r}: this URL can only serve {owner!r}")
-            backend: Backend = TOOLS[owner].real_backend(value, **options)
+        # A URL of the tool's own schemes, mounted on it by name, is its real service (for the
+        # http tool an http(s) URL is then the company service, not `agentrl-envs serve`).
+        own = explicit and tool is not None and value.startswith(TOOLS[tool].backend_schemes)
+        if (value, own) in built:
+            return built[(value, own)]
+        if own:
+            assert tool is not None
+            backend: Backend = TOOLS[tool].real_backend(value, **options)
         else:
+            owner = next(
+                (n for n in tools if value.startswith(TOOLS[n].backend_schemes) and not value.startswith(SHARED_SCHEMES)), None
+            )
+            if owner is not None:
+                raise ConfigError(f"backend[{tool or 'default'!r}]={value[:80]!r}: this URL can only serve {owner!r}")
             backend = _single(value, **options)
-        built[value] = backend
+        built[(value, own)] = backend
         return backend
 
     default_spec = spec.get("default", "sim")
-    routes = {tool: build(spec.get(tool, default_spec), tool) for tool in tools}
+    routes = {tool: build(spec.get(tool, default_spec), tool, tool in spec) for tool in tools}
     return MountedBackend(routes)
 
 

@@ -18,7 +18,17 @@ from typing import Any
 from agentrl_envs.backends.base import DatabaseSpec
 from simulators.sql import ReadOnlyDatabase, format_rows
 
-__all__ = ["CSV_PLACEHOLDER", "EmailSpec", "FrozenDict", "GoldRunner", "SubTask", "Task", "freeze_tables", "normalize_rows"]
+__all__ = [
+    "CSV_PLACEHOLDER",
+    "APISpec",
+    "EmailSpec",
+    "FrozenDict",
+    "GoldRunner",
+    "SubTask",
+    "Task",
+    "freeze_tables",
+    "normalize_rows",
+]
 
 #: Gold Python code names its input file with this placeholder; the oracle fills in the CSV path
 #: its own query saved (or the data file of Python-only tasks).
@@ -71,6 +81,24 @@ class EmailSpec:
 
 
 @dataclass(frozen=True)
+class APISpec:
+    """The company-API call an ``http`` step requires: the gold call, and what the service's answer must show.
+
+    Attributes:
+        method, path, query, body: the gold call (query and body as sorted (name, value) pairs).
+        expect: fields one record of a successful answer must hold (the state the task asks for).
+        total: the ``total`` a listing of ``path`` with the gold filters must answer (count tasks).
+    """
+
+    method: str
+    path: str
+    query: tuple[tuple[str, Any], ...] = ()
+    body: tuple[tuple[str, Any], ...] = ()
+    expect: tuple[tuple[str, Any], ...] = ()
+    total: int | None = None
+
+
+@dataclass(frozen=True)
 class SubTask:
     """One unit of work: some of ``sql`` -> ``python`` -> ``smtp``, in that order.
 
@@ -88,6 +116,7 @@ class SubTask:
         answer: the gold final answer text, for sub-tasks answered through ``finish``.
         params: the template parameters (reported in info; used for split disjointness).
         files: workspace files the sub-task needs, as (path, text) pairs.
+        api: the company-API call, for sub-tasks with an ``http`` step.
     """
 
     template: str
@@ -103,6 +132,7 @@ class SubTask:
     answer: str | None = None
     params: tuple[tuple[str, Any], ...] = ()
     files: tuple[tuple[str, str], ...] = ()
+    api: APISpec | None = None
 
     def code_for(self, path: str) -> str:
         assert self.gold_code is not None

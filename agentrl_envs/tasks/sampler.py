@@ -26,7 +26,7 @@ from agentrl_envs.errors import ConfigError
 from agentrl_envs.tasks.base import FrozenDict, GoldRunner, SubTask, Task, freeze_tables
 from agentrl_envs.tasks.domains import DOMAINS, HELDOUT_DOMAINS, TRAIN_DOMAINS, Domain
 from agentrl_envs.tasks.domains.base import fingerprint
-from agentrl_envs.tasks.templates import TEMPLATES, Context, Retry
+from agentrl_envs.tasks.templates import TEMPLATES, WORKPLACE_PLAN, Context, Retry
 
 __all__ = ["KINDS", "LONG_HORIZON_SUBTASKS", "SPLITS", "TASK_CACHE_SIZE", "TaskSampler", "clear_task_cache"]
 
@@ -36,7 +36,11 @@ LONG_HORIZON_SUBTASKS = 5
 DATA_VARIANTS = 8
 _DATA_BASE = {"train": 0, "test": 100, "heldout": 200}
 _SPLIT_CODE = {"train": 11, "test": 23, "heldout": 37}
-_KIND_CODE = {"sql": 1, "python": 2, "smtp": 3, "pipeline": 4}
+_KIND_CODE = {"sql": 1, "python": 2, "smtp": 3, "pipeline": 4, "http": 5, "workplace": 6}
+#: Kinds whose data holds the company service's tickets table (:func:`~agentrl_envs.tasks.http_templates.with_tickets`).
+_TICKET_KINDS = ("http", "workplace")
+#: Kinds whose episodes get the database (for the sql tool, or the http tool's company service).
+_DATABASE_KINDS = ("sql", "pipeline", "http", "workplace")
 #: Tasks kept per process (a few kB each; the data sets they point to are shared).
 TASK_CACHE_SIZE = 4096
 
@@ -46,8 +50,12 @@ _TASKS_LOCK = threading.Lock()
 
 
 @functools.lru_cache(maxsize=64)
-def _dataset(domain: str, data_seed: int) -> DatabaseSpec:
+def _dataset(domain: str, data_seed: int, tickets: bool = False) -> DatabaseSpec:
     tables = DOMAINS[domain].generate(data_seed)
+    if tickets:
+        from agentrl_envs.tasks.http_templates import with_tickets
+
+        tables = with_tickets(DOMAINS[domain], tables, data_seed)
     return DatabaseSpec(fingerprint(domain, data_seed, tables), freeze_tables(tables))
 
 
@@ -106,12 +114,14 @@ class TaskSampler:
         rng = np.random.default_rng([int(seed), _SPLIT_CODE[self.split], _KIND_CODE[self.kind], int(self.long_horizon)])
         domain = DOMAINS[self.domains[int(rng.integers(len(self.domains)))]]
         data_seed = _DATA_BASE[self.split] + int(rng.integers(DATA_VARIANTS))
-        database = _dataset(domain.name, data_seed)
+        database = _dataset(domain.name, data_seed, self.kind in _TICKET_KINDS)
         ctx = Context(domain, database.tables, database, rng, self.runner, self.split)
         templates = list(TEMPLATES[self.kind])
         if self.long_horizon:
             order = rng.permutation(len(templates))
             subtasks = tuple(self._draw(ctx, [templates[i]]) for i in order[:LONG_HORIZON_SUBTASKS])
+        elif self.kind == "workplace":
+            subtasks = self._workplace(ctx)
         else:
             subtasks = (self._draw(ctx, templates),)
         files: dict[str, str] = {}
@@ -119,7 +129,14 @@ class TaskSampler:
             files[f"data/{domain.fact}.csv"] = self.runner.csv_of(database, f"SELECT * FROM {domain.fact} ORDER BY id")
         for sub in subtasks:
             files.update(dict(sub.files))
-        name = {"sql": "SQL", "python": "Python", "smtp": "SMTP", "pipeline": "SQLPythonSMTP"}[self.kind]
+        name = {
+            "sql": "SQL",
+            "python": "Python",
+            "smtp": "SMTP",
+            "pipeline": "SQLPythonSMTP",
+            "http": "HTTP",
+            "workplace": "Workplace",
+        }[self.kind]
         long = "-long" if self.long_horizon else ""
         return Task(
             task_id=f"{name}{long}/{domain.name}/{self.split}/{seed}",
@@ -129,11 +146,22 @@ class TaskSampler:
             seed=int(seed),
             instruction=self._instruction(domain, database, subtasks, files),
             subtasks=subtasks,
-            database=database if self.kind in ("sql", "pipeline") else None,
+            database=database if self.kind in _DATABASE_KINDS else None,
             files=FrozenDict(files),
-            answer_required=self.kind in ("sql", "python"),
+            answer_required=_answer_required(self.kind, subtasks),
             data=database,
         )
+
+    def _workplace(self, ctx: Context) -> tuple[SubTask, ...]:
+        """The groups of :data:`WORKPLACE_PLAN` in an order drawn from the seed, one distinct sub-task each."""
+        subtasks: list[SubTask] = []
+        for group in ctx.rng.permutation(len(WORKPLACE_PLAN)):
+            for _ in range(20):
+                sub = self._draw(ctx, list(WORKPLACE_PLAN[int(group)]))
+                if all((sub.template, sub.params) != (s.template, s.params) for s in subtasks):
+                    break
+            subtasks.append(sub)
+        return tuple(subtasks)
 
     def _draw(self, ctx: Context, templates: list[Any]) -> SubTask:
         template = templates[0]
@@ -151,12 +179,13 @@ class TaskSampler:
         if len(subtasks) == 1:
             lines.append(f"Task: {subtasks[0].description}")
         else:
-            lines.append(f"Complete these {len(subtasks)} tasks, each with its own query, computation and email:")
+            each = "" if self.kind == "workplace" else ", each with its own query, computation and email"
+            lines.append(f"Complete these {len(subtasks)} tasks{each}:")
             lines += [f"{i}. {s.description}" for i, s in enumerate(subtasks, 1)]
-        if self.kind in ("sql", "pipeline"):
+        if self.kind in ("sql", "pipeline", "workplace"):
             lines.append("\nDatabase tables (SQLite):")
             lines.append(domain.schema_text(database.tables))
-        if self.kind == "pipeline":
+        if self.kind in ("pipeline", "workplace"):
             lines.append("People and their email addresses are in the staff table (role: manager, analyst or director).")
             lines.append("Compute figures with the python tool from the CSV file your query saved.")
         if files:
@@ -169,11 +198,25 @@ class TaskSampler:
             for s in Domain.staff(database.tables):
                 where = "" if s.role == "director" else f" of {s.unit}"
                 lines.append(f"- {s.name}, {s.role}{where}: {s.email}")
-        if self.kind in ("sql", "python"):
+        if self.kind in ("http", "workplace"):
+            lines.append(
+                "\nThe company's internal REST service (CRM and ticketing) is reached with the http tool; "
+                "GET /openapi.json describes its resources, fields and filters."
+            )
+        if _answer_required(self.kind, subtasks):
             lines.append('\nWhen you know the answer, call finish with {"answer": "<the answer>"}.')
+        elif self.kind == "http":
+            lines.append('\nWhen the change is made, call finish with {"answer": "done"}.')
+        elif self.kind == "workplace":
+            lines.append('\nWhen every task is done, call finish with {"answer": "done"}.')
         else:
             lines.append('\nWhen every email is sent, call finish with {"answer": "done"}.')
         return "\n".join(lines)
 
     def close(self) -> None:
         self.runner.close()
+
+
+def _answer_required(kind: str, subtasks: tuple[SubTask, ...]) -> bool:
+    """Whether the final answer is checked: always for sql and python tasks; for http ones that ask a question."""
+    return kind in ("sql", "python") or (kind == "http" and any(s.answer is not None for s in subtasks))

@@ -4,7 +4,7 @@ A template draws its parameters from the episode's generator, refuses draws outs
 (``Retry``), runs its gold plan through :class:`GoldRunner` and returns a :class:`SubTask`.
 Five templates per env kind: ``sql.*`` (answer with finish), ``python.*`` (compute from a CSV
 file, answer with finish), ``smtp.*`` (send the right email), ``pipeline.*`` (query, compute in
-Python from the saved CSV, email the result).
+Python from the saved CSV, email the result); ``http.*`` live in :mod:`~agentrl_envs.tasks.http_templates`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from agentrl_envs.tasks.base import CSV_PLACEHOLDER, EmailSpec, GoldRunner, SubT
 from agentrl_envs.tasks.domains.base import MONTHS, Domain, Staff
 from agentrl_envs.tasks.scoring import extract_numbers
 
-__all__ = ["TEMPLATES", "Context", "Retry"]
+__all__ = ["TEMPLATES", "WORKPLACE_PLAN", "Context", "Retry"]
 
 TRAIN_SHARE = 7  # of 10 parameter buckets go to train; the rest to test
 
@@ -604,3 +604,10 @@ TEMPLATES: dict[str, tuple[Template, ...]] = {
     "smtp": (smtp_manager, smtp_manager_cc, smtp_analysts, smtp_attachment, smtp_two_units),
     "pipeline": (pipeline_median, pipeline_growth, pipeline_share, pipeline_stdev, pipeline_mean_count),
 }
+
+from agentrl_envs.tasks.http_templates import HTTP_TEMPLATES, HTTP_WRITES  # noqa: E402 - it builds on Context and Retry above
+
+TEMPLATES["http"] = HTTP_TEMPLATES
+#: ``AgentRL/Workplace-v0``: two pipeline sub-tasks and two ticket changes, in an order drawn per task.
+WORKPLACE_PLAN: tuple[tuple[Template, ...], ...] = (TEMPLATES["pipeline"], HTTP_WRITES, TEMPLATES["pipeline"], HTTP_WRITES)
+TEMPLATES["workplace"] = TEMPLATES["pipeline"] + HTTP_WRITES

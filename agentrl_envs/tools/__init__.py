@@ -10,13 +10,14 @@ from __future__ import annotations
 from agentrl_envs.errors import ConfigError
 from agentrl_envs.tools.base import Tool
 from agentrl_envs.tools.finish import FinishTool
+from agentrl_envs.tools.http import HTTPTool
 from agentrl_envs.tools.python import PythonTool
 from agentrl_envs.tools.smtp import SMTPTool
 from agentrl_envs.tools.sql import SQLTool
 
-TOOLS: dict[str, Tool] = {t.name: t for t in (SQLTool(), PythonTool(), SMTPTool(), FinishTool())}
+TOOLS: dict[str, Tool] = {t.name: t for t in (SQLTool(), PythonTool(), SMTPTool(), HTTPTool(), FinishTool())}
 
-__all__ = ["TOOLS", "FinishTool", "PythonTool", "SMTPTool", "SQLTool", "Tool", "get_tool", "service_tools"]
+__all__ = ["TOOLS", "FinishTool", "HTTPTool", "PythonTool", "SMTPTool", "SQLTool", "Tool", "get_tool", "service_tools"]
 
 
 def service_tools() -> tuple[str, ...]:

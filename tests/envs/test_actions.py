@@ -299,6 +299,19 @@ def _valid_calls(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
         return name, {"code": draw(_ARG_TEXT)}
     if name == "finish":
         return name, {"answer": draw(_ARG_TEXT)}
+    if name == "http":
+        segment = st.text("abcdefghijklmnopqrstuvwxyz0123456789-_", min_size=1, max_size=12)
+        call: dict[str, Any] = {
+            "method": draw(st.sampled_from(["GET", "DELETE"])),
+            "path": "/" + "/".join(draw(st.lists(segment, max_size=3))),
+        }
+        if draw(st.booleans()):
+            call["query"] = draw(
+                st.dictionaries(st.sampled_from(["limit", "status", "name"]), _ARG_TEXT.filter(str.isprintable), max_size=2)
+            )
+        if draw(st.booleans()):
+            call = {**call, "method": draw(st.sampled_from(["POST", "PATCH"])), "body": {"title": draw(_ARG_TEXT)}}
+        return name, call
     args: dict[str, Any] = {
         "to": draw(st.one_of(_ARG_TEXT, _ADDRESSES)),
         "subject": draw(_ARG_TEXT),

@@ -10,9 +10,14 @@ from agentrl_envs.agents import OracleAgent, RandomAgent
 from tests.conftest import ENV_IDS, SPLITS
 
 SEEDS = 200
+#: Fewer seeds in CI for the ids whose episodes cost the most per seed (the 200-seed rates of every
+#: split are measured with `agentrl-envs eval ID --agent oracle --episodes 200 --split
+#: train,test,heldout` and reported in the README); >= 99% of these is all of them.
+CI_SEEDS = {"AgentRL/HTTP-v0": 50, "AgentRL/Workplace-v0": 20}
 
 
-def success_rate(env_id: str, split: str, agent_name: str, n: int = SEEDS) -> float:
+def success_rate(env_id: str, split: str, agent_name: str, n: int | None = None) -> float:
+    n = CI_SEEDS.get(env_id, SEEDS) if n is None else n
     env = gym.make(env_id, split=split)
     agent = OracleAgent(env) if agent_name == "oracle" else RandomAgent(env, seed=1234)
     wins = 0

@@ -70,7 +70,12 @@ def test_aux_spec_forms() -> None:
     assert parse_aux_reward(None) == AuxRewardConfig()
     assert parse_aux_reward(False).schedule.weight(0) == 0.0
     assert parse_aux_reward(0.5).schedule.weight(123) == 0.5
-    assert parse_aux_reward({"schedule": "cosine", "terms": {"sql": 1.0}}).terms == {"sql": 1.0, "python": 0.2, "smtp": 0.5}
+    assert parse_aux_reward({"schedule": "cosine", "terms": {"sql": 1.0}}).terms == {
+        "sql": 1.0,
+        "python": 0.2,
+        "smtp": 0.5,
+        "http": 0.5,
+    }
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
@@ -123,6 +128,8 @@ def _farmer(env: gym.Env[str, str], obs: str, info: dict[str, Any], step: int) -
         return format_call("sql", {"query": "SELECT * FROM staff"})
     if tool == "python":
         return format_call("python", {"code": "print(sum(range(10)))"})
+    if tool == "http":
+        return format_call("http", {"method": "GET", "path": "/openapi.json"})
     staff = [row[2] for row in core.task.data.tables["staff"]["rows"]]
     return format_call("smtp", {"to": staff[step % len(staff)], "subject": f"{domain} update", "body": "All good."})
 
@@ -132,7 +139,7 @@ def _smart_farmer(env: gym.Env[str, str], obs: str, info: dict[str, Any], step: 
     core = env.unwrapped
     action = core.oracle_action()
     name = parse_action(action).name
-    if name in ("finish", "smtp"):
+    if name in ("finish", "smtp", "http"):  # the steps that complete a sub-task
         return _farmer(env, obs, info, step)
     return action
 

@@ -45,7 +45,14 @@ def run_episode(env: gym.Env[str, str], seed: int, agent_cls: Any = OracleAgent)
 
 
 def test_ids_registered() -> None:
-    assert set(ENV_IDS) == {"AgentRL/SQL-v0", "AgentRL/Python-v0", "AgentRL/SMTP-v0", "AgentRL/SQLPythonSMTP-v0"}
+    assert set(ENV_IDS) == {
+        "AgentRL/SQL-v0",
+        "AgentRL/Python-v0",
+        "AgentRL/SMTP-v0",
+        "AgentRL/SQLPythonSMTP-v0",
+        "AgentRL/HTTP-v0",
+        "AgentRL/Workplace-v0",
+    }
     for env_id in ENV_IDS:
         assert env_id in gym.registry
         env = gym.make(f"agentrl_envs:{env_id}")

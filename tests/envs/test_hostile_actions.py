@@ -226,6 +226,10 @@ def test_corpus_is_large_and_ids_unique() -> None:
 
 @pytest.mark.parametrize(("action", "expect", "marker", "seed"), list(_params()))
 def test_hostile_action(env: gym.Env[str, str], action: str, expect: str, marker: str, seed: int) -> None:
+    _step_hostile(env, action, expect, marker, seed)
+
+
+def _step_hostile(env: gym.Env[str, str], action: str, expect: str, marker: str, seed: int) -> None:
     obs, info = env.reset(seed=seed)
 
     obs, reward, terminated, truncated, info = env.step(action)
@@ -249,13 +253,56 @@ def test_hostile_action(env: gym.Env[str, str], action: str, expect: str, marker
         expected_fault = env.unwrapped.profile.penalty("timeout") if timed_out else 0.0
         assert components["format"] == 0.0 and components["fault"] == expected_fault, components
         assert info["fault"] and info["fault"]["origin"] == "agent"
-        assert info["tool"] in ("sql", "python", "smtp")
+        assert info["tool"] in ("sql", "python", "smtp", "http")
         assert obs.startswith(f"{info['tool']} error")
     else:
         assert reward < 0 or result["ok"] is False
 
     final = _finish_with_oracle(env, obs, info)
     assert final["success"] is True, final.get("task_components")
+
+
+def http(method: str, path: str, **extra: Any) -> str:
+    return format_call("http", {"method": method, "path": path, **extra})
+
+
+# The http tool, on AgentRL/HTTP-v0 (tests/envs/test_http_env.py sends them to a real upstream too,
+# with a second server standing for every host off the allow-list).
+_HTTP_CASES: list[tuple[str, str, str, str]] = [
+    ("http_absolute_url", http("GET", "http://169.254.169.254/latest/meta-data/"), FORMAT, "not a url of another host"),
+    ("http_scheme_relative", http("GET", "//evil.example/v1/tickets"), FORMAT, "not a url of another host"),
+    ("http_no_leading_slash", http("GET", "evil.example/v1"), FORMAT, "start with a single '/'"),
+    ("http_traversal", http("GET", "/v1/../../etc/passwd"), FORMAT, "'..' segments"),
+    ("http_encoded_traversal", http("GET", "/v1/%2e%2e/%2E%2E/etc/passwd"), FORMAT, "'..' segments"),
+    ("http_crlf_in_path", http("GET", "/v1/tickets\r\nHost: evil.example"), FORMAT, "cannot"),
+    ("http_encoded_crlf_in_path", http("GET", "/v1/tickets%0d%0aHost:%20evil.example"), FORMAT, "control character"),
+    ("http_crlf_in_query", http("GET", "/v1/tickets", query={"status": "open\r\nX-Evil: 1"}), FORMAT, "control characters"),
+    ("http_query_in_path", http("GET", "/v1/tickets?status=open"), FORMAT, "query parameters in 'query'"),
+    ("http_huge_body", http("POST", "/v1/tickets", body={"title": "x" * 200_000}), FORMAT, "the limit is"),
+    ("http_huge_path", http("GET", "/" + "a" * 20_000), FORMAT, "the limit is"),
+    ("http_method_put", http("PUT", "/v1/tickets/1"), FORMAT, "method must be one of"),
+    ("http_method_connect", http("CONNECT", "evil.example:443"), FORMAT, "method must be one of"),
+    ("http_headers_argument", http("GET", "/v1", headers={"Host": "evil.example"}), FORMAT, "unknown argument"),
+    ("http_body_on_get", http("GET", "/v1/tickets", body={"status": "open"}), FORMAT, "takes no body"),
+    ("http_body_not_object", http("POST", "/v1/tickets", body="[1, 2]"), FORMAT, "must be a object"),
+    ("http_unknown_collection", http("GET", "/v1/passwords"), REFUSED, "not_found"),
+    ("http_write_read_only", http("DELETE", "/v1/staff/1"), REFUSED, "method_not_allowed"),
+    ("http_bad_enum", http("PATCH", "/v1/tickets/1", body={"status": "deleted"}), REFUSED, "validation"),
+    ("http_unknown_field", http("PATCH", "/v1/tickets/1", body={"owner": "root"}), REFUSED, "validation"),
+    ("http_limit_too_large", http("GET", "/v1/tickets", query={"limit": 10**9}), REFUSED, "bad_parameter"),
+]
+
+
+@pytest.fixture(scope="module")
+def http_env() -> Iterator[gym.Env[str, str]]:
+    e = gym.make("AgentRL/HTTP-v0", python_sandbox=False)
+    yield e
+    e.close()
+
+
+@pytest.mark.parametrize(("action", "expect", "marker"), [pytest.param(*c[1:], id=c[0]) for c in _HTTP_CASES])
+def test_hostile_http_action(http_env: gym.Env[str, str], action: str, expect: str, marker: str) -> None:
+    _step_hostile(http_env, action, expect, marker.lower(), seed=7)
 
 
 def test_symlink_planted_in_workspace_is_not_attached(env: gym.Env[str, str]) -> None:

@@ -21,8 +21,9 @@ import pytest
 import agentrl_envs
 from agentrl_envs.actions import format_call, parse_action
 from agentrl_envs.agents import OracleAgent
+from agentrl_envs.backends import SHARED_SCHEMES
 from agentrl_envs.backends.base import EpisodeSetup, ToolRequest, ToolResponse
-from agentrl_envs.backends.mounts import make_mounted
+from agentrl_envs.backends.mounts import MountedBackend, make_mounted
 from agentrl_envs.errors import ActionError, ConfigError
 from agentrl_envs.faults import load_profile, parse_profile
 from agentrl_envs.faults.injector import FaultInjectingBackend
@@ -123,6 +124,20 @@ def check_mounts(tool: Tool) -> None:
     assert [r.tool for r in own.calls] == [tool.name] and default.calls == []
     others = [name for name in service_tools() if name != tool.name]
     for scheme in tool.backend_schemes:
+        if scheme.startswith(SHARED_SCHEMES):
+            # A scheme `agentrl-envs serve` shares (http://): the tool's real service only under its own key.
+            own = make_mounted({"default": default, tool.name: scheme + "host:1"})
+            assert isinstance(own, MountedBackend)
+            kind = type(own.routes[tool.name])
+            real = tool.real_backend(scheme + "host:1")
+            assert kind is type(real)
+            real.close()
+            for other in others:
+                mounted = make_mounted({"default": default, other: scheme + "host:1"})
+                assert isinstance(mounted, MountedBackend) and not isinstance(mounted.routes[other], kind)
+                mounted.close()
+            own.close()
+            continue
         for other in others:
             with pytest.raises(ConfigError):
                 make_mounted({"default": default, other: scheme + "host/x"})

@@ -62,3 +62,26 @@ def test_long_horizon_on_real_services(pg_url: str, smtp: tuple[str, list[Any]])
     assert transcript("AgentRL/SQLPythonSMTP-v0", backend, 5, long_horizon=True) == transcript(
         "AgentRL/SQLPythonSMTP-v0", "sim", 5, long_horizon=True
     )
+
+
+def test_http_tool_on_serve_and_on_a_real_upstream(sim_url: str) -> None:
+    """AgentRL/HTTP-v0: sim, direct, serve, and the http tool on a real REST upstream (127.0.0.1, a free port)."""
+    from simulators.http import CompanyAPI
+    from simulators.http.upstream import CompanyServer
+
+    env_id = "AgentRL/HTTP-v0"
+    for seed in SEEDS:
+        reference = transcript(env_id, "sim", seed)
+        assert transcript(env_id, "direct", seed) == reference
+        assert transcript(env_id, sim_url, seed) == reference
+        probe = gym.make(env_id, python_sandbox=False)
+        probe.reset(seed=seed)
+        tables = probe.unwrapped.task.database.tables  # type: ignore[attr-defined]
+        probe.close()
+        upstream = CompanyServer(CompanyAPI.from_tables(tables))
+        try:
+            assert transcript(env_id, {"default": sim_url, "http": upstream.url}, seed) == reference
+            assert upstream.requests, "no call reached the upstream"
+        finally:
+            upstream.close()
+            upstream.api.close()
