@@ -23,15 +23,17 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Iterator, Sequence
+from itertools import pairwise
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from agentrl_envs.data.codec import DEFAULT_LIMITS, Limits, Step, Trajectory, validate
+from agentrl_envs.data.codec import DEFAULT_LIMITS, Limits, Trajectory, validate
 from agentrl_envs.data.errors import CorruptRecordError, FormatError, InvalidTrajectoryError, StorageError
 
 __all__ = [
@@ -135,44 +137,119 @@ def _list_array(chunks: list[bytes], dtype: type, arrow_type: pa.DataType) -> pa
 
 
 def table_to_trajectories(table: pa.Table) -> list[Trajectory]:
-    """Rebuild trajectories from rows in :data:`SCHEMA` (rows of one trajectory must be contiguous)."""
+    """Rebuild trajectories from rows in :data:`SCHEMA` (rows of one trajectory must be contiguous).
+
+    Column at a time: each column is converted to Python values once (trajectory fields only at the
+    first row of each trajectory), then each step is built in place with ``steps.add(...)``.
+    """
     legacy = table.schema.field("observation").type == pa.binary() if "observation" in table.column_names else False
     missing = [name for name in SCHEMA.names if name not in table.column_names and not (legacy and name == "observation_bytes")]
     if missing:
         raise FormatError(f"the table lacks the shard columns {missing}; it was not written by ShardWriter")
-    cols = {
-        name: table.column(name).to_pylist()
-        for name in SCHEMA.names
-        if name not in ("embedding", "token_log_probs", "token_ids") and name in table.column_names
-    }
-    flat = {name: _flat_bytes(table.column(name), dtype) for name, dtype in _ARRAYS}
+    n = table.num_rows
+    if n == 0:
+        return []
+    traj_index = table.column("traj_index").to_numpy(zero_copy_only=False)
+    step_index = table.column("step_index").to_numpy(zero_copy_only=False)
+    new = step_index == 0
+    new[0] = True
+    new[1:] |= traj_index[1:] != traj_index[:-1]
+    starts = np.flatnonzero(new)
+    ends = [*starts[1:].tolist(), n]
+    head = table.select(["seed", "created_unix_ns", "episode_terminated", "episode_truncated", "success", "metadata", *_TRAJ_STR])
+    heads = head.take(pa.array(starts)).to_pydict()
+    col = {name: _pylist(table.column(name)) for name in (*_STEP_STR, *_STEP_NUM, *_STEP_BOOL)}
+    prompt, action, tool = col["prompt"], col["action"], col["tool"]
+    reward, log_prob, value, advantage = col["reward"], col["log_prob"], col["value"], col["advantage"]
+    obs_cut, term, trunc = col["observation_truncated"], col["terminated"], col["truncated"]
+    observation = _observations(table, legacy)
+    components = _components(table.column("reward_components"))
+    emb, tlp, tid = (_flat_bytes(table.column(name), dtype) for name, dtype in _ARRAYS)
     out: list[Trajectory] = []
-    current = None
-    for row in range(table.num_rows):
-        if current is None or cols["step_index"][row] == 0 or cols["traj_index"][row] != cols["traj_index"][row - 1]:
-            current = Trajectory(
-                **{name: cols[name][row] for name in _TRAJ_STR},
-                created_unix_ns=cols["created_unix_ns"][row],
-                terminated=cols["episode_terminated"][row],
-                truncated=cols["episode_truncated"][row],
-                success=cols["success"][row],
-                metadata={kv["key"]: kv["value"] for kv in cols["metadata"][row] or ()},
-            )
-            if cols["seed"][row] is not None:
-                current.seed = cols["seed"][row]
-            out.append(current)
-        step = Step(
-            **{name: cols[name][row] for name in (*_STEP_STR, *_STEP_NUM, *_STEP_BOOL)},
-            observation=_observation_bytes(cols, row),
-            reward_components={c["name"]: c["value"] for c in cols["reward_components"][row] or ()},
+    for t, (start, end) in enumerate(zip(starts.tolist(), ends)):
+        traj = Trajectory(
+            **{name: heads[name][t] for name in _TRAJ_STR},
+            created_unix_ns=heads["created_unix_ns"][t],
+            terminated=heads["episode_terminated"][t],
+            truncated=heads["episode_truncated"][t],
+            success=heads["success"][t],
+            metadata={kv["key"]: kv["value"] for kv in heads["metadata"][t] or ()},
         )
-        for name, _ in _ARRAYS:
-            values, offsets = flat[name]
-            step_bytes = values[offsets[row] * 4 : offsets[row + 1] * 4]
-            if step_bytes:
-                setattr(step, name, step_bytes)
-        current.steps.append(step)
+        if heads["seed"][t] is not None:
+            traj.seed = heads["seed"][t]
+        add = traj.steps.add
+        for row in range(start, end):
+            add(
+                prompt=prompt[row],
+                action=action[row],
+                tool=tool[row],
+                reward=reward[row],
+                log_prob=log_prob[row],
+                value=value[row],
+                advantage=advantage[row],
+                observation_truncated=obs_cut[row],
+                terminated=term[row],
+                truncated=trunc[row],
+                observation=observation[row],
+                reward_components=components[row],
+                embedding=emb[row],
+                token_log_probs=tlp[row],
+                token_ids=tid[row],
+            )
+        out.append(traj)
     return out
+
+
+def _pylist(column: pa.ChunkedArray) -> list[Any]:
+    """Python values of a column; numbers go through numpy, which is faster than ``to_pylist``."""
+    if column.null_count == 0 and (pa.types.is_floating(column.type) or pa.types.is_boolean(column.type)):
+        return column.to_numpy(zero_copy_only=False).tolist()
+    return column.to_pylist()
+
+
+def _observations(table: pa.Table, legacy: bool) -> list[bytes]:
+    """Each row's observation bytes: the text column as UTF-8, or ``observation_bytes`` where that is set."""
+    text = table.column("observation")
+    if not legacy:
+        raw = table.column("observation_bytes")
+        text = text.cast(pa.binary())
+        if raw.null_count < len(raw):
+            text = pc.coalesce(raw, text)
+    values = text.to_pylist()
+    if text.null_count:
+        values = [b"" if v is None else v for v in values]
+    return values
+
+
+def _components(column: pa.ChunkedArray) -> list[dict[str, float]]:
+    """Each row's reward components as a dict, from the flattened names and values of the list column."""
+    offsets, entries = _list_parts(column)
+    names, values = entries.flatten()
+    name_list, value_list = names.to_pylist(), _pylist(pa.chunked_array([values]))
+    return [dict(zip(name_list[a:b], value_list[a:b])) for a, b in pairwise(offsets)]
+
+
+def _flat_bytes(column: pa.ChunkedArray, dtype: type) -> list[bytes]:
+    """Each row's list as little-endian bytes (empty for an empty or null list)."""
+    offsets, values = _list_parts(column)
+    data = np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.dtype(dtype).newbyteorder("<")).tobytes()
+    size = np.dtype(dtype).itemsize
+    return [data[a * size : b * size] for a, b in pairwise(offsets)]
+
+
+def _list_parts(column: pa.ChunkedArray) -> tuple[list[int], pa.Array]:
+    """A list column's row offsets (counted from 0, null rows empty) and the values they index."""
+    array = column.combine_chunks()
+    bounds = np.asarray(array.offsets, dtype=np.int64)
+    first = int(bounds[0]) if len(bounds) else 0
+    values = array.values.slice(first, int(bounds[-1]) - first if len(bounds) else 0)
+    bounds -= first
+    if array.null_count:  # a null row may still span values (Arrow allows it): keep only the other rows' values
+        null = array.is_null().to_numpy(zero_copy_only=False)
+        keep = [(int(lo), int(hi)) for lo, hi, skip in zip(bounds[:-1], bounds[1:], null) if not skip]
+        values = pa.concat_arrays([values.slice(lo, hi - lo) for lo, hi in keep]) if keep else values.slice(0, 0)
+        bounds = np.concatenate([[0], np.cumsum(np.where(null, 0, np.diff(bounds)))])
+    return bounds.tolist(), values
 
 
 def _utf8(data: bytes) -> str | None:
@@ -180,23 +257,6 @@ def _utf8(data: bytes) -> str | None:
         return data.decode("utf-8")
     except UnicodeDecodeError:
         return None
-
-
-def _observation_bytes(cols: dict[str, list[Any]], row: int) -> bytes:
-    raw = cols.get("observation_bytes", [None] * (row + 1))[row]
-    if raw is not None:
-        return bytes(raw)
-    value = cols["observation"][row]
-    if value is None:
-        return b""
-    return value if isinstance(value, bytes) else value.encode("utf-8")  # bytes: a shard from before the text column
-
-
-def _flat_bytes(column: pa.ChunkedArray, dtype: type) -> tuple[bytes, np.ndarray]:
-    array = column.combine_chunks()
-    offsets = np.asarray(array.offsets) - array.offsets[0].as_py()
-    values = np.asarray(array.flatten().to_numpy(zero_copy_only=False), dtype=np.dtype(dtype).newbyteorder("<"))
-    return values.tobytes(), offsets
 
 
 class ShardWriter:

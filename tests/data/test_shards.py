@@ -138,3 +138,27 @@ def test_table_helpers(tmp_path: Path) -> None:
 
     with pytest.raises(FormatError, match="lacks the shard columns"):
         table_to_trajectories(pa.table({"reward": [1.0]}))
+
+
+def test_table_to_trajectories_on_chunks_slices_and_null_lists() -> None:
+    trajs = many(9)
+    rows = [len(t.steps) for t in trajs]
+    table = trajectories_to_table(trajs)
+    # Several chunks (read_table concatenates shards) and a slice that starts inside the table.
+    chunked = pa.concat_tables([trajectories_to_table(trajs[:4]), trajectories_to_table(trajs[4:], first_index=4)])
+    assert chunked.column("reward").num_chunks == 2 and table_to_trajectories(chunked) == trajs
+    start, stop = sum(rows[:3]), sum(rows[:6])
+    assert table_to_trajectories(table.slice(start, stop - start)) == trajs[3:6]
+    # Null lists (a table from another writer) read as empty, even where Arrow lets a null row span values.
+    expected = many(9)
+    for name in ("reward_components", "embedding", "token_ids"):
+        column = table.column(name).combine_chunks()
+        mask = np.zeros(len(column), dtype=bool)
+        mask[[0, 5]] = True
+        nulled = pa.ListArray.from_arrays(column.offsets, column.values, mask=pa.array(mask))
+        assert nulled.null_count == 2 and nulled.offsets[1].as_py() > 0  # row 0 is null, yet spans values
+        table = table.set_column(table.schema.get_field_index(name), name, nulled)
+        for row in (0, 5):
+            traj = next(i for i in range(9) if sum(rows[: i + 1]) > row)
+            expected[traj].steps[row - sum(rows[:traj])].ClearField(name)  # type: ignore[arg-type]
+    assert table_to_trajectories(table) == expected
