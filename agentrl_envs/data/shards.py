@@ -1,7 +1,7 @@
 """Arrow and Parquet shards of trajectories: one row per step, flat columns, rolling files by size.
 
 A shard set is a folder of ``shard-00000.arrow`` (Arrow IPC stream format, uncompressed, read
-zero-copy through a memory map) or ``shard-00000.parquet`` (zstd) files. Each row is one step;
+zero-copy through a memory map) or ``shard-00000.parquet`` (zstd by default) files. Each row is one step;
 trajectory fields repeat on every row of the trajectory, so ``reward``, ``log_prob``, ``value``
 and ``advantage`` are plain float64 columns. A trajectory never spans two files. Files are written
 under a temporary name and renamed when complete, so a reader never sees half a shard.
@@ -90,6 +90,12 @@ _STEP_NUM = ("reward", "log_prob", "value", "advantage")
 _STEP_BOOL = ("observation_truncated", "terminated", "truncated")
 _ARRAYS = (("embedding", np.float32), ("token_log_probs", np.float32), ("token_ids", np.int32))
 _SUFFIX = {"arrow": ".arrow", "parquet": ".parquet"}
+_COMPRESSION = ("zstd", "lz4", "snappy", "none")
+# Parquet: dictionary-encode only the columns that repeat (per trajectory, or the tool name); a dictionary
+# on unique text or random floats fills up, falls back to plain pages and slows reads. Statistics
+# (min/max for filters) only on the number columns: on long text they cost space and read time.
+_PARQUET_DICTIONARY = [*_TRAJ_STR, "tool"]
+_PARQUET_STATISTICS = ["traj_index", "step_index", "num_steps", "seed", "created_unix_ns", *_STEP_NUM]
 
 
 def trajectories_to_table(trajectories: Sequence[Trajectory], first_index: int = 0) -> pa.Table:
@@ -140,7 +146,8 @@ def table_to_trajectories(table: pa.Table) -> list[Trajectory]:
     """Rebuild trajectories from rows in :data:`SCHEMA` (rows of one trajectory must be contiguous).
 
     Column at a time: each column is converted to Python values once (trajectory fields only at the
-    first row of each trajectory), then each step is built in place with ``steps.add(...)``.
+    first row of each trajectory), then each step is built in place with ``steps.add(...)``; this is
+    several times faster than converting row by row (see ``benchmarks/bench_storage.py``).
     """
     legacy = table.schema.field("observation").type == pa.binary() if "observation" in table.column_names else False
     missing = [name for name in SCHEMA.names if name not in table.column_names and not (legacy and name == "observation_bytes")]
@@ -163,7 +170,8 @@ def table_to_trajectories(table: pa.Table) -> list[Trajectory]:
     reward, log_prob, value, advantage = col["reward"], col["log_prob"], col["value"], col["advantage"]
     obs_cut, term, trunc = col["observation_truncated"], col["terminated"], col["truncated"]
     observation = _observations(table, legacy)
-    components = _components(table.column("reward_components"))
+    comp_bounds, comp_entries = _list_parts(table.column("reward_components"))
+    comp_names, comp_values = (_pylist(pa.chunked_array([part])) for part in comp_entries.flatten())
     emb, tlp, tid = (_flat_bytes(table.column(name), dtype) for name, dtype in _ARRAYS)
     out: list[Trajectory] = []
     for t, (start, end) in enumerate(zip(starts.tolist(), ends)):
@@ -179,7 +187,7 @@ def table_to_trajectories(table: pa.Table) -> list[Trajectory]:
             traj.seed = heads["seed"][t]
         add = traj.steps.add
         for row in range(start, end):
-            add(
+            step = add(
                 prompt=prompt[row],
                 action=action[row],
                 tool=tool[row],
@@ -191,11 +199,13 @@ def table_to_trajectories(table: pa.Table) -> list[Trajectory]:
                 terminated=term[row],
                 truncated=trunc[row],
                 observation=observation[row],
-                reward_components=components[row],
                 embedding=emb[row],
                 token_log_probs=tlp[row],
                 token_ids=tid[row],
             )
+            components = step.reward_components  # item by item: faster than a dict through MutableMapping.update
+            for i in range(comp_bounds[row], comp_bounds[row + 1]):
+                components[comp_names[i]] = comp_values[i]
         out.append(traj)
     return out
 
@@ -221,20 +231,13 @@ def _observations(table: pa.Table, legacy: bool) -> list[bytes]:
     return values
 
 
-def _components(column: pa.ChunkedArray) -> list[dict[str, float]]:
-    """Each row's reward components as a dict, from the flattened names and values of the list column."""
-    offsets, entries = _list_parts(column)
-    names, values = entries.flatten()
-    name_list, value_list = names.to_pylist(), _pylist(pa.chunked_array([values]))
-    return [dict(zip(name_list[a:b], value_list[a:b])) for a, b in pairwise(offsets)]
-
-
 def _flat_bytes(column: pa.ChunkedArray, dtype: type) -> list[bytes]:
     """Each row's list as little-endian bytes (empty for an empty or null list)."""
     offsets, values = _list_parts(column)
     data = np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.dtype(dtype).newbyteorder("<")).tobytes()
     size = np.dtype(dtype).itemsize
-    return [data[a * size : b * size] for a, b in pairwise(offsets)]
+    bounds = (np.asarray(offsets, dtype=np.int64) * size).tolist()
+    return [data[a:b] for a, b in pairwise(bounds)]
 
 
 def _list_parts(column: pa.ChunkedArray) -> tuple[list[int], pa.Array]:
@@ -264,11 +267,13 @@ class ShardWriter:
 
     Args:
         directory: created if missing. Existing shards are kept; numbering continues after them.
-        format: ``"arrow"`` (IPC stream, zero-copy reads) or ``"parquet"`` (zstd, smaller).
+        format: ``"arrow"`` (IPC stream, zero-copy reads) or ``"parquet"`` (compressed, smaller).
         max_shard_bytes: start a new file once the current one is at least this big.
         batch_size: trajectories buffered in memory per written batch (a row group in Parquet).
         prefix: file name prefix.
         limits: caps checked on every append.
+        compression: Parquet's codec: ``"zstd"`` (smallest), ``"lz4"`` (reads faster, files ~35% larger),
+            ``"snappy"`` or ``"none"``. Arrow shards are never compressed.
     """
 
     def __init__(
@@ -280,9 +285,12 @@ class ShardWriter:
         batch_size: int = 256,
         prefix: str = "shard",
         limits: Limits = DEFAULT_LIMITS,
+        compression: Literal["zstd", "lz4", "snappy", "none"] = "zstd",
     ) -> None:
         if format not in _SUFFIX:
             raise ValueError(f"format={format!r}: use 'arrow' or 'parquet'")
+        if compression not in _COMPRESSION:
+            raise ValueError(f"compression={compression!r}: use one of {', '.join(map(repr, _COMPRESSION))}")
         if max_shard_bytes < 1 or batch_size < 1:
             raise ValueError("max_shard_bytes and batch_size must be positive")
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", prefix):
@@ -296,6 +304,7 @@ class ShardWriter:
         self.batch_size = batch_size
         self.prefix = prefix
         self.limits = limits
+        self.compression = compression
         self.paths: list[Path] = []
         existing = [
             int(m.group(1)) for p in self.directory.iterdir() if (m := re.fullmatch(rf"{re.escape(prefix)}-(\d+)\.\w+", p.name))
@@ -364,7 +373,13 @@ class ShardWriter:
         if self.format == "arrow":
             self._writer = pa.ipc.new_stream(self._sink, SCHEMA)
         else:
-            self._writer = pq.ParquetWriter(self._sink, SCHEMA, compression="zstd")
+            self._writer = pq.ParquetWriter(
+                self._sink,
+                SCHEMA,
+                compression=self.compression,
+                use_dictionary=_PARQUET_DICTIONARY,
+                write_statistics=_PARQUET_STATISTICS,
+            )
 
     def _finish_file(self) -> None:
         if self._writer is None or self._tmp is None:
