@@ -173,18 +173,30 @@ def table_to_trajectories(table: pa.Table) -> list[Trajectory]:
     comp_bounds, comp_entries = _list_parts(table.column("reward_components"))
     comp_names, comp_values = (_pylist(pa.chunked_array([part])) for part in comp_entries.flatten())
     emb, tlp, tid = (_flat_bytes(table.column(name), dtype) for name, dtype in _ARRAYS)
+    env_id, task_id, episode_id, domain, split, policy_id = (heads[name] for name in _TRAJ_STR)
+    created, ep_term, ep_trunc, success, seed, metadata = (
+        heads[name] for name in ("created_unix_ns", "episode_terminated", "episode_truncated", "success", "seed", "metadata")
+    )
     out: list[Trajectory] = []
     for t, (start, end) in enumerate(zip(starts.tolist(), ends)):
         traj = Trajectory(
-            **{name: heads[name][t] for name in _TRAJ_STR},
-            created_unix_ns=heads["created_unix_ns"][t],
-            terminated=heads["episode_terminated"][t],
-            truncated=heads["episode_truncated"][t],
-            success=heads["success"][t],
-            metadata={kv["key"]: kv["value"] for kv in heads["metadata"][t] or ()},
+            env_id=env_id[t],
+            task_id=task_id[t],
+            episode_id=episode_id[t],
+            domain=domain[t],
+            split=split[t],
+            policy_id=policy_id[t],
+            created_unix_ns=created[t],
+            terminated=ep_term[t],
+            truncated=ep_trunc[t],
+            success=success[t],
         )
-        if heads["seed"][t] is not None:
-            traj.seed = heads["seed"][t]
+        if seed[t] is not None:
+            traj.seed = seed[t]
+        if metadata[t]:
+            tags = traj.metadata
+            for kv in metadata[t]:
+                tags[kv["key"]] = kv["value"]
         add = traj.steps.add
         for row in range(start, end):
             step = add(
