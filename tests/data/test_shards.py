@@ -162,3 +162,25 @@ def test_table_to_trajectories_on_chunks_slices_and_null_lists() -> None:
             traj = next(i for i in range(9) if sum(rows[: i + 1]) > row)
             expected[traj].steps[row - sum(rows[:traj])].ClearField(name)  # type: ignore[arg-type]
     assert table_to_trajectories(table) == expected
+
+
+def test_null_scalars_read_as_defaults_and_bad_utf8_is_corrupt() -> None:
+    trajs = many(3)
+    table = trajectories_to_table(trajs)
+    nulls = {"prompt": pa.string(), "reward": pa.float64(), "terminated": pa.bool_(), "tool": pa.string()}
+    for name, kind in nulls.items():
+        values = table.column(name).to_pylist()
+        values[0] = None
+        table = table.set_column(table.schema.get_field_index(name), name, pa.array(values, type=kind))
+    first = trajs[0].steps[0]
+    for name in nulls:
+        first.ClearField(name)  # type: ignore[arg-type]
+    assert table_to_trajectories(table) == trajs
+    # A string column with bytes that are not UTF-8 (Arrow does not check them when it reads a file).
+    bad = pa.Array.from_buffers(
+        pa.string(), 1, [None, pa.py_buffer(np.array([0, 2], dtype=np.int32).tobytes()), pa.py_buffer(b"\xff\xfe")]
+    )
+    one = trajectories_to_table(many(1)[:1]).slice(0, 1)
+    one = one.set_column(one.schema.get_field_index("action"), "action", bad)
+    with pytest.raises(CorruptRecordError, match="not UTF-8"):
+        table_to_trajectories(one)
