@@ -258,12 +258,17 @@ def _tag_and_length(tag: int, lengths: np.ndarray) -> pa.Array:
     return _from_parts(offsets, out)
 
 
-def _fixed(tag: int, values: np.ndarray, dtype: str) -> pa.Array:
-    """Per row: the tag byte, then the value as little-endian ``dtype`` (``<f8`` for a double, ``u1`` for a bool)."""
-    record = np.empty(len(values), dtype=[("tag", "u1"), ("value", dtype)])
-    record["tag"] = tag
-    record["value"] = values
-    return _from_parts(np.arange(len(values) + 1, dtype=np.int64) * record.dtype.itemsize, record.tobytes())
+def _fixed(fields: Sequence[tuple[int, np.ndarray, str]]) -> pa.Array:
+    """Per row, each ``(tag, values, dtype)`` field: its tag byte, then the value as little-endian ``dtype``.
+
+    ``<f8`` is a double, ``u1`` a bool; all of the fields go into one fixed-size record per row.
+    """
+    layout = [(name, kind) for i, (_, _, dtype) in enumerate(fields) for name, kind in ((f"t{i}", "u1"), (f"v{i}", dtype))]
+    record = np.empty(len(fields[0][1]), dtype=layout)
+    for i, (tag, values, _) in enumerate(fields):
+        record[f"t{i}"] = tag
+        record[f"v{i}"] = values
+    return _from_parts(np.arange(len(record) + 1, dtype=np.int64) * record.dtype.itemsize, record.tobytes())
 
 
 def _delimited(tag: int, data: pa.Array) -> list[pa.Array]:
@@ -300,7 +305,7 @@ def _components_wire(column: pa.ChunkedArray) -> pa.Array:
     bounds, entries = _list_parts(column)
     names, values = entries.flatten()
     names = _binary(names)
-    entry = _join([*_delimited(0x0A, names), _fixed(0x11, _numbers(values, 0.0), "<f8")])
+    entry = _join([*_delimited(0x0A, names), _fixed([(0x11, _numbers(values, 0.0), "<f8")])])
     entry = _join(_delimited(0x32, entry))
     rows = pa.LargeListArray.from_arrays(pa.array(np.asarray(bounds, dtype=np.int64)), entry)
     return pc.binary_join(rows, _EMPTY)
@@ -313,24 +318,25 @@ def _steps_wire(table: pa.Table, legacy: bool) -> pa.Array:
         raw = table.column("observation_bytes").combine_chunks()
         if raw.null_count < len(raw):  # the rare observation that is not UTF-8
             observation = pc.coalesce(raw.cast(pa.large_binary()), observation)
+    numbers = [(0x29, "reward"), (0x39, "log_prob"), (0x41, "value"), (0x49, "advantage")]
+    flags = [(0x20, "observation_truncated"), (0x68, "terminated"), (0x70, "truncated")]
     pieces = [
         *_delimited(0x0A, _binary(table.column("prompt"))),
         *_delimited(0x12, _binary(table.column("action"))),
         *_delimited(0x1A, observation),
-        _fixed(0x20, _numbers(table.column("observation_truncated"), False), "u1"),
-        _fixed(0x29, _numbers(table.column("reward"), 0.0), "<f8"),
         _components_wire(table.column("reward_components")),
-        _fixed(0x39, _numbers(table.column("log_prob"), 0.0), "<f8"),
-        _fixed(0x41, _numbers(table.column("value"), 0.0), "<f8"),
-        _fixed(0x49, _numbers(table.column("advantage"), 0.0), "<f8"),
+        _fixed(
+            [(tag, _numbers(table.column(name), 0.0), "<f8") for tag, name in numbers]
+            + [(tag, _numbers(table.column(name), False), "u1") for tag, name in flags]
+        ),
         *_delimited(0x52, _list_bytes(table.column("embedding"), np.float32)),
         *_delimited(0x5A, _list_bytes(table.column("token_log_probs"), np.float32)),
         *_delimited(0x62, _list_bytes(table.column("token_ids"), np.int32)),
-        _fixed(0x68, _numbers(table.column("terminated"), False), "u1"),
-        _fixed(0x70, _numbers(table.column("truncated"), False), "u1"),
         *_delimited(0x7A, _binary(table.column("tool"))),
     ]
-    return _join(_delimited(0x22, _join(pieces)))
+    # The Trajectory.steps field (4) around each step: its length is the sum of the pieces', so one join builds all.
+    step_lengths = sum(pc.binary_length(piece).to_numpy(zero_copy_only=False).astype(np.int64) for piece in pieces)
+    return _join([_tag_and_length(0x22, np.asarray(step_lengths)), *pieces])
 
 
 def _utf8(data: bytes) -> str | None:
