@@ -209,7 +209,7 @@ def table_to_trajectories(table: pa.Table) -> list[Trajectory]:
 
 def _list_parts(column: pa.ChunkedArray) -> tuple[list[int], pa.Array]:
     """A list column's row offsets (counted from 0, null rows empty) and the values they index."""
-    array = column.combine_chunks()
+    array = _one(column)
     bounds = np.asarray(array.offsets, dtype=np.int64)
     first = int(bounds[0]) if len(bounds) else 0
     values = array.values.slice(first, int(bounds[-1]) - first if len(bounds) else 0)
@@ -281,22 +281,29 @@ def _join(pieces: list[pa.Array]) -> pa.Array:
     return pc.binary_join_element_wise(*pieces, _EMPTY)
 
 
+def _one(column: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """A column as one array (a copy only when it has several chunks)."""
+    if not isinstance(column, pa.ChunkedArray):
+        return column
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
 def _binary(column: pa.ChunkedArray | pa.Array) -> pa.Array:
     """A text or bytes column as one large_binary array, nulls as empty."""
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    return array.cast(pa.large_binary()).fill_null(b"")
+    array = _one(column).cast(pa.large_binary())
+    return array.fill_null(b"") if array.null_count else array
 
 
 def _numbers(column: pa.ChunkedArray | pa.Array, fill: Any) -> np.ndarray:
-    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    return array.fill_null(fill).to_numpy(zero_copy_only=False)
+    array = _one(column)
+    return (array.fill_null(fill) if array.null_count else array).to_numpy(zero_copy_only=False)
 
 
 def _list_bytes(column: pa.ChunkedArray, dtype: type) -> pa.Array:
     """A list column (embedding, token arrays) as each row's little-endian bytes, zero-copy where it can."""
     bounds, values = _list_parts(column)
     size = np.dtype(dtype).itemsize
-    data = np.asarray(values.fill_null(0).to_numpy(zero_copy_only=False), dtype=np.dtype(dtype).newbyteorder("<"))
+    data = np.asarray(_numbers(values, 0), dtype=np.dtype(dtype).newbyteorder("<"))
     return _from_parts(np.asarray(bounds, dtype=np.int64) * size, data.tobytes())
 
 
