@@ -113,6 +113,12 @@ def test_refusals_and_damage(tmp_path: Path) -> None:
         writer.append(sample_traj(1))
     with pytest.raises(ValueError, match="format"):
         ShardWriter(tmp_path / "x", format="csv")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="compression='gzip': use one of 'zstd', 'lz4'"):
+        ShardWriter(tmp_path / "x", format="parquet", compression="gzip")  # type: ignore[arg-type]
+    with ShardWriter(tmp_path / "lz4", format="parquet", compression="lz4") as lz4:
+        lz4.extend(many(3))
+    assert pq.ParquetFile(lz4.paths[0]).metadata.row_group(0).column(0).compression == "LZ4"
+    assert list(read_shards(tmp_path / "lz4")) == many(3)
     (tmp_path / "file").write_text("x")
     with pytest.raises(StorageError, match="not a directory"):
         ShardWriter(tmp_path / "file")
