@@ -300,7 +300,7 @@ def _numbers(column: pa.ChunkedArray | pa.Array, fill: Any) -> np.ndarray:
 
 
 def _list_bytes(column: pa.ChunkedArray, dtype: type) -> pa.Array:
-    """A list column (embedding, token arrays) as each row's little-endian bytes, zero-copy where it can."""
+    """A list column (embedding, token arrays) as each row's little-endian bytes (null rows empty)."""
     bounds, values = _list_parts(column)
     size = np.dtype(dtype).itemsize
     data = np.asarray(_numbers(values, 0), dtype=np.dtype(dtype).newbyteorder("<"))
