@@ -8,6 +8,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentrl_envs.data import (
     CorruptRecordError,
@@ -15,6 +17,7 @@ from agentrl_envs.data import (
     ShardWriter,
     StorageError,
     Trajectory,
+    make_step,
     read_columns,
     read_shards,
     read_table,
@@ -190,3 +193,37 @@ def test_null_scalars_read_as_defaults_and_bad_utf8_is_corrupt() -> None:
     one = one.set_column(one.schema.get_field_index("action"), "action", bad)
     with pytest.raises(CorruptRecordError, match="not UTF-8"):
         table_to_trajectories(one)
+
+
+_TEXT = st.text(st.characters(blacklist_categories=["Cs"]), max_size=300)  # no lone surrogates: proto strings are UTF-8
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            _TEXT,
+            st.binary(max_size=300),
+            st.floats(allow_nan=False, allow_infinity=False),
+            st.dictionaries(_TEXT, st.floats(allow_nan=False, allow_infinity=False), max_size=3),
+            st.lists(st.floats(width=32, allow_nan=False), max_size=40),
+            st.lists(st.integers(-(2**31), 2**31 - 1), max_size=5),
+            st.booleans(),
+        ),
+        min_size=1,
+        max_size=5,
+    ),
+    traj_count=st.integers(1, 3),
+)
+def test_table_round_trip_property(steps: list[tuple], traj_count: int) -> None:  # type: ignore[type-arg]
+    """The wire bytes table_to_trajectories builds parse to exactly the messages that were written."""
+    trajs = []
+    for t in range(traj_count):
+        built = [
+            make_step(
+                text, obs, r, comps, prompt=text[::-1], log_prob=-r, embedding=emb or None, token_ids=ids or None, terminated=flag
+            )
+            for text, obs, r, comps, emb, ids, flag in steps[t:] or steps
+        ]
+        trajs.append(Trajectory(env_id="e", task_id=f"t{t}", steps=built, metadata={"k": str(t)} if t else {}))
+    assert table_to_trajectories(trajectories_to_table(trajs)) == trajs
