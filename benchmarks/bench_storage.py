@@ -2,33 +2,41 @@
 
 Run from the repository root::
 
-    .venv/bin/python benchmarks/bench_storage.py           # full run (about a minute)
+    .venv/bin/python benchmarks/bench_storage.py           # full run (a few minutes)
+    .venv/bin/python benchmarks/bench_storage.py --sections 12 --rounds 7   # the ratio sections only
     .venv/bin/python benchmarks/bench_storage.py --quick   # fewer trajectories, 100,000 appends for RSS
 
 Sections:
 
-1. ``ReplayBuffer`` append + get against a JSON-lines buffer (``json.dumps`` + write + offset index;
-   ``seek`` + ``readline`` + ``json.loads``) holding the same trajectories, for text-only steps and
-   for steps that also carry an embedding and per-token arrays. Rates are trajectories per second,
-   best of the rounds; gets are in a random order.
+1. ``ReplayBuffer`` append + get against a JSON-lines buffer holding the same trajectories (one
+   line per trajectory written through a buffered file, an in-memory (offset, length) index, one
+   ``pread`` + parse per get), for text-only steps and for steps that also carry an embedding and
+   per-token arrays; and the codec alone (``encode`` + ``decode``, no store), the most any store
+   of protobuf records can do. Gets are in a random order, 64 at a time (like ``sample(64)``).
 2. Reading shards against parsing JSONL: the flat reward / log-prob / advantage columns, and whole
-   trajectories.
+   trajectories (the baseline parses each line and builds the same ``Trajectory`` messages).
 3. RSS of a process appending 1,000,000 trajectories to a ring that wraps many times.
 
-It prints ratios against the baselines and never asserts on time; the ``target`` column only says
-whether the design target (DESIGN.md, "Speed targets") was met in this run.
+The JSON side uses orjson when it is installed, the stdlib's C ``json`` otherwise (the header says
+which). Every round measures every store, so each round's ratios share one machine load; the tables
+print medians over the rounds (``--rounds``, default 5) and the range of the per-round ratios. It
+never asserts on time; the ``target`` column only says whether the design target (DESIGN.md, "Speed
+targets") was met by the median ratio.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import gc
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -44,6 +52,7 @@ from agentrl_envs.data import (  # noqa: E402
     ReplayBuffer,
     ShardWriter,
     Trajectory,
+    decode,
     encode,
     make_step,
     read_columns,
@@ -55,6 +64,7 @@ from agentrl_envs.data import (  # noqa: E402
 from agentrl_envs.data._ring import span_of  # noqa: E402
 from agentrl_envs.text_table import format_table  # noqa: E402
 
+BATCH = 64
 REPORTED = "the field report measured 1.2k (JSON-lines) and 4.7k samples/s (its faster loader)"
 
 
@@ -92,24 +102,87 @@ def make_trajectories(n: int, arrays: bool, seed: int = 0) -> list[Trajectory]:
     return out
 
 
+try:  # the fastest JSON codec installed is the baseline: orjson if it is there, else the stdlib's C one
+    import orjson
+
+    JSON_CODEC = f"orjson {orjson.__version__}"
+    json_dumps: Callable[[Any], bytes] = orjson.dumps
+    json_loads: Callable[[bytes], Any] = orjson.loads
+except ImportError:
+    JSON_CODEC = "stdlib json (C accelerated; orjson is not installed)"
+
+    def json_dumps(obj: Any) -> bytes:
+        return json.dumps(obj).encode()
+
+    json_loads = json.loads
+
+
 class JsonLinesBuffer:
-    """The baseline: trajectories as JSON lines in a file, with an in-memory offset index."""
+    """The baseline: trajectories as JSON lines in one file, an in-memory (offset, length) index, one ``pread`` per get."""
 
     def __init__(self, path: Path) -> None:
         self.file = open(path, "w+b")
-        self.offsets: list[int] = []
+        self.fd = self.file.fileno()
+        self.index: list[tuple[int, int]] = []
+        self.end = 0
+        self.unflushed = False
 
     def append(self, record: dict[str, Any]) -> int:
-        self.offsets.append(self.file.tell())
-        self.file.write(json.dumps(record).encode() + b"\n")
-        return len(self.offsets) - 1
+        line = json_dumps(record) + b"\n"
+        self.file.write(line)
+        self.index.append((self.end, len(line)))
+        self.end += len(line)
+        self.unflushed = True
+        return len(self.index) - 1
 
     def get(self, index: int) -> dict[str, Any]:
-        self.file.seek(self.offsets[index])
-        return json.loads(self.file.readline())
+        if self.unflushed:
+            self.file.flush()
+            self.unflushed = False
+        offset, length = self.index[index]
+        return json_loads(os.pread(self.fd, length, offset))
 
     def close(self) -> None:
         self.file.close()
+
+
+def trajectory_from_json(d: dict[str, Any]) -> Trajectory:
+    """A competent JSON-lines reader's message: the same fields as ``read_shards`` gives, built directly (no checks)."""
+    traj = Trajectory(
+        env_id=d["env_id"],
+        task_id=d["task_id"],
+        episode_id=d["episode_id"],
+        domain=d["domain"],
+        split=d["split"],
+        policy_id=d["policy_id"],
+        terminated=d["terminated"],
+        truncated=d["truncated"],
+        success=d["success"],
+        created_unix_ns=d["created_unix_ns"],
+        metadata=d["metadata"],
+    )
+    if d["seed"] is not None:
+        traj.seed = d["seed"]
+    add = traj.steps.add
+    for s in d["steps"]:
+        add(
+            prompt=s["prompt"],
+            action=s["action"],
+            tool=s["tool"],
+            observation=s["observation"].encode() if "observation" in s else base64.b64decode(s["observation_b64"]),
+            observation_truncated=s["observation_truncated"],
+            reward=s["reward"],
+            log_prob=s["log_prob"],
+            value=s["value"],
+            advantage=s["advantage"],
+            reward_components=s["reward_components"],
+            embedding=np.asarray(s["embedding"], dtype="<f4").tobytes(),
+            token_log_probs=np.asarray(s["token_log_probs"], dtype="<f4").tobytes(),
+            token_ids=np.asarray(s["token_ids"], dtype="<i4").tobytes(),
+            terminated=s["terminated"],
+            truncated=s["truncated"],
+        )
+    return traj
 
 
 def timed(fn: Callable[[], Any]) -> float:
@@ -128,18 +201,41 @@ def rate(n: int, seconds: float) -> str:
     return f"{n / seconds:,.0f}" if seconds > 0 else "-"
 
 
+def ratio_range(ratios: Sequence[float]) -> str:
+    return f"{statistics.median(ratios):.1f}x ({min(ratios):.1f}-{max(ratios):.1f})"
+
+
+def target(ratios: Sequence[float]) -> str:
+    return f">=10x {'ok' if statistics.median(ratios) >= 10 else 'MISSED'}"
+
+
 # -- 1. append + get -----------------------------------------------------------------------------
 
 
-def bench_buffer(tmp: Path, n: int, rounds: int) -> None:
+def in_batches(get: Callable[[int], Any], keys: Sequence[int], size: int = BATCH) -> None:
+    """Get ``keys`` a batch at a time, holding each batch until it is complete (what ``sample(64)`` returns)."""
+    for i in range(0, len(keys), size):
+        batch = [get(k) for k in keys[i : i + size]]
+        del batch
+
+
+def bench_buffer(tmp: Path, sizes: dict[bool, int], rounds: int) -> None:
     rows = []
     for arrays in (False, True):
+        n = sizes[arrays]
         trajs = make_trajectories(n, arrays)
         dicts = [trajectory_to_dict(t) for t in trajs]
         order = np.random.default_rng(1).permutation(n).tolist()
-        best: dict[str, list[float]] = {"fresh": [9e9, 9e9], "steady": [9e9, 9e9], "jsonl": [9e9, 9e9]}
         size = sum(span_of(len(encode(t))) for t in trajs)
-        for r in range(rounds):
+        times: dict[str, list[tuple[float, float]]] = {"jsonl": [], "fresh": [], "steady": [], "codec": []}
+        for r in range(rounds):  # each round measures every store, so each round's ratios share its machine load
+            jbuf = JsonLinesBuffer(tmp / f"jsonl-{arrays}-{r}")
+            t_append = timed(lambda jbuf=jbuf, dicts=dicts: [jbuf.append(d) for d in dicts])
+            t_get = timed(lambda jbuf=jbuf, order=order: in_batches(jbuf.get, order))
+            assert jbuf.get(order[0]) == dicts[order[0]]
+            jbuf.close()
+            (tmp / f"jsonl-{arrays}-{r}").unlink()
+            times["jsonl"].append((t_append, t_get))
             path = tmp / f"ring-{arrays}-{r}"
             # Room for the n trajectories and a little more: the second pass wraps and evicts the first,
             # which is how a replay buffer spends its life (the first lap also pays first-touch page faults).
@@ -147,44 +243,46 @@ def bench_buffer(tmp: Path, n: int, rounds: int) -> None:
                 for lap in ("fresh", "steady"):
                     first = buf.next_seq
                     t_append = timed(lambda buf=buf, trajs=trajs: [buf.append(t) for t in trajs])
-                    t_get = timed(lambda buf=buf, first=first, order=order: [buf.get(first + i) for i in order])
+                    t_get = timed(lambda buf=buf, first=first, order=order: in_batches(lambda i: buf.get(first + i), order))
                     assert buf.get(first + order[0]) == trajs[order[0]]
-                    best[lap] = [min(best[lap][0], t_append), min(best[lap][1], t_get)]
+                    times[lap].append((t_append, t_get))
             path.unlink()
-            jbuf = JsonLinesBuffer(tmp / f"jsonl-{arrays}-{r}")
-            t_append = timed(lambda jbuf=jbuf, dicts=dicts: [jbuf.append(d) for d in dicts])
-            t_get = timed(lambda jbuf=jbuf, order=order: [jbuf.get(i) for i in order])
-            assert jbuf.get(order[0])["task_id"] == dicts[order[0]]["task_id"]
-            jbuf.close()
-            best["jsonl"] = [min(best["jsonl"][0], t_append), min(best["jsonl"][1], t_get)]
+            payloads = [encode(t) for t in trajs]  # the codec alone, no store: the most a protobuf record can do
+            t_append = timed(lambda trajs=trajs: deque(map(encode, trajs), maxlen=0))  # each payload dropped, as a store would
+            t_get = timed(lambda payloads=payloads, order=order: in_batches(lambda i: decode(payloads[i]), order))
+            times["codec"].append((t_append, t_get))
+            del payloads
         shape = "text+arrays" if arrays else "text"
-        both = {k: n / sum(v) for k, v in best.items()}
         labels = {
             "jsonl": "JSON-lines buffer [baseline]",
             "fresh": "ReplayBuffer, first lap",
             "steady": "ReplayBuffer, full ring",
+            "codec": "encode + decode alone, no store",
         }
+        base = [a + g for a, g in times["jsonl"]]
         for name, label in labels.items():
-            a, g = best[name]
-            ratio = both[name] / both["jsonl"]
+            ratios = [b / (a + g) for b, (a, g) in zip(base, times[name])]
+            a, g = (statistics.median(x) for x in zip(*times[name]))
             rows.append(
                 (
                     f"{shape}: {label}",
                     rate(n, a),
                     rate(n, g),
-                    f"{both[name]:,.0f}",
-                    f"{ratio:.1f}x",
-                    "" if name == "jsonl" else f">=10x {'ok' if ratio >= 10 else 'MISSED'}",
+                    rate(n, a + g),
+                    ratio_range(ratios),
+                    "" if name in ("jsonl", "codec") else target(ratios),
                 )
             )
         print(f"  {shape}: {n} trajectories x 8 steps, {size / n / 1024:.1f} KiB each in the ring", flush=True)
     print_table(
-        f"1. append + get, trajectories/s (best of {rounds} rounds)",
+        f"1. append + get, trajectories/s (medians of {rounds} rounds; ratio: median (min-max) of the per-round ratios)",
         ("store", "append/s", "get/s", "append+get/s", "vs JSON", "target"),
         rows,
         [
             REPORTED,
-            "get returns a parsed Trajectory (ring) or dict (JSON); both verified against what was written",
+            f"JSON codec: {JSON_CODEC}; one JSON line per trajectory, read back with one pread",
+            f"gets in a random order, {BATCH} at a time (like sample({BATCH})): a parsed Trajectory (ring) or dict (JSON),",
+            "both verified against what was written; each round runs every store, so its ratios share one machine load",
             "first lap: a fresh file, whose pages the kernel allocates on first touch; full ring: the second pass,",
             "which evicts the first as it goes (a replay buffer's normal state)",
         ],
@@ -200,54 +298,85 @@ def bench_shards(tmp: Path, n: int, rounds: int) -> None:
     jsonl = tmp / "t.jsonl"
     write_jsonl(jsonl, trajs)
     dirs = {}
-    for fmt in ("arrow", "parquet"):
-        with ShardWriter(tmp / fmt, format=fmt, max_shard_bytes=64 << 20) as w:  # type: ignore[arg-type]
+    for name, fmt, codec in (("arrow", "arrow", "zstd"), ("parquet", "parquet", "zstd"), ("parquet-lz4", "parquet", "lz4")):
+        with ShardWriter(tmp / name, format=fmt, max_shard_bytes=64 << 20, compression=codec) as w:  # type: ignore[arg-type]
             w.extend(trajs)
-        dirs[fmt] = tmp / fmt
+        dirs[name] = tmp / name
 
     def jsonl_columns() -> dict[str, np.ndarray]:
         cols: dict[str, list[float]] = {"reward": [], "log_prob": [], "advantage": []}
         with open(jsonl, "rb") as f:
             for line in f:
-                for step in json.loads(line)["steps"]:
+                for step in json_loads(line)["steps"]:
                     for name, values in cols.items():
                         values.append(step[name])
         return {name: np.asarray(values) for name, values in cols.items()}
 
     def jsonl_dicts() -> list[Any]:
         with open(jsonl, "rb") as f:
-            return [json.loads(line) for line in f]
+            return [json_loads(line) for line in f]
+
+    def jsonl_trajectories() -> list[Trajectory]:
+        with open(jsonl, "rb") as f:
+            return [trajectory_from_json(json_loads(line)) for line in f]
 
     cases: dict[str, dict[str, Callable[[], Any]]] = {
         "reward/log_prob/advantage columns": {
-            "JSONL json.loads [baseline]": jsonl_columns,
+            "JSONL, parse, pick the columns [baseline]": jsonl_columns,
             "Arrow shards": lambda: read_columns(dirs["arrow"]),
             "Parquet shards": lambda: read_columns(dirs["parquet"]),
         },
         "whole trajectories": {
-            "JSONL read_jsonl [baseline]": lambda: list(read_jsonl(jsonl)),
-            "JSONL json.loads to dicts": jsonl_dicts,
+            "JSONL, parse, build Trajectory [baseline]": jsonl_trajectories,
+            "JSONL, parse to dicts only": jsonl_dicts,
             "Arrow shards": lambda: list(read_shards(dirs["arrow"])),
             "Parquet shards": lambda: list(read_shards(dirs["parquet"])),
+            "Parquet shards, compression='lz4'": lambda: list(read_shards(dirs["parquet-lz4"])),
         },
     }
     expected = np.asarray([s.reward for t in trajs for s in t.steps])
     assert np.array_equal(read_columns(dirs["arrow"])["reward"], expected) and np.array_equal(jsonl_columns()["reward"], expected)
-    assert list(read_shards(dirs["arrow"]))[:3] == trajs[:3]
+    assert all(list(read_shards(d)) == trajs for d in dirs.values())
+    assert jsonl_trajectories() == trajs
     rows = []
     for case, fns in cases.items():
-        best = {name: min(timed(fn) for _ in range(rounds)) for name, fn in fns.items()}
-        base = next(v for k, v in best.items() if "[baseline]" in k)
-        for name, seconds in best.items():
-            is_base = "[baseline]" in name
-            target = "" if is_base or "JSONL" in name else f">=10x {'ok' if base / seconds >= 10 else 'MISSED'}"
-            rows.append((f"{case}: {name}", f"{seconds * 1e3:.1f}", rate(steps, seconds), f"{base / seconds:.1f}x", target))
+        times: dict[str, list[float]] = {name: [] for name in fns}
+        for _ in range(rounds):
+            for name, fn in fns.items():
+                times[name].append(timed(fn))
+        base = next(v for k, v in times.items() if "[baseline]" in k)
+        for name, seconds in times.items():
+            ratios = [b / s for b, s in zip(base, seconds)]
+            is_target = "[baseline]" not in name and "JSONL" not in name
+            median = statistics.median(seconds)
+            rows.append(
+                (
+                    f"{case}: {name}",
+                    f"{median * 1e3:.1f}",
+                    rate(steps, median),
+                    ratio_range(ratios),
+                    target(ratios) if is_target else "",
+                )
+            )
+    t_checked = timed(lambda: list(read_jsonl(jsonl)))
+    rows.append(
+        (
+            "whole trajectories: read_jsonl (checks depth, schema, caps), 1 round",
+            f"{t_checked * 1e3:.1f}",
+            rate(steps, t_checked),
+            "",
+            "",
+        )
+    )
     sizes = ", ".join(f"{k} {sum(p.stat().st_size for p in d.iterdir()) / 2**20:.1f} MiB" for k, d in dirs.items())
     print_table(
-        f"2. reading {n} trajectories ({steps} steps) from shards vs JSONL (best of {rounds})",
+        f"2. reading {n} trajectories ({steps} steps) from shards vs JSONL (medians of {rounds} rounds)",
         ("read", "ms", "steps/s", "speed-up", "target"),
         rows,
-        [f"on disk: JSONL {jsonl.stat().st_size / 2**20:.1f} MiB, {sizes}", "read_jsonl also checks depth and schema"],
+        [
+            f"on disk: JSONL {jsonl.stat().st_size / 2**20:.1f} MiB, {sizes}; JSON codec: {JSON_CODEC}",
+            "every reader's output is checked against the trajectories written; the baseline builds the same messages",
+        ],
     )
 
 
@@ -315,20 +444,25 @@ def bench_rss(tmp: Path, appends: int, capacity: int) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer trajectories and 100,000 appends for the RSS check")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds per section; ratios are medians over them (default 5)")
+    parser.add_argument("--sections", default="123", help="which sections to run, e.g. 12 (default 123)")
     args = parser.parse_args(argv)
     import google.protobuf
     import pyarrow
 
     print("agentrl storage benchmark" + (" (--quick)" if args.quick else ""))
     print(f"python {platform.python_version()} on {platform.platform()}; cpus {os.cpu_count()}")
-    print(f"protobuf {google.protobuf.__version__}; pyarrow {pyarrow.__version__}; numpy {np.__version__}")
+    print(f"protobuf {google.protobuf.__version__}; pyarrow {pyarrow.__version__}; numpy {np.__version__}; JSON: {JSON_CODEC}")
     if hasattr(os, "getloadavg"):
         print("load average at start: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="agentrl-bench-") as tmp:
-        bench_buffer(Path(tmp), 500 if args.quick else 3000, 2 if args.quick else 3)
-        bench_shards(Path(tmp), 300 if args.quick else 2000, 2 if args.quick else 3)
-        bench_rss(Path(tmp), 100_000 if args.quick else 1_000_000, (8 if args.quick else 64) << 20)
+        if "1" in args.sections:
+            bench_buffer(Path(tmp), {False: 500, True: 200} if args.quick else {False: 2000, True: 1000}, args.rounds)
+        if "2" in args.sections:
+            bench_shards(Path(tmp), 200 if args.quick else 1000, args.rounds)
+        if "3" in args.sections:
+            bench_rss(Path(tmp), 100_000 if args.quick else 1_000_000, (8 if args.quick else 64) << 20)
     print(f"\ntotal benchmark time: {time.perf_counter() - start:.1f} s")
     return 0
 

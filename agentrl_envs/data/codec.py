@@ -100,15 +100,15 @@ def validate(traj: Trajectory, limits: Limits = DEFAULT_LIMITS, payload: bytes |
     Checks that rewards, reward components, log-probs, values and advantages are finite, that
     array fields hold whole 4-byte items, and that no field is over its cap. ``payload``, the
     serialized ``traj`` if the caller has it, lets most checks be skipped: a payload no larger than
-    the smallest cap cannot hold an oversize field, and one without a 0x7F or 0xFF byte cannot hold
-    a non-finite double (the top byte of every NaN and infinity is one of the two).
+    the smallest cap cannot hold an oversize field, and one in which no double field's bytes look
+    like a NaN or infinity cannot hold one (see :func:`_may_hold_non_finite`).
     """
     steps = traj.steps
     if len(steps) > limits.max_steps:
         raise InvalidTrajectoryError(
             f"the trajectory has {len(steps):,} steps, over the {limits.max_steps:,}-step cap; split it or raise Limits.max_steps"
         )
-    numbers = payload is None or b"\xff" in payload or b"\x7f" in payload
+    numbers = payload is None or _may_hold_non_finite(payload)
     isfinite = math.isfinite
     for i, step in enumerate(steps):
         # One sum per step: it is finite only if every term is (or it overflowed; _check_scalars decides).
@@ -121,6 +121,35 @@ def validate(traj: Trajectory, limits: Limits = DEFAULT_LIMITS, payload: bytes |
             _check_arrays(i, step)
     if payload is None or len(payload) > limits.smallest_field_cap:
         _check_sizes(traj, limits)
+
+
+# The one-byte tags that precede every double on the wire: Step.reward (5), log_prob (7), value (8),
+# advantage (9), and the value (2) of a reward_components map entry. No other field is a double.
+_DOUBLE_TAGS = frozenset(((5 << 3) | 1, (7 << 3) | 1, (8 << 3) | 1, (9 << 3) | 1, (2 << 3) | 1))
+_SCAN_BUDGET = 64  # top-byte candidates looked at before the field-by-field check is cheaper
+
+
+def _may_hold_non_finite(payload: bytes) -> bool:
+    """False only if no double in the serialized trajectory ``payload`` can be a NaN or an infinity.
+
+    A non-finite double has all eleven exponent bits set: its last (little-endian top) byte is 0x7F
+    or 0xFF and the byte before it is at least 0xF0, and its tag byte sits eight bytes before the top
+    byte. ``bytes.find`` jumps between 0x7F/0xFF bytes at C speed; text never holds 0xFF, and holds
+    0x7F only as DEL, so a text-heavy payload costs a handful of probes. Too many candidates (float
+    arrays are full of them) and the caller checks field by field instead.
+    """
+    budget = _SCAN_BUDGET
+    find = payload.find
+    for top in (b"\x7f", b"\xff"):
+        i = find(top, 8)
+        while i >= 0:
+            if payload[i - 1] >= 0xF0 and payload[i - 8] in _DOUBLE_TAGS:
+                return True
+            budget -= 1
+            if budget < 0:
+                return True
+            i = find(top, i + 1)
+    return False
 
 
 def _check_scalars(i: int, step: Step) -> None:

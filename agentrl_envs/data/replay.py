@@ -533,7 +533,9 @@ class ReplayBuffer:
     def _read(self, entry: Entry) -> bytes | None:
         """The verified payload of ``entry``, or None if it is no longer (or not) what the index says."""
         mm, salt = self._mm, self._salt
-        if ring.parse_header(mm, entry.off, salt, HEADER_PAGE, self._capacity) != entry:
+        # The writer's index is the truth (it wrote every entry, under this lock), and the salted payload
+        # CRC below catches damage, so only a reader, whose index may lag the writer, re-checks the header.
+        if self._readonly and ring.parse_header(mm, entry.off, salt, HEADER_PAGE, self._capacity) != entry:
             return None
         start = HEADER_PAGE + entry.off + HEADER_SIZE
         payload = mm[start : start + entry.length]
@@ -571,7 +573,7 @@ class ReplayBuffer:
 
     def _write_hint(self) -> None:
         head = self._order[0].seq if self._order else self._next_seq
-        data = ring.HINT.pack(self._next_seq, head, self._tail, os.getpid())
+        data = ring.HINT.pack(self._next_seq, head, self._tail, self._pid)  # only the writer (its own pid) writes it
         data += ring.crc_extend(self._salt, data).to_bytes(4, "little")
         if _crash_phase is None:
             self._mm[ring.HINT_OFFSET : ring.HINT_OFFSET + ring.HINT_SIZE] = data

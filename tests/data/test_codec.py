@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import pickle
+import struct
 import subprocess
 import sys
 
@@ -188,6 +189,47 @@ def test_codec_round_trip_property(rewards: list[float], text: str, obs: bytes, 
     assert back == traj
     for step in back.steps:
         assert as_float32(step.embedding).tolist() == np.asarray(emb, dtype=np.float32).tolist()
+
+
+# Every bit pattern (so NaNs with any payload and sign), plus the usual floats and the non-finite ones directly.
+_DOUBLES = st.one_of(
+    st.integers(0, 2**64 - 1).map(lambda bits: struct.unpack("<d", struct.pack("<Q", bits))[0]),
+    st.floats(),
+    st.sampled_from([math.nan, math.inf, -math.inf, -math.nan]),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    numbers=st.lists(st.tuples(_DOUBLES, _DOUBLES, _DOUBLES, _DOUBLES, _DOUBLES), min_size=1, max_size=4),
+    obs=st.binary(max_size=64),
+    text=st.sampled_from(["", "\x7f\x7f", "SELECT 1", "\U0010ffff\x7f"]),
+)
+def test_encode_refuses_exactly_the_non_finite_doubles(
+    numbers: list[tuple[float, float, float, float, float]], obs: bytes, text: str
+) -> None:
+    """The byte scan that skips the field-by-field check never lets a NaN or an infinity through."""
+    steps = [
+        Step(prompt=text, observation=obs, reward=r, log_prob=lp, value=v, advantage=a, reward_components={"aux": c})
+        for r, lp, v, a, c in numbers
+    ]
+    traj = Trajectory(env_id=text, steps=steps)
+    if all(math.isfinite(x) for row in numbers for x in row):
+        assert decode(encode(traj)) == traj
+    else:
+        with pytest.raises(InvalidTrajectoryError, match="finite"):
+            encode(traj)
+
+
+def test_non_finite_found_past_many_lookalike_bytes() -> None:
+    """Payloads full of 0x7F/0xFF bytes (float arrays, binary observations) fall back to the full check."""
+    traj = sample_traj(3)
+    traj.steps[0].observation = b"\x41\0\0\0\0\0\xf0\x7f" * 500  # a value-field tag and an infinity's bytes, as data
+    traj.steps[1].embedding = float32_bytes(np.full(300, np.nan))
+    assert decode(encode(traj)) == traj  # look-alikes in bytes fields are not numbers
+    traj.steps[2].advantage = -math.inf
+    with pytest.raises(InvalidTrajectoryError, match="step 2: advantage is -inf"):
+        encode(traj)
 
 
 def test_storage_errors_pickle_with_their_message() -> None:

@@ -8,6 +8,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentrl_envs.data import (
     CorruptRecordError,
@@ -15,6 +17,7 @@ from agentrl_envs.data import (
     ShardWriter,
     StorageError,
     Trajectory,
+    make_step,
     read_columns,
     read_shards,
     read_table,
@@ -113,6 +116,12 @@ def test_refusals_and_damage(tmp_path: Path) -> None:
         writer.append(sample_traj(1))
     with pytest.raises(ValueError, match="format"):
         ShardWriter(tmp_path / "x", format="csv")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="compression='gzip': use one of 'zstd', 'lz4'"):
+        ShardWriter(tmp_path / "x", format="parquet", compression="gzip")  # type: ignore[arg-type]
+    with ShardWriter(tmp_path / "lz4", format="parquet", compression="lz4") as lz4:
+        lz4.extend(many(3))
+    assert pq.ParquetFile(lz4.paths[0]).metadata.row_group(0).column(0).compression == "LZ4"
+    assert list(read_shards(tmp_path / "lz4")) == many(3)
     (tmp_path / "file").write_text("x")
     with pytest.raises(StorageError, match="not a directory"):
         ShardWriter(tmp_path / "file")
@@ -138,3 +147,83 @@ def test_table_helpers(tmp_path: Path) -> None:
 
     with pytest.raises(FormatError, match="lacks the shard columns"):
         table_to_trajectories(pa.table({"reward": [1.0]}))
+
+
+def test_table_to_trajectories_on_chunks_slices_and_null_lists() -> None:
+    trajs = many(9)
+    rows = [len(t.steps) for t in trajs]
+    table = trajectories_to_table(trajs)
+    # Several chunks (read_table concatenates shards) and a slice that starts inside the table.
+    chunked = pa.concat_tables([trajectories_to_table(trajs[:4]), trajectories_to_table(trajs[4:], first_index=4)])
+    assert chunked.column("reward").num_chunks == 2 and table_to_trajectories(chunked) == trajs
+    start, stop = sum(rows[:3]), sum(rows[:6])
+    assert table_to_trajectories(table.slice(start, stop - start)) == trajs[3:6]
+    # Null lists (a table from another writer) read as empty, even where Arrow lets a null row span values.
+    expected = many(9)
+    for name in ("reward_components", "embedding", "token_ids"):
+        column = table.column(name).combine_chunks()
+        mask = np.zeros(len(column), dtype=bool)
+        mask[[0, 5]] = True
+        nulled = pa.ListArray.from_arrays(column.offsets, column.values, mask=pa.array(mask))
+        assert nulled.null_count == 2 and nulled.offsets[1].as_py() > 0  # row 0 is null, yet spans values
+        table = table.set_column(table.schema.get_field_index(name), name, nulled)
+        for row in (0, 5):
+            traj = next(i for i in range(9) if sum(rows[: i + 1]) > row)
+            expected[traj].steps[row - sum(rows[:traj])].ClearField(name)  # type: ignore[arg-type]
+    assert table_to_trajectories(table) == expected
+
+
+def test_null_scalars_read_as_defaults_and_bad_utf8_is_corrupt() -> None:
+    trajs = many(3)
+    table = trajectories_to_table(trajs)
+    nulls = {"prompt": pa.string(), "reward": pa.float64(), "terminated": pa.bool_(), "tool": pa.string()}
+    for name, kind in nulls.items():
+        values = table.column(name).to_pylist()
+        values[0] = None
+        table = table.set_column(table.schema.get_field_index(name), name, pa.array(values, type=kind))
+    first = trajs[0].steps[0]
+    for name in nulls:
+        first.ClearField(name)  # type: ignore[arg-type]
+    assert table_to_trajectories(table) == trajs
+    # A string column with bytes that are not UTF-8 (Arrow does not check them when it reads a file).
+    bad = pa.Array.from_buffers(
+        pa.string(), 1, [None, pa.py_buffer(np.array([0, 2], dtype=np.int32).tobytes()), pa.py_buffer(b"\xff\xfe")]
+    )
+    one = trajectories_to_table(many(1)[:1]).slice(0, 1)
+    one = one.set_column(one.schema.get_field_index("action"), "action", bad)
+    with pytest.raises(CorruptRecordError, match="not UTF-8"):
+        table_to_trajectories(one)
+
+
+_TEXT = st.text(st.characters(blacklist_categories=["Cs"]), max_size=300)  # no lone surrogates: proto strings are UTF-8
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    steps=st.lists(
+        st.tuples(
+            _TEXT,
+            st.binary(max_size=300),
+            st.floats(allow_nan=False, allow_infinity=False),
+            st.dictionaries(_TEXT, st.floats(allow_nan=False, allow_infinity=False), max_size=3),
+            st.lists(st.floats(width=32, allow_nan=False), max_size=40),
+            st.lists(st.integers(-(2**31), 2**31 - 1), max_size=5),
+            st.booleans(),
+        ),
+        min_size=1,
+        max_size=5,
+    ),
+    traj_count=st.integers(1, 3),
+)
+def test_table_round_trip_property(steps: list[tuple], traj_count: int) -> None:  # type: ignore[type-arg]
+    """The wire bytes table_to_trajectories builds parse to exactly the messages that were written."""
+    trajs = []
+    for t in range(traj_count):
+        built = [
+            make_step(
+                text, obs, r, comps, prompt=text[::-1], log_prob=-r, embedding=emb or None, token_ids=ids or None, terminated=flag
+            )
+            for text, obs, r, comps, emb, ids, flag in steps[t:] or steps
+        ]
+        trajs.append(Trajectory(env_id="e", task_id=f"t{t}", steps=built, metadata={"k": str(t)} if t else {}))
+    assert table_to_trajectories(trajectories_to_table(trajs)) == trajs
