@@ -125,7 +125,7 @@ def rss_kb(pid: int) -> int:
 
 def leftover_processes(runner: SandboxRunner, marker: str, timeout: float = 5.0) -> int:
     """Processes beyond the zygote's idle tree plus marked ones, after waiting for them to go."""
-    idle = (1 if runner.layers.get("pidns") else 0) + 2 * sandbox_runner._WARM_SLOTS
+    idle = sandbox_runner.idle_processes(bool(runner.layers.get("pidns")))
     end = time.monotonic() + timeout
     while True:
         extra = max(0, len(descendants(runner.pid or 0)) - idle) + len(with_marker(marker))

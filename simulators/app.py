@@ -47,7 +47,7 @@ from typing import Any
 import httpx
 
 from simulators.python import PythonRunner, RunLimits
-from simulators.python.sandbox import SandboxRunner
+from simulators.python.sandbox.shared import SharedSandbox
 from simulators.smtp import Mailbox, SMTPError
 from simulators.sql import ReadOnlyDatabase, SQLError, TemplateCache
 from simulators.workspace import RESULTS, WorkspaceError, write_files
@@ -133,9 +133,9 @@ class SimulatorApp:
     ) -> None:
         self.sql_deadline_s = sql_deadline_s
         self.templates = TemplateCache()
-        self.runner: PythonRunner | SandboxRunner
-        if python_sandbox:
-            self.runner = SandboxRunner(python_limits, allow_unsafe=allow_unsafe_sandbox)
+        self.runner: PythonRunner | SharedSandbox
+        if python_sandbox:  # a lease on this process's one sandbox service, shared by every simulator in it
+            self.runner = SharedSandbox(python_limits, allow_unsafe=allow_unsafe_sandbox)
         else:
             self.runner = PythonRunner(python_limits)
         #: FULL / REDUCED / UNSAFE for the hardened sandbox, BASIC for the plain subprocess runner

@@ -72,8 +72,8 @@ def dirs(tmp_path: Path) -> Dirs:
 
 def idle_tree_size(runner: SandboxRunner) -> int:
     """Processes under the zygote between runs: the pid-1 zygote (with a pid namespace) and the warm
-    slots, a supervisor and its program each."""
-    return (1 if runner.layers.get("pidns") else 0) + 2 * sandbox_runner._WARM_SLOTS
+    slots, a program each (and, with a pid namespace, the run's pid 1)."""
+    return sandbox_runner.idle_processes(bool(runner.layers.get("pidns")))
 
 
 def assert_no_leftovers(runner: SandboxRunner, marker: str | None = None, timeout: float = 5.0) -> None:

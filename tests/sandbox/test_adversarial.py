@@ -219,8 +219,15 @@ CASES: list[Case] = [
         prints("from thread"),
     ),
     Case(
+        # The program's parent is outside its pid namespace, so getppid() is 0 and this signals the
+        # program's own process group: it can only end itself.
         "kill_parent",
         "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint('still here')\n",
+        either(prints("still here"), denied, exit_code(-signal.SIGKILL)),
+    ),
+    Case(
+        "kill_pid_1",
+        "import os, signal\nos.kill(1, signal.SIGKILL)\nprint('still here')\n",
         either(prints("still here"), denied),
     ),
     Case(
