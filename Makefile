@@ -8,7 +8,7 @@ EPISODES ?= 20
 DEMO_UPDATES ?= 10
 DEMO_EVAL_EVERY ?= 5
 
-.PHONY: setup demo test test-fast lint format bench soak clean
+.PHONY: setup demo test test-fast lint format bench soak clean leaderboard
 
 setup: $(STAMP)
 
@@ -31,7 +31,7 @@ demo: $(STAMP)
 	@echo "learning curve: runs/demo/learning_curve.png"
 
 test: lint
-	$(BIN)/python -m pytest -q -ra
+	$(BIN)/python -m pytest -q -ra --durations=25
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
@@ -50,7 +50,13 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_backends.py
 	$(BIN)/python benchmarks/bench_storage.py
 	$(BIN)/python benchmarks/bench_train.py
+	$(BIN)/python benchmarks/bench_generate.py
 	$(BIN)/python benchmarks/bench_sandbox.py
+
+# Baselines and trained agents on the same fixed episodes: docs/leaderboard.md and docs/img/leaderboard.png.
+# Trained runs in runs/leaderboard are reused when their budget matches; LEADERBOARD_ARGS=--retrain trains again.
+leaderboard: $(STAMP)
+	$(BIN)/python benchmarks/leaderboard.py $(LEADERBOARD_ARGS)
 
 soak: $(STAMP)
 	$(BIN)/python benchmarks/soak_sandbox.py --n 10000

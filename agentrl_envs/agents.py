@@ -61,34 +61,8 @@ class RandomAgent:
         task = self.env.task
         tool = str(self.rng.choice(list(self.env.tools)))
         domain = DOMAINS[task.domain] if task is not None else DOMAINS["retail"]
-        pick = lambda xs: xs[int(self.rng.integers(len(xs)))]  # noqa: E731
         number = round(float(self.rng.uniform(0, domain.scale * 10)), 2)
-        if tool == "sql":
-            table = pick([domain.fact, domain.entity, "staff"])
-            query = pick(
-                [
-                    f"SELECT * FROM {table} LIMIT {int(self.rng.integers(1, 20))}",
-                    f"SELECT COUNT(*) FROM {table}",
-                    f"SELECT {domain.unit}, SUM({domain.measure}) FROM {domain.fact} GROUP BY {domain.unit}",
-                    f"SELECT * FROM {table} WHERE {domain.unit} = '{pick(domain.units)}'",
-                ]
-            )
-            return format_call("sql", {"query": query})
-        if tool == "python":
-            code = pick(
-                [
-                    "import os\nprint(os.listdir('.'))",
-                    f"print({number})",
-                    "import glob\nprint(glob.glob('**/*.csv', recursive=True))",
-                    "print(sum(range(10)))",
-                ]
-            )
-            return format_call("python", {"code": code})
-        if tool == "smtp":
-            people = [s.email for s in domain.staff(task.data.tables)] if task is not None and task.data else ["x@example.com"]
-            to = [pick(people) for _ in range(int(self.rng.integers(1, 3)))]
-            return format_call("smtp", {"to": sorted(set(to)), "subject": "Update", "body": f"The figure is {number}."})
-        return format_call("finish", {"answer": pick([str(number), "done", "I don't know"])})
+        return format_call(tool, self.env.tools[tool].random_arguments(task, self.rng, number))
 
 
 def _candidates(info: dict[str, Any]) -> list[str]:

@@ -1,6 +1,7 @@
 """Candidate actions for ``candidates=K``: the oracle's next action and K-1 plausible wrong ones.
 
-Wrong candidates are perturbations of the right one, the mistakes an agent really makes:
+Wrong candidates are perturbations of the right one, the mistakes an agent really makes (each
+tool writes its own: ``Tool.perturb``, ``Tool.perturb_hard`` and ``Tool.guess``):
 SQL with another filter value, another aggregate or no filter; Python reading the wrong column,
 dropping a row or not parsing; email to the wrong person, without the Cc or with a wrong figure;
 and finishing early or with a wrong answer. None of them ends the episode except a ``finish``,
@@ -16,7 +17,7 @@ Two difficulties (``candidates_difficulty``):
   meaning: a wrong aggregate or column, a flipped filter or comparison, an off-by-one period or
   rank, swapped operands, the wrong recipient of the company's domain (To and Cc swapped, the
   director for the manager), a right-looking figure from another computation. From that pool
-  (:func:`_perturb_hard` and the easy one), the K-1 whose :func:`overlap_score` with the context
+  (``Tool.perturb_hard`` and the easy one), the K-1 whose :func:`overlap_score` with the context
   (instruction + last observation) is closest to the right call's are kept (ties broken by the
   env's generator), an adversarial filter against the surface heuristic: it then scores like a
   random pick.
@@ -31,8 +32,9 @@ import numpy as np
 
 from agentrl_envs.actions import format_call
 from agentrl_envs.tasks.base import Task
-from agentrl_envs.tasks.domains import DOMAINS
 from agentrl_envs.tasks.progress import Progress
+from agentrl_envs.tools import TOOLS, get_tool, service_tools
+from agentrl_envs.tools.perturb import numbers, shift_numbers
 
 __all__ = ["DIFFICULTIES", "make_candidates", "overlap_score", "overlap_tokens", "word_tokens"]
 
@@ -137,117 +139,11 @@ def _early_finish(context: str, tokens: set[str], target: int) -> str | None:
 
 
 def _perturb_hard(task: Task, name: str, arguments: dict[str, Any], context: str) -> list[str]:
-    """Meaning-changing variants that keep the instruction's entities and figures."""
-    domain = DOMAINS[task.domain]
-    out: list[str] = []
-    if name == "sql":
-        query = arguments["query"]
-        variants = [
-            _swap_words(query, [("SUM(", "AVG("), ("AVG(", "SUM("), ("AVG(", "MAX("), ("SUM(", "MAX(")]),
-            _swap_words(query, [("COUNT(DISTINCT ", "COUNT(ALL "), ("COUNT(*)", f"COUNT(DISTINCT {domain.entity_key})")]),
-            _swap_words(query, [(f"({domain.measure})", f"({domain.count})"), (f"(f.{domain.measure})", f"(f.{domain.count})")]),
-            _swap_words(query, [(" DESC", " ASC"), ("LIMIT 1", "LIMIT 1 OFFSET 1"), (" > ", " <= "), (" > ", " < ")]),
-            _each(query, r"(\w+) = '", lambda m: f"{m.group(1)} != '"),
-            _each(query, r"'(\d{4})-(\d{2})'", lambda m: f"'{_shift_month(m.group(1), m.group(2), 1)}'"),
-            _each(query, r"'(\d{4})-(\d{2})'", lambda m: f"'{_shift_month(m.group(1), m.group(2), -1)}'"),
-            _each(query, r" AND [^']*'[^']*'", lambda m: ""),
-        ]
-        if " BETWEEN '2025-01-01' AND '2025-06-30'" in query:
-            variants.append([query.replace("'2025-01-01' AND '2025-06-30'", "'2025-07-01' AND '2025-12-31'")])
-        elif " BETWEEN '2025-07-01' AND '2025-12-31'" in query:
-            variants.append([query.replace("'2025-07-01' AND '2025-12-31'", "'2025-01-01' AND '2025-06-30'")])
-        out += [format_call("sql", {"query": v}) for vs in variants for v in vs]
-    elif name == "python":
-        code = arguments["code"]
-        variants = [
-            _swap_words(code, [("statistics.median(", "statistics.mean("), ("statistics.pstdev(", "statistics.stdev(")]),
-            _swap_words(code, [("statistics.pstdev(", "statistics.median("), ("sum(vals) / len(vals)", "max(vals)")]),
-            _swap_words(code, [(repr(domain.measure), repr(domain.count)), (repr(domain.count), repr(domain.measure))]),
-            _each(code, r" == ", lambda m: " != "),
-            _swap_words(
-                code, [("(b - a) / a", "(a - b) / b"), ("(b - a) / a", "(b - a) / b"), ("part / total", "(total - part) / total")]
-            ),
-            _swap_words(
-                code,
-                [
-                    ("for r in rows", "for r in rows[1:]"),
-                    ("vals[-", "vals[:"),
-                    ("sum(vals) / len(vals)", "sum(vals) / (len(vals) + 1)"),
-                ],
-            ),
-        ]
-        pairs = re.findall(r"total\('(\d{4}-\d{2})'\), total\('(\d{4}-\d{2})'\)", code)
-        for m1, m2 in pairs:
-            variants.append([code.replace(f"total({m1!r}), total({m2!r})", f"total({m2!r}), total({m1!r})")])
-        out += [format_call("python", {"code": v}) for vs in variants for v in vs]
-    elif name == "smtp":
-        staff = domain.staff(task.data.tables) if task.data is not None else []
-        to, cc = list(_as_list(arguments["to"])), list(arguments.get("cc", []))
-        rest = {key: v for key, v in arguments.items() if key not in ("to", "cc")}
-        if cc:
-            out.append(format_call("smtp", {**rest, "to": cc, "cc": to}))
-            out.append(format_call("smtp", {**rest, "to": [*to, *cc]}))
-        for person in staff:
-            if person.email in to or person.email in cc:
-                continue
-            if person.role == "director" or person.unit in context:
-                out.append(format_call("smtp", {**arguments, "to": [person.email]}))
-                out.append(format_call("smtp", {**arguments, "cc": [*cc, person.email]}))
-        figures = _numbers(arguments["body"])
-        for other in _numbers(context):
-            for figure in figures:
-                if other != figure and "." in other:
-                    out.append(format_call("smtp", {**arguments, "body": arguments["body"].replace(figure, other)}))
-        if len(figures) == 2:
-            a, b = figures
-            out.append(
-                format_call("smtp", {**arguments, "body": arguments["body"].replace(a, "\0").replace(b, a).replace("\0", b)})
-            )
+    """Meaning-changing variants that keep the instruction's entities and figures (the tool's own), and finishing early."""
+    out = [format_call(name, a) for a in get_tool(name).perturb_hard(task, arguments, context)]
     if name != "finish":
-        out += [format_call("finish", {"answer": n}) for n in _numbers(context)[:4]]  # finishing early
-    if name == "finish":
-        answer = arguments["answer"]
-        for other in _numbers(context):
-            if other != answer:
-                out.append(format_call("finish", {"answer": other}))
-        # Right-looking figures and names from another computation, found nowhere in the context.
-        if re.fullmatch(r"-?\d+(?:\.\d+)?", answer):
-            x, decimals = float(answer), len(answer.partition(".")[2])
-            for y in (x + 1, x - 1, x * 2, x / 2, x * 1.1, x * 0.9):
-                out.append(format_call("finish", {"answer": f"{y:.{decimals}f}"}))
-        elif task.data is not None and domain.entity in task.data.tables:
-            table = task.data.tables[domain.entity]
-            columns = [c[0] if isinstance(c, (list, tuple)) else c for c in table["columns"]]
-            if "name" in columns:
-                col = columns.index("name")
-                names = [str(row[col]) for row in table["rows"][:12]]
-                out += [format_call("finish", {"answer": n}) for n in names if n != answer]
-        for word in re.findall(r"'([^']+)'", context):
-            if word != answer:
-                out.append(format_call("finish", {"answer": word}))
+        out += [format_call("finish", {"answer": n}) for n in numbers(context)[:4]]  # finishing early
     return out
-
-
-def _swap_words(text: str, swaps: list[tuple[str, str]]) -> list[str]:
-    return [text.replace(a, b, 1) for a, b in swaps if a in text]
-
-
-def _each(text: str, pattern: str, make: Any) -> list[str]:
-    """One variant per match of ``pattern``, with only that match replaced."""
-    return [text[: m.start()] + make(m) + text[m.end() :] for m in re.finditer(pattern, text)]
-
-
-def _shift_month(year: str, month: str, by: int) -> str:
-    index = int(year) * 12 + int(month) - 1 + by
-    return f"{index // 12:04d}-{index % 12 + 1:02d}"
-
-
-def _numbers(text: str) -> list[str]:
-    return list(dict.fromkeys(re.findall(r"-?\d+(?:\.\d+)?", text)))
-
-
-def _as_list(value: Any) -> list[str]:
-    return [value] if isinstance(value, str) else list(value)
 
 
 def _tool_of(action: str) -> str:
@@ -256,66 +152,16 @@ def _tool_of(action: str) -> str:
 
 
 def _perturb(task: Task, name: str, arguments: dict[str, Any]) -> list[str]:
-    domain = DOMAINS[task.domain]
-    out: list[str] = []
-    if name == "sql":
-        query = arguments["query"]
-        for old in re.findall(r"'([^']*)'", query):
-            pool = domain.units if old in domain.units else domain.categories if old in domain.categories else ()
-            for other in pool:
-                if other != old:
-                    out.append(format_call("sql", {"query": query.replace(f"'{old}'", f"'{other}'", 1)}))
-                    break
-        for a, b in (("SUM(", "AVG("), ("AVG(", "SUM("), ("COUNT(*)", "SUM(1) + 1"), ("DESC", "ASC")):
-            if a in query:
-                out.append(format_call("sql", {"query": query.replace(a, b, 1)}))
-        if " WHERE " in query:
-            head = query.split(" WHERE ")[0]
-            out.append(format_call("sql", {"query": head}))
-        out.append(format_call("sql", {"query": query.replace(f" {domain.fact}", f" {domain.entity}", 1)}))
-    elif name == "python":
-        code = arguments["code"]
-        out.append(format_call("python", {"code": code.replace(repr(domain.measure), repr(domain.count), 1)}))
-        out.append(format_call("python", {"code": code.replace("for r in rows", "for r in rows[1:]", 1)}))
-        out.append(format_call("python", {"code": code.rstrip().rstrip(")")}))
-        out.append(format_call("python", {"code": re.sub(r"'results/q\d+\.csv'", "'results/q0.csv'", code, count=1)}))
-    elif name == "smtp":
-        staff = [s.email for s in domain.staff(task.data.tables)] if task.data is not None else []
-        to = list(arguments["to"])
-        others = [e for e in staff if e not in to and e not in arguments.get("cc", [])]
-        if others:
-            out.append(format_call("smtp", {**arguments, "to": [others[0], *to[1:]]}))
-            out.append(format_call("smtp", {**arguments, "to": [*to, others[-1]]}))
-        if arguments.get("cc"):
-            out.append(format_call("smtp", {k: v for k, v in arguments.items() if k != "cc"}))
-        out.append(format_call("smtp", {**arguments, "body": _shift_numbers(arguments["body"])}))
-        if arguments.get("attachments"):
-            out.append(format_call("smtp", {k: v for k, v in arguments.items() if k != "attachments"}))
-    elif name == "finish":
-        answer = arguments["answer"]
-        shifted = _shift_numbers(answer)
-        if shifted != answer:
-            out.append(format_call("finish", {"answer": shifted}))
-        for sub in task.subtasks:
-            for n in sub.names:
-                out.append(format_call("finish", {"answer": n.split()[0] + " Unknown"}))
-    return out
+    return [format_call(name, a) for a in get_tool(name).perturb(task, arguments)]
 
 
 def _generic(task: Task, name: str) -> list[str]:
-    domain = DOMAINS[task.domain]
     out = []
     if name != "finish":
         guess = task.subtasks[0].answer or "done"
-        out.append(format_call("finish", {"answer": _shift_numbers(guess) if guess != "done" else guess}))
-    out.append(format_call("sql", {"query": f"SELECT * FROM {domain.fact} LIMIT 5"}))
-    out.append(format_call("python", {"code": "import os\nprint(sorted(os.listdir('.')))"}))
+        out.append(format_call("finish", {"answer": shift_numbers(guess) if guess != "done" else guess}))
+    for tool in service_tools():
+        arguments = TOOLS[tool].guess(task)
+        if arguments is not None:
+            out.append(format_call(tool, arguments))
     return out
-
-
-def _shift_numbers(text: str) -> str:
-    def bump(m: re.Match[str]) -> str:
-        value = float(m.group(0))
-        return f"{value * 1.1 + 1:.2f}" if "." in m.group(0) else str(int(value) + 1)
-
-    return re.sub(r"\d+(?:\.\d+)?", bump, text, count=0)

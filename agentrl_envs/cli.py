@@ -94,6 +94,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--per-client", type=_positive, default=64, help="calls one client address may have in flight; 429 past it (default 64)"
     )
+    p.add_argument(
+        "--workers",
+        type=_positive,
+        default=1,
+        help="server processes, one port each from --port on (default 1); give clients all the URLs it prints",
+    )
+    p.add_argument(
+        "--max-upload-mb", type=_positive, default=1024, help="largest template database upload in MiB of JSON (default 1024)"
+    )
     p.set_defaults(func=cmd_serve)
 
     from agentrl_envs.faults import fit
@@ -317,7 +326,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise agentrl_envs.ConfigError("--sql-deadline-s and --python-timeout-s must be positive")
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
     check_bind(args.host, token)
-    limits = ServeLimits(python_workers=args.python_workers, per_client=args.per_client)
+    limits = ServeLimits(
+        python_workers=args.python_workers, per_client=args.per_client, max_upload_bytes=args.max_upload_mb << 20
+    )
+    auth = "bearer token required" if token else "no token"
+    if args.workers > 1:
+        from agentrl_envs import server_workers
+
+        sockets = server_workers.bind(args.host, args.port, args.workers)
+        urls = ",".join(f"http://{args.host}:{s.getsockname()[1]}" for s in sockets)
+        print(
+            f"agentrl simulator on {urls} ({args.workers} worker processes: give clients all the URLs, e.g. "
+            f"backend='{urls}'; profile {profile.name}, {auth}); OpenAPI at /openapi.json; Ctrl-C stops it",
+            flush=True,
+        )
+        config = server_workers.WorkerConfig(profile, args.sql_deadline_s, args.python_timeout_s, token, limits)
+        return server_workers.supervise(sockets, config)
     port = args.port
     try:
         with socket.create_server((args.host, port)) as probe:
@@ -326,10 +350,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise agentrl_envs.ConfigError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
     print(
         f"agentrl simulator on http://{args.host}:{port} (profile {profile.name}, "
-        f"{'bearer token required' if token else 'no token'}); OpenAPI at /openapi.json; Ctrl-C stops it",
+        f"{auth}); OpenAPI at /openapi.json; Ctrl-C stops it",
         flush=True,
     )
-    serve(
+    return serve(
         args.host,
         port,
         profile,
@@ -338,7 +362,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         sql_deadline_s=args.sql_deadline_s,
         python_timeout_s=args.python_timeout_s,
     )
-    return 0
 
 
 # ---------------------------------------------------------------------------------------- pg-sweep

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 import gymnasium as gym
 
 from agentrl_envs.actions import ToolCall, format_call, parse_action
-from agentrl_envs.backends import Backend, EpisodeSetup, ToolRequest, ToolResponse, make_backend
+from agentrl_envs.backends import Backend, EpisodeSetup, ToolRequest, make_backend
 from agentrl_envs.errors import ActionError, ConfigError, EpisodeError
 from agentrl_envs.faults import ErrorProfile, load_profile
 from agentrl_envs.faults.injector import FaultInjectingBackend
@@ -28,7 +28,7 @@ from agentrl_envs.spaces import UnicodeText
 from agentrl_envs.tasks import TaskSampler
 from agentrl_envs.tasks.base import Task
 from agentrl_envs.tasks.progress import Progress
-from agentrl_envs.tools import TOOLS, Tool
+from agentrl_envs.tools import Tool, get_tool
 from agentrl_envs.tools.text import clip, printable
 
 __all__ = ["AUTORESET_ACTION", "SETTABLE_ATTRIBUTES", "ToolUseEnv"]
@@ -140,7 +140,7 @@ class ToolUseEnv(gym.Env[str, str]):
         self._training_step = 0
         self.python_timeout_s = python_timeout_s
         self.sql_deadline_s = sql_deadline_s
-        self.tools: dict[str, Tool] = {name: TOOLS[name] for name in self.tool_names}
+        self.tools: dict[str, Tool] = {name: get_tool(name) for name in self.tool_names}
         self.action_space = UnicodeText(ACTION_MAX_CHARS)
         self.observation_space = UnicodeText(OBSERVATION_MAX_CHARS)
         self._sampler = TaskSampler(self.kind, split, domain, long_horizon)  # validates split/domain
@@ -398,11 +398,11 @@ class ToolUseEnv(gym.Env[str, str]):
         if self.realtime and response.latency_s > 0:
             time.sleep(response.latency_s)
         moved = self._progress.observe(call.name, call.arguments, response)
-        tier = response.result.get("sandbox_tier") if call.name == "python" else None
+        tier = response.result.get("sandbox_tier") if response.ok else None  # the service that runs programs says
         if isinstance(tier, str):
             self._sandbox_tier = tier[:16]
         fault = classify(response)
-        summary = _summarize(call.name, response)
+        summary = self.tools[call.name].summarize(response)
         self._fault_stats.record(call.name, bool(summary["ok"]), fault)
         return self.tools[call.name].render(response), summary, fault, moved
 
@@ -512,29 +512,3 @@ def _mail_domain(task: Task) -> str:
     from agentrl_envs.tasks.domains import DOMAINS
 
     return DOMAINS[task.domain].mail_domain
-
-
-def _summarize(tool: str, response: ToolResponse) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "tool": tool,
-        "ok": response.ok,
-        "status": response.status,
-        "error_type": response.error_type,
-        "error": response.error,
-    }
-    r = response.result
-    if response.ok and tool == "sql":
-        out.update(
-            row_count=r.get("row_count"), columns=r.get("columns"), csv_path=r.get("csv_path"), truncated=r.get("truncated")
-        )
-    elif response.ok and tool == "python":
-        out["ok"] = r.get("exit_code") == 0 and not r.get("timed_out")
-        out.update(
-            exit_code=r.get("exit_code"),
-            stdout=clip(str(r.get("stdout", "")), 4000),
-            stderr=clip(str(r.get("stderr", "")), 4000),
-            timed_out=r.get("timed_out"),
-        )
-    elif response.ok and tool == "smtp":
-        out.update(message_id=r.get("message_id"), to=r.get("to"), cc=r.get("cc"), attachments=r.get("attachments"))
-    return out

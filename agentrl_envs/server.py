@@ -18,7 +18,15 @@ loop, never behind a worker. Python calls, SQL calls and everything else run in 
 thread pools ("lanes"), so slow Python runs never hold up a query or an episode open. Each lane
 admits ``workers * (1 + queue_per_worker)`` calls at once and one client (a peer address) at most
 ``per_client`` calls over all lanes; a call past either bound is answered at once with 429
-``server_busy`` and a ``Retry-After`` (the ``http`` backend waits and retries it).
+``server_busy`` and a ``Retry-After`` (the ``http`` backend waits and retries it). A template
+upload may be up to ``max_upload_bytes`` (read as it streams in; 413 past it, naming the setting);
+every other body stays within 8 MiB.
+
+Scale (:mod:`agentrl_envs.server_workers`): ``serve(workers=N)`` (``agentrl-envs serve --workers
+N``) runs N server processes, one port each, and the ``http`` backend given all their URLs keeps
+each episode on one of them. Each process freezes what start-up allocated out of the cycle
+collector's reach and raises its thresholds, and gives freed memory back as episodes close
+(:mod:`simulators.memory`).
 """
 
 from __future__ import annotations
@@ -41,11 +49,11 @@ from agentrl_envs.errors import ConfigError
 from agentrl_envs.faults import ErrorProfile
 from agentrl_envs.faults.injector import FaultInjectingBackend
 from simulators import SimulatorApp
-from simulators.app import MAX_REQUEST_BYTES
+from simulators.app import MAX_UPLOAD_BYTES, match_route
+from simulators.tools import TOOL_ROUTES
 
 __all__ = ["ServeLimits", "SimulatorServer", "check_bind", "serve"]
 
-_TOOLS = ("sql", "python", "smtp")
 _INLINE = {("GET", "/health"), ("GET", "/openapi.json")}
 MIN_TOKEN_CHARS = 16
 
@@ -65,6 +73,7 @@ class ServeLimits:
         per_client: calls one client (one peer address; every loopback client shares one) may have
             admitted at once over all lanes; 429 past that.
         retry_after_s: the ``Retry-After`` of a 429, in whole seconds.
+        max_upload_bytes: the largest template database upload (JSON bytes); 413 past it.
     """
 
     python_workers: int = 4
@@ -73,8 +82,12 @@ class ServeLimits:
     queue_per_worker: int = 8
     per_client: int = 64
     retry_after_s: int = 1
+    max_upload_bytes: int = MAX_UPLOAD_BYTES
 
     def __post_init__(self) -> None:
+        upload = self.max_upload_bytes
+        if not isinstance(upload, int) or isinstance(upload, bool) or not 1 <= upload <= 1 << 40:
+            raise ConfigError(f"ServeLimits.max_upload_bytes={upload!r}: use a number of bytes from 1 to 2**40")
         for name in ("python_workers", "sql_workers", "workers", "per_client", "retry_after_s"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 4096:
@@ -119,6 +132,8 @@ class SimulatorServer:
         self.direct = DirectBackend(app, sql_deadline_s=sql_deadline_s, python_timeout_s=python_timeout_s)
         self.faults = FaultInjectingBackend(self.direct, profile) if profile is not None and profile.injects else None
         self.limits = limits or ServeLimits()
+        if app is None:
+            self.direct.app.max_upload_bytes = self.limits.max_upload_bytes
         self._token = token.encode() if token is not None else None
         lim = self.limits
         self._lanes = {
@@ -134,34 +149,28 @@ class SimulatorServer:
         """Calls admitted and not yet answered, per lane (running or waiting for a worker)."""
         return {name: lane.admitted for name, lane in self._lanes.items()}
 
-    def dispatch(self, method: str, path: str, body: bytes, at_s: float, episode_token: str | None = None) -> Answer:
+    def dispatch(self, method: str, path: str, body: bytes | bytearray, at_s: float, episode_token: str | None = None) -> Answer:
         """Serve one request (runs in a worker thread)."""
-        parts = [p for p in path.split("/") if p]
+        route, args = match_route(method, path)
         app = self.direct.app
-        if (
-            self.faults is not None
-            and method == "POST"
-            and len(parts) == 4
-            and parts[:2] == ["v1", "episodes"]
-            and parts[3] in _TOOLS
-        ):
+        if self.faults is not None and route == "tool" and args[1] in TOOL_ROUTES:
             try:
                 payload = json.loads(body) if body else {}
             except (ValueError, RecursionError):
                 payload = None
-            denied = app.check_owner(parts[2], episode_token)
+            denied = app.check_owner(args[0], episode_token)
             if isinstance(payload, dict) and denied is None:
-                response = self.faults.handle(ToolRequest(parts[2], parts[3], payload, at_s=at_s))
+                response = self.faults.handle(ToolRequest(args[0], args[1], payload, at_s=at_s))
                 headers = {"content-type": "application/json"}
                 if response.fault and "retry_after_s" in response.fault:
                     headers["retry-after"] = str(max(1, round(response.fault["retry_after_s"])))
                 return response.status, json.dumps(response_body(response)).encode(), headers
         status, data, headers = app.handle_bytes(method, path, body, episode_token)
-        if self.faults is not None and method == "POST" and parts == ["v1", "episodes"] and status == 201:
+        if self.faults is not None and route == "open_episode" and status == 201:
             setup = json.loads(body)
             self.faults.start(setup["episode_id"], int(setup.get("seed") or 0))
-        if self.faults is not None and method == "DELETE" and len(parts) == 3 and status == 204:
-            self.faults.forget(parts[2])
+        if self.faults is not None and route == "close_episode" and status == 204:
+            self.faults.forget(args[0])
         return status, data, headers
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -176,24 +185,24 @@ class SimulatorServer:
                     return
         if scope["type"] != "http":
             return
-        chunks: list[bytes] = []
-        size = 0
+        # Kept up to one byte past the path's limit (the app answers 413 for that); the rest is drained.
+        limit = self.direct.app.body_limit(scope["method"], scope["path"]) + 1
+        body = bytearray()
         more = True
         while more:
             message = await receive()
             chunk = message.get("body", b"")
-            size += len(chunk)
-            if size <= MAX_REQUEST_BYTES + 1:
-                chunks.append(chunk)
+            if len(body) < limit:
+                body += chunk[: limit - len(body)]
             more = message.get("more_body", False)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        status, data, out = await self._answer(scope, headers, b"".join(chunks))
+        status, data, out = await self._answer(scope, headers, body)
         raw_headers = [(k.encode(), v.encode()) for k, v in out.items()]
         raw_headers.append((b"content-length", str(len(data)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": raw_headers})
         await send({"type": "http.response.body", "body": data})
 
-    async def _answer(self, scope: dict[str, Any], headers: dict[str, str], body: bytes) -> Answer:
+    async def _answer(self, scope: dict[str, Any], headers: dict[str, str], body: bytes | bytearray) -> Answer:
         method, path = scope["method"], scope["path"]
         if self._token is not None and (method, path) != ("GET", "/health") and not self._authorized(headers):
             return _error(
@@ -246,10 +255,9 @@ class SimulatorServer:
 
 
 def _lane_of(method: str, path: str) -> str:
-    parts = [p for p in path.split("/") if p]
-    if method == "POST" and len(parts) == 4 and parts[:2] == ["v1", "episodes"] and parts[3] in ("python", "sql"):
-        return parts[3]
-    return "control"
+    route, args = match_route(method, path)
+    tool = TOOL_ROUTES.get(args[1]) if route == "tool" else None
+    return tool.lane if tool is not None else "control"
 
 
 def _error(status: int, kind: str, message: str, headers: dict[str, str], **extra: Any) -> Answer:
@@ -297,19 +305,27 @@ def serve(
     limits: ServeLimits | None = None,
     sql_deadline_s: float = 2.0,
     python_timeout_s: float = 5.0,
-) -> None:
-    """Run the server until interrupted.
+    workers: int = 1,
+) -> int:
+    """Run the server until interrupted; answer the exit status (0 after Ctrl-C or SIGTERM).
 
     Args:
-        host, port: where to listen.
+        host, port: where to listen (with ``workers`` > 1, ports ``port`` .. ``port + workers - 1``,
+            or free ones for port 0).
         profile: a server-side fault profile.
         token: the bearer token (default ``$AGENTRL_SERVE_TOKEN``); required unless ``host`` is loopback.
         limits: worker pools and admission bounds.
         sql_deadline_s, python_timeout_s: service limits.
+        workers: server processes (see :mod:`agentrl_envs.server_workers`).
     """
-    import uvicorn
+    from agentrl_envs import server_workers
 
     token = token if token is not None else os.environ.get(TOKEN_ENV) or None
     check_bind(host, token)
+    if workers > 1:
+        sockets = server_workers.bind(host, port, workers)
+        config = server_workers.WorkerConfig(profile, sql_deadline_s, python_timeout_s, token, limits)
+        return server_workers.supervise(sockets, config)
     app = SimulatorServer(profile, sql_deadline_s, python_timeout_s, token=token, limits=limits)
-    uvicorn.run(app, host=host, port=port, log_level="warning", access_log=False, lifespan="on")
+    server_workers.run(app, host=host, port=port)
+    return 0

@@ -1,4 +1,4 @@
-"""``agentrl-train``: ppo, sft, eval (and the adapter tools), every option with its help text.
+"""``agentrl-train``: ppo, sft, eval, resources (and the adapter tools), every option with its help text.
 
 Options come from the config dataclasses (:mod:`agentrl_train.config`): each field is a flag, a
 ``--config run.yaml`` file sets any of them, and flags given on the command line win.
@@ -54,7 +54,7 @@ def _cmd_ppo(args: argparse.Namespace) -> int:
     from agentrl_train import distributed
     from agentrl_train.train import train
 
-    with distributed.setup() as dist:
+    with distributed.setup(cfg.model.device) as dist:
         train(cfg, dist=dist, log=print if dist.is_main else (lambda *a, **k: None))
     return 0
 
@@ -82,6 +82,110 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
         print(markdown_table({args.split: result}), end="")
     return 0
+
+
+def _cmd_resources(args: argparse.Namespace) -> int:
+    from agentrl_train import resources
+
+    data = resources.load(args.run)
+    print(json.dumps(data, indent=2) if args.json else resources.table(data), end="" if not args.json else "\n")
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from agentrl_train.serve.canary import CanaryRules
+    from agentrl_train.serve.run import build_app, parse_pairs, serve, token_from
+
+    adapters = parse_pairs(args.adapter, "--adapter")
+    watch = parse_pairs(args.watch, "--watch", default_name=next(iter(adapters), None))
+    rules = CanaryRules(
+        min_episodes=args.canary_min_episodes,
+        success_margin=args.canary_success_margin,
+        timeout_margin=args.canary_timeout_margin,
+        auto=args.canary_auto,
+    )
+    token = token_from(args.token)
+    from agentrl_envs.server import check_bind
+
+    check_bind(args.host, token)
+    app = build_app(
+        args.model,
+        adapters,
+        upstream=args.upstream,
+        device=args.device,
+        threads=args.threads,
+        token=token,
+        rules=rules,
+        max_new_tokens=args.max_new_tokens,
+        watch=watch,
+        watch_interval_s=args.watch_interval_s,
+    )
+    print(
+        f"agentrl-train serve on http://{args.host}:{args.port} ({'bearer token required' if token else 'no token'}); Ctrl-C stops it",
+        flush=True,
+    )
+    serve(app, args.host, args.port, token)
+    return 0
+
+
+def _add_serve_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve adapters behind an OpenAI-compatible endpoint (hot reload, canary rollout)",
+        description="Serve a base model and LoRA adapters on /v1/chat/completions; swap adapters in place and roll out canaries.",
+    )
+    p.add_argument(
+        "--model", default=None, metavar="M", help="'tiny' or a local Hugging Face model folder (nothing is downloaded)"
+    )
+    p.add_argument(
+        "--adapter",
+        action="append",
+        metavar="NAME=DIR",
+        help="serve DIR (a run's final/, a peft folder) as model NAME; repeatable",
+    )
+    p.add_argument(
+        "--upstream",
+        default=None,
+        metavar="URL",
+        help="route in front of another OpenAI-compatible server (e.g. vLLM) instead of --model; NAME=UPSTREAM_MODEL",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1; any other needs a token)")
+    p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    p.add_argument(
+        "--token", default=None, help="bearer token required on every route but /health (default: $AGENTRL_SERVE_TOKEN)"
+    )
+    p.add_argument(
+        "--watch", action="append", metavar="[NAME=]DIR", help="hot-reload the newest adapter a trainer writes under DIR"
+    )
+    p.add_argument("--watch-interval-s", type=float, default=2.0, metavar="S", help="how often --watch looks (default: 2)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"], help="where the model runs (default: cpu)")
+    p.add_argument("--threads", type=int, default=1, metavar="N", help="torch threads on CPU (default: 1)")
+    p.add_argument("--max-new-tokens", type=int, default=256, metavar="N", help="default and cap of max_tokens (default: 256)")
+    p.add_argument(
+        "--canary-min-episodes",
+        type=int,
+        default=20,
+        metavar="N",
+        help="episodes per side before a canary is judged (default: 20)",
+    )
+    p.add_argument(
+        "--canary-success-margin",
+        type=float,
+        default=0.05,
+        metavar="F",
+        help="promote if success >= baseline - F (default: 0.05)",
+    )
+    p.add_argument(
+        "--canary-timeout-margin",
+        type=float,
+        default=0.05,
+        metavar="F",
+        help="... and timeout rate <= baseline + F (default: 0.05)",
+    )
+    p.add_argument(
+        "--canary-auto", action=argparse.BooleanOptionalAction, default=True, help="apply the rules automatically (default: on)"
+    )
+    p.set_defaults(func=_cmd_serve)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -112,12 +216,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object (success_rate, mean_return, ...)")
     p.set_defaults(func=_cmd_eval)
 
-    for extra in ("agentrl_train.adapters.cli",):
-        try:
-            mod = __import__(extra, fromlist=["add_fuse_parser"])
-        except ImportError:
-            continue
-        for name in ("add_fuse_parser", "add_remap_parser"):
+    p = sub.add_parser("resources", help="print a run's resource map (resources.json) per stage and phase")
+    p.add_argument("--run", required=True, metavar="DIR", help="run folder")
+    p.add_argument("--json", action="store_true", help="print resources.json itself")
+    p.set_defaults(func=_cmd_resources)
+
+    _add_serve_parser(sub)
+
+    for extra in ("agentrl_train.adapters.cli", "agentrl_train.rm_train", "agentrl_train.stages"):
+        mod = __import__(extra, fromlist=["add_fuse_parser"])  # a broken module is an error, not a missing command
+        for name in ("add_fuse_parser", "add_remap_parser", "add_rm_parsers", "add_stages_parser"):
             if hasattr(mod, name):
                 getattr(mod, name)(sub)
     return parser

@@ -43,6 +43,9 @@ class ModelConfig:
     lora_dropout: float = _f(0.0, "LoRA dropout (off while sampling either way)")
     adapter: str = _f("exec", "name of the adapter this run trains")
     init_adapter: str = _f("", "start from this saved adapter folder (e.g. an sft run's final/) instead of a fresh one")
+    frozen_adapters: list = _f(
+        [], "earlier stages' adapters as NAME=DIR (a run's final/), loaded active and frozen beside the trained one"
+    )
     device: str = _f("auto", "auto (CUDA when present, else CPU), cpu or cuda")
     threads: int = _f(0, "torch CPU threads (0: 1 per process on CPU; env workers use the other cores)")
     tiny_pretrain_steps: int = _f(600, "tiny only: causal-LM pretraining steps on env text (no oracle actions)")
@@ -72,7 +75,12 @@ class PPOConfig:
     epochs: int = _f(2, "passes over each rollout")
     micro_batch: int = _f(16, "transitions per forward/backward pass (memory)")
     accumulation: int = _f(0, "micro-batches per optimizer step (0: the whole rollout is one optimizer step per epoch)")
+    sync_batch: int = _f(
+        0,
+        "global transitions per optimizer step over all ranks (0: use accumulation); sets accumulation = it / (ranks x micro_batch)",
+    )
     lr: float = _f(5e-4, "AdamW learning rate of the LoRA weights")
+    lr_schedule: str = _f("constant", "constant, or linear (both learning rates fall linearly to 0 over the run)")
     value_lr: float = _f(3e-3, "AdamW learning rate of the value head")
     gamma: float = _f(0.99, "discount")
     lam: float = _f(0.95, "GAE lambda")
@@ -157,6 +165,7 @@ class TrainConfig:
         _choice("advantage", p.advantage, ("gae", "hierarchical"))
         _choice("clip_mode", p.clip_mode, ("per-layer", "global"))
         _choice("reward_norm", p.reward_norm, ("scale", "zscore", "none"))
+        _choice("lr_schedule", p.lr_schedule, ("constant", "linear"))
         _choice("scoring", p.scoring, ("mean", "sum"))
         _choice("score_baseline", p.score_baseline, ("none", "reference"))
         for name in ("num_envs", "updates", "rollout_steps", "epochs", "micro_batch", "max_new_tokens", "max_prompt_tokens"):
@@ -165,7 +174,15 @@ class TrainConfig:
             _positive(name, _get(self, name))
         for name in ("lr", "value_lr", "temperature", "grad_clip", "lora_alpha_ratio", "min_sigma"):
             _positive(name, _get(self, name))
-        for name in ("accumulation", "critic_warmup", "eval_every", "checkpoint_every", "eval_episodes", "tiny_pretrain_steps"):
+        for name in (
+            "accumulation",
+            "sync_batch",
+            "critic_warmup",
+            "eval_every",
+            "checkpoint_every",
+            "eval_episodes",
+            "tiny_pretrain_steps",
+        ):
             _non_negative(name, _get(self, name))
         for name in ("clip", "value_clip", "vf_coef", "kl_coef", "ent_start", "ent_end", "target_kl", "lora_dropout"):
             _non_negative(name, _get(self, name))
@@ -178,6 +195,9 @@ class TrainConfig:
             raise ConfigError(f"--ent-end={p.ent_end} is above --ent-start={p.ent_start}: the entropy coefficient decays")
         if not m.adapter.isidentifier():
             raise ConfigError(f"--adapter={m.adapter!r}: use a name made of letters, digits and _ (e.g. exec)")
+        for spec in m.frozen_adapters:
+            if not isinstance(spec, str) or "=" not in spec or not spec.split("=", 1)[0].isidentifier():
+                raise ConfigError(f"--frozen-adapters: {spec!r} is not NAME=DIR (e.g. preference=runs/stages/preference/final)")
         for split in [*r.eval_splits, *r.final_eval_splits]:
             _choice("eval_splits", split, ("train", "test", "heldout"))
         return self

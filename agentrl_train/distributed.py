@@ -2,18 +2,25 @@
 
 ``setup()`` reads torchrun's environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``); without it the
 run is a single process and every hook is a no-op. Gradients of the trainable parameters (LoRA and
-value head) are summed across ranks once per optimizer step; because the loop normalizes each loss
-by the *global* count of valid units, that sum is the gradient of the whole batch whatever its split
+value head) go through :class:`torch.nn.parallel.DistributedDataParallel` (:func:`wrap_trainable`),
+summed (not averaged) across ranks once per optimizer step; because the loop normalizes each loss by
+the *global* count of valid units, that sum is the gradient of the whole batch whatever its split
 across ranks and micro-batches.
+
+A rank that dies makes the collectives of the others fail (gloo: at once when the peer's socket
+closes, else after ``AGENTRL_DIST_TIMEOUT_S``, default 300); :func:`setup` turns that into a
+:class:`PeerLostError` that says how to resume.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import os
 import shutil
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,15 +29,21 @@ import torch
 
 from agentrl_envs.errors import AgentRLError, ConfigError
 
-__all__ = ["Dist", "exec_torchrun", "setup"]
+__all__ = ["Dist", "PeerLostError", "Trainable", "exec_torchrun", "setup", "wrap_trainable"]
+
+
+class PeerLostError(AgentRLError):
+    """Another rank died or stopped answering; this rank stops instead of hanging."""
 
 
 class Dist:
     """Rank, world size and the collective operations the training loop needs."""
 
-    def __init__(self, rank: int = 0, world: int = 1) -> None:
+    def __init__(self, rank: int = 0, world: int = 1, device: torch.device | None = None) -> None:
         self.rank, self.world = rank, world
+        self.device = device or torch.device("cpu")  #: where collective tensors live (cuda under nccl)
         self.is_main = rank == 0
+        self.comm_s = 0.0  #: seconds this rank spent in collectives (launch to completion), all kinds
 
     @property
     def active(self) -> bool:
@@ -41,8 +54,10 @@ class Dist:
             return values
         import torch.distributed as td
 
-        t = torch.tensor(values, dtype=torch.float64)
+        t0 = time.perf_counter()
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
         td.all_reduce(t, op=op or td.ReduceOp.SUM)
+        self.comm_s += time.perf_counter() - t0
         return t.tolist()
 
     def sum(self, x: float) -> float:
@@ -62,61 +77,176 @@ class Dist:
 
             td.barrier()
 
-    def check_same_weights(self, policy: Any) -> None:
-        """Every rank must start from identical trainable weights (the model seed is shared)."""
+    def check_same_weights(self, policy: Any, when: str = "at start") -> None:
+        """Every rank must hold identical trainable weights (the model seed is shared).
+
+        Compares a SHA-256 of every trainable tensor's bytes, so any difference (not only one that
+        changes a sum) is caught. Raises:
+            AgentRLError: the weights differ on some rank.
+        """
         if not self.active:
             return
         import torch.distributed as td
 
-        local = torch.tensor(
-            [float(sum(p.detach().double().sum() for _, p in policy.trainable_parameters()))], dtype=torch.float64
-        )
+        h = hashlib.sha256()
+        for name, p in policy.trainable_parameters():
+            h.update(name.encode())
+            h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        local = torch.tensor(list(h.digest()), dtype=torch.int64, device=self.device)
         lo, hi = local.clone(), local.clone()
         td.all_reduce(lo, op=td.ReduceOp.MIN)
         td.all_reduce(hi, op=td.ReduceOp.MAX)
-        if float(lo) != float(hi):
+        if not torch.equal(lo, hi):
             raise AgentRLError(
-                f"rank {self.rank}: trainable weights differ across ranks at start; every rank must use the same --seed and --model"
+                f"rank {self.rank}: trainable weights differ across ranks {when}; every rank must use the same "
+                "--seed, --model and --init-adapter (and the same code and library versions)"
             )
 
-    def all_reduce_grads(self, policy: Any) -> None:
-        """Sum the trainable parameters' gradients across ranks (one flat all-reduce)."""
+    def max_weight_diff(self, policy: Any) -> float:
+        """Largest absolute difference of any trainable weight between ranks (0.0 when in sync)."""
         if not self.active:
-            return
+            return 0.0
         import torch.distributed as td
 
-        params = [p for _, p in policy.trainable_parameters()]
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        td.all_reduce(flat)
-        offset = 0
-        for p, g in zip(params, grads):
-            n = g.numel()
-            p.grad = flat[offset : offset + n].view_as(p).clone()
-            offset += n
+        flat = torch.cat([p.detach().double().reshape(-1).to(self.device) for _, p in policy.trainable_parameters()])
+        lo, hi = flat.clone(), flat.clone()
+        td.all_reduce(lo, op=td.ReduceOp.MIN)
+        td.all_reduce(hi, op=td.ReduceOp.MAX)
+        return float((hi - lo).max()) if flat.numel() else 0.0
 
-    def no_sync(self, policy: Any, last: bool) -> Any:
-        return contextlib.nullcontext()
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj`` (picklable), in rank order, on every rank."""
+        if not self.active:
+            return [obj]
+        import torch.distributed as td
+
+        out: list[Any] = [None] * self.world
+        td.all_gather_object(out, obj)
+        return out
+
+
+class Trainable:
+    """The module the loop calls for a micro-batch's loss, DDP-wrapped over the trainable set it was built for.
+
+    ``names`` is that set; :func:`wrap_trainable` builds a new wrapper when it changes (a stage that
+    trains another adapter), because DDP registers its parameters once: gradients of parameters that
+    became trainable later are never all-reduced and the ranks drift apart without an error.
+    """
+
+    def __init__(self, module: torch.nn.Module, names: tuple[str, ...], ddp: torch.nn.Module | None) -> None:
+        self.module, self.names, self.ddp = module, names, ddp
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return (self.ddp or self.module)(*args, **kwargs)
+
+    def no_sync(self, last: bool) -> Any:
+        """Skip the all-reduce (gradients accumulate locally) on every micro-batch but the last."""
+        if self.ddp is None or last:
+            return contextlib.nullcontext()
+        return self.ddp.no_sync()  # type: ignore[operator]
+
+
+def trainable_names(module: torch.nn.Module) -> tuple[str, ...]:
+    return tuple(n for n, p in module.named_parameters() if p.requires_grad)
+
+
+def wrap_trainable(module: torch.nn.Module, dist: Dist, current: Trainable | None = None) -> Trainable:
+    """``module`` (whose forward is a micro-batch's loss) under DDP over its trainable parameters only.
+
+    Frozen parameters and buffers are left out of DDP entirely (not broadcast, not bucketed), so the
+    wrapper costs nothing for the base model. Gradients are summed across ranks (a comm hook), not
+    averaged: the loss is already divided by the global count. Returns ``current`` unchanged when its
+    trainable set is still the module's; call this before each update (the loop does) so that a
+    changed adapter gets a new wrapper.
+    """
+    names = trainable_names(module)
+    if current is not None and current.module is module and current.names == names:
+        return current
+    if not names:
+        raise ConfigError("nothing to train: no parameter of the policy requires a gradient (is the adapter frozen?)")
+    if not dist.active:
+        return Trainable(module, names, None)
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    frozen = [n for n, p in module.named_parameters() if not p.requires_grad] + [n for n, _ in module.named_buffers()]
+    DDP._set_params_and_buffers_to_ignore_for_model(module, frozen)
+    # device_ids=None: DDP leaves the inputs (transitions, not tensors) where they are on CPU and GPU alike.
+    ddp = DDP(
+        module,
+        device_ids=None,
+        init_sync=False,  # the start check compares the weights instead of silently copying rank 0's
+    )
+    ddp.register_comm_hook(dist, _sum_allreduce_hook)
+    return Trainable(module, names, ddp)
+
+
+def _sum_allreduce_hook(dist, bucket):  # no annotations: DDP rejects any but its own (and this module defers them)
+    """DDP's all-reduce without the division by the world size; times it into ``dist.comm_s``."""
+    import torch.distributed as td
+
+    t0 = time.perf_counter()
+    fut = td.all_reduce(bucket.buffer(), async_op=True).get_future()  # type: ignore[union-attr]
+
+    def done(f: Any) -> torch.Tensor:
+        dist.comm_s += time.perf_counter() - t0
+        return f.value()[0]
+
+    return fut.then(done)
 
 
 @contextlib.contextmanager
-def setup() -> Iterator[Dist]:
-    """A :class:`Dist` for this process: torchrun's process group, or a single process."""
+def setup(device: str = "auto") -> Iterator[Dist]:
+    """A :class:`Dist` for this process: torchrun's process group, or a single process.
+
+    Args:
+        device: the run's ``--device``: nccl when it resolves to CUDA (one GPU per local rank), else gloo.
+
+    Raises:
+        ConfigError: more local ranks than CUDA devices.
+        PeerLostError: a collective failed because another rank died or timed out.
+    """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         yield Dist()
         return
     import torch.distributed as td
 
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    timeout = datetime.timedelta(seconds=float(os.environ.get("AGENTRL_DIST_TIMEOUT_S", "300")))
-    td.init_process_group(backend=backend, timeout=timeout)
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    cuda = device != "cpu" and torch.cuda.is_available()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if cuda and local_rank >= torch.cuda.device_count():
+        raise ConfigError(
+            f"LOCAL_RANK {local_rank} but this machine has {torch.cuda.device_count()} CUDA device(s): use "
+            "--nproc-per-node <= the GPU count, or --device cpu (gloo) for more processes"
+        )
+    timeout_s = float(os.environ.get("AGENTRL_DIST_TIMEOUT_S", "300"))
+    td.init_process_group(backend="nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    where = torch.device("cpu")
+    if cuda:
+        where = torch.device("cuda", local_rank)
+        torch.cuda.set_device(where)
+    dist = Dist(td.get_rank(), td.get_world_size(), where)
     try:
-        yield Dist(td.get_rank(), td.get_world_size())
+        yield dist
+    except (td.DistError, RuntimeError) as exc:
+        if not _is_comm_failure(exc):
+            raise
+        raise PeerLostError(
+            f"rank {dist.rank}: lost another rank of {dist.world} ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
+            f"the run stopped (collective timeout {timeout_s:g} s, AGENTRL_DIST_TIMEOUT_S). Restart it with --resume and "
+            "the same number of ranks to continue from the latest checkpoint"
+        ) from None
     finally:
-        td.destroy_process_group()
+        with contextlib.suppress(Exception):
+            td.destroy_process_group()
+
+
+def _is_comm_failure(exc: BaseException) -> bool:
+    import torch.distributed as td
+
+    if isinstance(exc, td.DistError):
+        return True
+    text = str(exc).lower()
+    return any(k in text for k in ("connection closed", "connection reset", "timed out", "gloo", "nccl", "broken pipe"))
 
 
 def exec_torchrun(nproc: int, argv: list[str]) -> int:

@@ -28,7 +28,7 @@ from torch import nn
 
 from agentrl_envs.errors import ConfigError
 
-__all__ = ["LORA_PRESETS", "Policy", "ScoreOut", "load_base", "lora_targets"]
+__all__ = ["LORA_PRESETS", "Policy", "ScoreOut", "load_base", "lora_targets", "stop_token_ids"]
 
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj")
 MLP = ("gate_proj", "up_proj", "down_proj", "gate_up_proj")
@@ -160,12 +160,13 @@ class Policy(nn.Module):
         )
         self.lm = get_peft_model(lm, cfg, adapter_name=adapter)
         self.adapter = adapter
+        self.frozen_adapters: list[str] = []
         hidden = lm.config.hidden_size
         dev = next(lm.parameters()).device
         self.value_head = nn.Linear(hidden, 1, device=dev, dtype=torch.float32)
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
-        self.stop_ids = self._stop_ids()
+        self.stop_ids = stop_token_ids(self.tokenizer)
 
     # -- structure ------------------------------------------------------------------------------
 
@@ -199,6 +200,36 @@ class Policy(nn.Module):
                     self.value_head.load_state_dict(load_file(vh, device=str(self.device)))
                 return
         raise ConfigError(f"--init-adapter {folder}: no adapter_model.safetensors there; point at a run's final/ folder")
+
+    def add_frozen_adapter(self, name: str, folder: str | Path) -> None:
+        """Load a saved adapter (an earlier stage's) under ``name``, active beside the trained one and frozen.
+
+        The trained adapter stays last in the active list; the reference policy still disables every adapter.
+
+        Raises:
+            ConfigError: the name is taken, or the folder holds no adapter for this model.
+        """
+        if name == self.adapter or name in self.frozen_adapters:
+            raise ConfigError(f"adapter name {name!r} is already used in this policy; give each stage its own name")
+        root = Path(folder)
+        path = next((p for p in (root / name, root) if (p / "adapter_config.json").is_file()), None)
+        if path is None:
+            raise ConfigError(
+                f"frozen adapter {name}={folder}: no adapter_config.json in {root / name} or {root}; point at a run's final/"
+            )
+        try:
+            self.lm.load_adapter(str(path), adapter_name=name, is_trainable=False)
+        except Exception as exc:
+            raise ConfigError(f"frozen adapter {name}={folder}: does not fit this model ({type(exc).__name__}: {exc})") from None
+        self.frozen_adapters.append(name)
+        self.lm.base_model.set_adapter([*self.frozen_adapters, self.adapter])  # the LoraModel takes a list
+        for pname, p in self.lm.named_parameters():
+            if any(f".{n}." in pname for n in self.frozen_adapters):
+                p.requires_grad_(False)
+
+    def active_adapters(self) -> list[str]:
+        """Adapters active in a forward pass, frozen ones first, the trained one last."""
+        return [*self.frozen_adapters, self.adapter]
 
     def save(self, folder: str | Path) -> None:
         """peft ``save_pretrained`` layout (``folder/<adapter>/``) plus ``value_head.safetensors``."""
@@ -368,11 +399,12 @@ class Policy(nn.Module):
         entropy_N = -(logp_NV.exp() * logp_NV).sum(-1)
         return lp_N, entropy_N, self._value(hidden[P - 1])
 
-    def _stop_ids(self) -> set[int]:
-        tok = self.tokenizer
-        out = {i for i in (tok.eos_token_id,) if i is not None}
-        for s in ("</tool_call>", "<|im_end|>", "<|eot_id|>", "<|end|>"):
-            i = tok.convert_tokens_to_ids(s)
-            if isinstance(i, int) and i != tok.unk_token_id and i >= 0:
-                out.add(i)
-        return out
+
+def stop_token_ids(tokenizer: Any) -> set[int]:
+    """Token ids that end an action: EOS, ``</tool_call>`` and the end-of-turn tokens the tokenizer has."""
+    out = {i for i in (tokenizer.eos_token_id,) if i is not None}
+    for s in ("</tool_call>", "<|im_end|>", "<|eot_id|>", "<|end|>"):
+        i = tokenizer.convert_tokens_to_ids(s)
+        if isinstance(i, int) and i != tokenizer.unk_token_id and i >= 0:
+            out.add(i)
+    return out

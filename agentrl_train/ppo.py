@@ -21,6 +21,7 @@ __all__ = [
     "critic_weight",
     "entropy_coef",
     "k3_kl",
+    "lr_factor",
     "normalize_rewards",
     "policy_loss",
     "value_loss",
@@ -35,6 +36,13 @@ def entropy_coef(update: int, updates: int, start: float = 0.01, end: float = 0.
         return start if updates <= 1 else start + (end - start) * min(update / (updates - 1), 1.0)
     frac = min(max(update / (updates - 1), 0.0), 1.0)
     return math.exp(math.log(start) + (math.log(end) - math.log(start)) * frac)
+
+
+def lr_factor(update: int, updates: int, schedule: str) -> float:
+    """Multiplier of the learning rates in ``update`` (0-based): 1, or linear from 1 down to 1/updates."""
+    if schedule == "linear" and updates > 0:
+        return 1.0 - min(max(update, 0), updates - 1) / updates
+    return 1.0
 
 
 def warmup_updates(critic_warmup: int, updates: int, steps_per_update: int) -> int:

@@ -20,14 +20,14 @@ import numpy as np
 import torch
 
 import agentrl_envs  # noqa: F401  (registers the ids)
-from agentrl_envs.errors import ConfigError
-from agentrl_train import checkpoint, evaluate, ppo, runlog
+from agentrl_envs.errors import AgentRLError, ConfigError
+from agentrl_train import checkpoint, distributed, evaluate, ppo, resources, runlog
 from agentrl_train.config import TrainConfig, dump_config
-from agentrl_train.distributed import Dist
+from agentrl_train.distributed import Dist, Trainable
 from agentrl_train.policy import Policy, load_base, lora_targets, pick_device
 from agentrl_train.rollout import EnvPool, Transition, candidate_logprobs, collect
 
-__all__ = ["accumulate", "build_policy", "train", "unit_terms"]
+__all__ = ["PPOLoss", "accumulate", "build_policy", "train", "unit_terms", "wrap_trainable"]
 
 
 def build_policy(cfg: TrainConfig, log: Any = print) -> Policy:
@@ -46,6 +46,9 @@ def build_policy(cfg: TrainConfig, log: Any = print) -> Policy:
     policy = Policy(lm, tok, m.adapter, lora_targets(lm, m.lora_preset, m.lora_ranks, m.lora_alpha_ratio), m.lora_dropout)
     if m.init_adapter:
         policy.load_adapter_weights(m.init_adapter)
+    for spec in m.frozen_adapters:  # earlier stages: active and frozen (agentrl_train.stages)
+        name, folder = spec.split("=", 1)
+        policy.add_frozen_adapter(name, folder)
     return policy
 
 
@@ -64,6 +67,52 @@ def unit_terms(policy: Policy, tr: Transition, cfg: TrainConfig) -> tuple[torch.
     return lp_N, ent_N, value, torch.tensor(tr.token_logprobs, device=policy.device)
 
 
+class PPOLoss(torch.nn.Module):
+    """A micro-batch's PPO loss as a module's forward, so DDP can wrap it; its parameters are the policy's."""
+
+    def __init__(self, policy: Policy, cfg: TrainConfig) -> None:
+        super().__init__()
+        self.policy, self.cfg = policy, cfg
+
+    def forward(
+        self,
+        batch: list[tuple[Transition, float, float]],
+        ent_coef: float,
+        critic_w: float,
+        n_units: float,
+        n_samples: float,
+        stats: dict[str, list[float]],
+    ) -> torch.Tensor:
+        cfg, policy = self.cfg, self.policy
+        loss = torch.zeros((), device=policy.device)
+        for tr, adv, ret in batch:
+            logp, ent, value, old = unit_terms(policy, tr, cfg)
+            pg, ratio, clipped = ppo.policy_loss(logp, old, torch.full_like(logp, adv), cfg.ppo.clip)
+            kl = ppo.k3_kl(logp, torch.tensor(tr.ref_logprobs, device=logp.device), cfg.ppo.kl_clamp)
+            vl = ppo.value_loss(value, torch.tensor(tr.value), torch.tensor(ret), cfg.ppo.value_clip)
+            unit_loss = pg + cfg.ppo.kl_coef * kl - ent_coef * ent
+            loss = loss + unit_loss.sum() / n_units + cfg.ppo.vf_coef * critic_w * vl / n_samples
+            with torch.no_grad():
+                stats["pg"].append(float(pg.mean()))
+                stats["vf"].append(float(vl))
+                stats["entropy"].append(float(ent.mean()))
+                stats["kl_ref"].append(float(kl.mean()))
+                stats["approx_kl"].append(float(((ratio - 1) - torch.log(ratio)).mean()))
+                stats["clipfrac"].append(float(clipped.mean()))
+        return loss
+
+
+def wrap_trainable(policy: Policy, cfg: TrainConfig, dist: Any, current: Trainable | None = None) -> Trainable:
+    """The policy's loss module under DDP over its trainable parameters (LoRA + value head).
+
+    The seam for stages: returns ``current`` while the trainable set is unchanged, a new wrapper when
+    the trained adapter changed (DDP must be rebuilt then, or ranks drift apart silently).
+    """
+    if current is not None and current.module.policy is policy:
+        return distributed.wrap_trainable(current.module, dist, current)
+    return distributed.wrap_trainable(PPOLoss(policy, cfg), dist)
+
+
 def accumulate(
     policy: Policy,
     samples: list[tuple[Transition, float, float]],
@@ -73,34 +122,21 @@ def accumulate(
     critic_w: float,
     dist: Any,
     stats: dict[str, list[float]],
+    trainable: Trainable | None = None,
 ) -> None:
     """Forward and backward the micro-batches of one optimizer step; gradients summed across ranks.
 
     Every loss is divided by the global number of units (policy terms) or samples (value term) of the
-    step, so any split of the step into micro-batches and ranks gives the same gradient.
+    step, so any split of the step into micro-batches and ranks gives the same gradient. DDP's
+    all-reduce runs on the last micro-batch only (``no_sync`` on the others).
     """
+    trainable = wrap_trainable(policy, cfg, dist, trainable)
     n_units = dist.sum(sum(_units(samples[j][0], cfg) for mb in group for j in mb))
     n_samples = dist.sum(sum(len(mb) for mb in group))
     for m_i, mb in enumerate(group):
-        with dist.no_sync(policy, last=m_i == len(group) - 1):
-            loss = torch.zeros((), device=policy.device)
-            for j in mb:
-                tr, adv, ret = samples[j]
-                logp, ent, value, old = unit_terms(policy, tr, cfg)
-                pg, ratio, clipped = ppo.policy_loss(logp, old, torch.full_like(logp, adv), cfg.ppo.clip)
-                kl = ppo.k3_kl(logp, torch.tensor(tr.ref_logprobs, device=logp.device), cfg.ppo.kl_clamp)
-                vl = ppo.value_loss(value, torch.tensor(tr.value), torch.tensor(ret), cfg.ppo.value_clip)
-                unit_loss = pg + cfg.ppo.kl_coef * kl - ent_coef * ent
-                loss = loss + unit_loss.sum() / n_units + cfg.ppo.vf_coef * critic_w * vl / n_samples
-                with torch.no_grad():
-                    stats["pg"].append(float(pg.mean()))
-                    stats["vf"].append(float(vl))
-                    stats["entropy"].append(float(ent.mean()))
-                    stats["kl_ref"].append(float(kl.mean()))
-                    stats["approx_kl"].append(float(((ratio - 1) - torch.log(ratio)).mean()))
-                    stats["clipfrac"].append(float(clipped.mean()))
+        with trainable.no_sync(last=m_i == len(group) - 1):
+            loss = trainable([samples[j] for j in mb], ent_coef, critic_w, n_units, n_samples, stats)
             loss.backward()
-    dist.all_reduce_grads(policy)
 
 
 def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, Any]:
@@ -122,6 +158,7 @@ def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, 
     if cfg.env.env not in gym.registry:  # before building a model: a typo should fail in a second
         known = ", ".join(sorted(k for k in gym.registry if k.startswith("AgentRL/")))
         raise ConfigError(f"--env {cfg.env.env!r}: no such env id; use one of {known}")
+    per_step = micro_batches_per_step(cfg, dist.world)
     policy = build_policy(cfg, log=log)
     dist.check_same_weights(policy)
     named = policy.trainable_parameters()
@@ -135,7 +172,7 @@ def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, 
     make_kwargs = {"split": cfg.env.split, "error_profile": cfg.env.error_profile, **cfg.env.env_kwargs}
     if cfg.env.mode == "candidates":
         make_kwargs["candidates"] = cfg.env.candidates
-    sink = runlog.open_replay(out, cfg, dist) if cfg.run.record else None
+    sink = resources.CountingSink(runlog.open_replay(out, cfg, dist)) if cfg.run.record else None
     wrap = None
     if sink is not None:
         from agentrl_envs.data import RecordVectorTrajectories
@@ -163,6 +200,8 @@ def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, 
         pool.reset()
 
     steps_per_update = cfg.ppo.rollout_steps * cfg.env.num_envs * dist.world
+    trainable = wrap_trainable(policy, cfg, dist)
+    meter = resources.ResourceMeter(dist, policy.device, sink)
     warmup = ppo.warmup_updates(cfg.ppo.critic_warmup, cfg.ppo.updates, steps_per_update)
     bar = runlog.progress(cfg, start_update, enabled=dist.is_main)
     update = start_update
@@ -177,42 +216,57 @@ def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, 
         for update in range(start_update, stop_at):
             t_update = time.perf_counter()
             # -- rollout ----------------------------------------------------------------------------
-            pool.set_training_step(global_steps)  # the aux reward schedule runs on global env steps
-            roll = collect(policy, pool, cfg, recorder=pool.envs if sink is not None else None)
+            with meter.phase("rollout") as counts:
+                pool.set_training_step(global_steps)  # the aux reward schedule runs on global env steps
+                roll = collect(policy, pool, cfg, recorder=pool.envs if sink is not None else None)
+                counts.update(tokens=roll.tokens, env_steps=cfg.ppo.rollout_steps * cfg.env.num_envs)
             global_steps += steps_per_update
             valid = np.ones_like(roll.rewards_TN, dtype=bool)
 
-            # -- rewards -> advantages (statistics are global under DDP) ------------------------------
-            rewards = roll.rewards_TN.copy()
-            if cfg.ppo.shuffle_rewards:  # control: rewards carry no information about the actions
-                rewards = sgd_rng.permutation(rewards.ravel()).reshape(rewards.shape)
-            rewards = ppo.normalize_rewards(rewards, valid, cfg.ppo.reward_norm, cfg.ppo.min_sigma, dist.moments(rewards[valid]))
-            adv_TN, ret_TN = ppo.advantages(roll, rewards, cfg.ppo.advantage, cfg.ppo.gamma, cfg.ppo.lam)
-            if cfg.ppo.whiten_advantages:
-                adv_TN = ppo.whiten(adv_TN, dist.moments(adv_TN[valid]))
+            with meter.phase("update") as counts:
+                # -- rewards -> advantages (statistics are global under DDP) --------------------------
+                rewards = roll.rewards_TN.copy()
+                if cfg.ppo.shuffle_rewards:  # control: rewards carry no information about the actions
+                    rewards = sgd_rng.permutation(rewards.ravel()).reshape(rewards.shape)
+                rewards = ppo.normalize_rewards(
+                    rewards, valid, cfg.ppo.reward_norm, cfg.ppo.min_sigma, dist.moments(rewards[valid])
+                )
+                adv_TN, ret_TN = ppo.advantages(roll, rewards, cfg.ppo.advantage, cfg.ppo.gamma, cfg.ppo.lam)
+                if cfg.ppo.whiten_advantages:
+                    adv_TN = ppo.whiten(adv_TN, dist.moments(adv_TN[valid]))
 
-            # -- PPO update -----------------------------------------------------------------------
-            policy.train()
-            samples = [(roll.transitions[t][i], float(adv_TN[t, i]), float(ret_TN[t, i])) for t, i in zip(*np.nonzero(valid))]
-            ent_coef = ppo.entropy_coef(update, cfg.ppo.updates, cfg.ppo.ent_start, cfg.ppo.ent_end)
-            cw = ppo.critic_weight(update, warmup)
-            stats: dict[str, list[float]] = {k: [] for k in ("pg", "vf", "entropy", "kl_ref", "approx_kl", "clipfrac")}
-            grad_norms: dict[str, float] = {}
-            t_sgd = time.perf_counter()
-            stop_early = False
-            for _epoch in range(cfg.ppo.epochs):
-                order = sgd_rng.permutation(len(samples))
-                mbs = [order[j : j + cfg.ppo.micro_batch] for j in range(0, len(order), cfg.ppo.micro_batch)]
-                per_step = cfg.ppo.accumulation or len(mbs)
-                for g in range(0, len(mbs), per_step):
-                    accumulate(policy, samples, mbs[g : g + per_step], cfg, ent_coef, cw, dist, stats)
-                    grad_norms = ppo.clip_gradients(groups, cfg.ppo.grad_clip, cfg.ppo.clip_mode)
-                    optimizer.step()
-                    optimizer.zero_grad(set_to_none=True)
-                if cfg.ppo.target_kl and dist.decide(float(np.mean(stats["approx_kl"])) > cfg.ppo.target_kl):
-                    stop_early = True
-                    break
-            policy.eval()
+                # -- PPO update ---------------------------------------------------------------------
+                policy.train()
+                trainable = wrap_trainable(policy, cfg, dist, trainable)  # a new DDP wrapper if the adapter changed
+                samples = [(roll.transitions[t][i], float(adv_TN[t, i]), float(ret_TN[t, i])) for t, i in zip(*np.nonzero(valid))]
+                ent_coef = ppo.entropy_coef(update, cfg.ppo.updates, cfg.ppo.ent_start, cfg.ppo.ent_end)
+                for group, base_lr in zip(optimizer.param_groups, (cfg.ppo.lr, cfg.ppo.value_lr), strict=True):
+                    group["lr"] = base_lr * ppo.lr_factor(update, cfg.ppo.updates, cfg.ppo.lr_schedule)
+                cw = ppo.critic_weight(update, warmup)
+                stats: dict[str, list[float]] = {k: [] for k in ("pg", "vf", "entropy", "kl_ref", "approx_kl", "clipfrac")}
+                grad_norms: dict[str, float] = {}
+                t_sgd = time.perf_counter()
+                stop_early = False
+                epochs_run = 0
+                for _epoch in range(cfg.ppo.epochs):
+                    epochs_run += 1
+                    order = sgd_rng.permutation(len(samples))
+                    mbs = [order[j : j + cfg.ppo.micro_batch] for j in range(0, len(order), cfg.ppo.micro_batch)]
+                    step = per_step or len(mbs)
+                    for g in range(0, len(mbs), step):
+                        accumulate(policy, samples, mbs[g : g + step], cfg, ent_coef, cw, dist, stats, trainable)
+                        grad_norms = ppo.clip_gradients(groups, cfg.ppo.grad_clip, cfg.ppo.clip_mode)
+                        optimizer.step()
+                        optimizer.zero_grad(set_to_none=True)
+                    if cfg.ppo.target_kl:  # decided once for all ranks, on the global mean
+                        n_kl, s_kl, _ = dist.moments(np.asarray(stats["approx_kl"]))
+                        if s_kl / max(n_kl, 1) > cfg.ppo.target_kl:
+                            stop_early = True
+                            break
+                policy.eval()
+                counts["tokens"] = epochs_run * sum(
+                    len(tr.prompt_ids) + sum(len(c) for c in tr.cand_ids) + len(tr.new_ids) for tr, _, _ in samples
+                )
             sgd_s = time.perf_counter() - t_sgd
 
             # -- logging, evaluation, checkpoints (rank 0) ---------------------------------------
@@ -242,18 +296,20 @@ def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, 
                     update + 1, global_steps, evaluate.evaluate_splits(policy, cfg, cfg.run.eval_splits, cfg.run.eval_episodes)
                 )
             if (cfg.run.checkpoint_every and (update + 1) % cfg.run.checkpoint_every == 0) or update + 1 == stop_at:
-                checkpoint.save(
-                    out,
-                    update + 1,
-                    global_steps,
-                    policy,
-                    optimizer,
-                    pool,
-                    sgd_rng,
-                    logger.history,
-                    dist,
-                    cfg.run.keep_checkpoints,
-                )
+                with meter.phase("checkpoint"):
+                    _check_in_sync(policy, dist, update + 1)
+                    checkpoint.save(
+                        out,
+                        update + 1,
+                        global_steps,
+                        policy,
+                        optimizer,
+                        pool,
+                        sgd_rng,
+                        logger.history,
+                        dist,
+                        cfg.run.keep_checkpoints,
+                    )
         update = stop_at
     finally:
         bar.close()
@@ -262,6 +318,12 @@ def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, 
             sink.close()
 
     summary: dict[str, Any] = {"updates": update, "env_steps": global_steps, "finished": update >= cfg.ppo.updates}
+    summary["world"] = dist.world
+    summary["rank_weight_max_abs_diff"] = dist.max_weight_diff(policy)
+    summary["resources"] = meter.write(out, cfg.model.adapter)["phases"]
+    if dist.is_main:
+        summary["resources_table"] = resources.table(resources.load(out))
+        log(summary["resources_table"])
     if update >= cfg.ppo.updates and dist.is_main:
         policy.save(out / "final")
         dump_config(cfg, out / "final" / "config.yaml")
@@ -273,6 +335,38 @@ def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, 
         log(evaluate.markdown_table(table))
     logger.close(summary)
     return summary
+
+
+def micro_batches_per_step(cfg: TrainConfig, world: int) -> int:
+    """Micro-batches per optimizer step on each rank (0: the whole rollout), from ``--sync-batch`` or ``--accumulation``.
+
+    ``--sync-batch`` is the global number of transitions per optimizer step, the same update on any
+    world size; it must split into ``world x micro_batch`` pieces.
+    """
+    p = cfg.ppo
+    if not p.sync_batch:
+        return p.accumulation
+    if p.sync_batch % (world * p.micro_batch):
+        raise ConfigError(
+            f"--sync-batch={p.sync_batch}: use a multiple of ranks x --micro-batch = {world} x {p.micro_batch} "
+            f"(e.g. {world * p.micro_batch * max(1, round(p.sync_batch / (world * p.micro_batch)))})"
+        )
+    acc = p.sync_batch // (world * p.micro_batch)
+    if p.accumulation and p.accumulation != acc:
+        raise ConfigError(
+            f"--accumulation={p.accumulation} contradicts --sync-batch={p.sync_batch} on {world} rank(s) with "
+            f"--micro-batch={p.micro_batch} (that is {acc} micro-batches per step); give only one of the two"
+        )
+    return acc
+
+
+def _check_in_sync(policy: Policy, dist: Any, update: int) -> None:
+    diff = dist.max_weight_diff(policy)
+    if diff != 0.0:
+        raise AgentRLError(
+            f"rank {dist.rank}: trainable weights differ across ranks after update {update} (max abs diff {diff:.3g}); "
+            "the DDP wrapper does not cover the trained parameters (rebuild it with train.wrap_trainable after changing them)"
+        )
 
 
 def _units(tr: Transition, cfg: TrainConfig) -> int:

@@ -4,17 +4,21 @@ Runs a short PPO job with the CLI's defaults (tiny model, candidates mode, SQLPy
 prints, from its metrics: env steps/s, rollout tokens/s, update tokens/s, the share of rollout time
 in the model vs the env, and the peak RSS.
 
-    python benchmarks/bench_train.py [--updates 4] [--num-envs 8] [--vectorization async]
+    python benchmarks/bench_train.py [--updates 4] [--num-envs 8] [--vectorization async] [--mode candidates|generate]
 
-Not measured here: the same work through TRL's GRPOTrainer(environment_factory=...). A random or
-weakly pretrained tiny model rarely emits a tool call TRL can parse, so TRL's env-step count is ~0
-and a per-1,000-env-steps ratio is undefined; that comparison needs a model that calls tools.
+Then, in the same run, the same tiny model (its weights and tokenizer; TRL's Qwen 2.5 chat template
+so that TRL parses its tool calls) on the same env through TRL's ``GRPOTrainer(environment_factory=...)``
+for the same number of episodes (``benchmarks/trl_tiny.py``; one torch thread, as agentrl's trainer),
+and prints agentrl's wall time per 1,000 env steps as a ratio to TRL's (``--no-trl`` skips it). An env
+step is one tool call that reached the env; TRL's count comes from the env class it calls.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,6 +32,11 @@ def main() -> None:
     ap.add_argument("--updates", type=int, default=4, help="PPO updates to time (default 4)")
     ap.add_argument("--num-envs", type=int, default=8, help="sub-envs (default 8)")
     ap.add_argument("--vectorization", default="async", choices=["async", "sync"], help="vector env mode (default async)")
+    ap.add_argument(
+        "--mode", default="candidates", choices=["candidates", "generate"], help="agentrl action mode (default candidates)"
+    )
+    ap.add_argument("--max-new-tokens", type=int, default=96, help="token budget of one generated action (generate mode and TRL)")
+    ap.add_argument("--no-trl", action="store_true", help="skip the TRL GRPOTrainer comparison")
     args = ap.parse_args()
     out = Path(tempfile.mkdtemp(prefix="bench-train-"))
     cfg = load_config(
@@ -43,6 +52,8 @@ def main() -> None:
             "tensorboard": False,
             "progress": False,
             "out": str(out),
+            "mode": args.mode,
+            "max_new_tokens": args.max_new_tokens,
         },
     )
     t0 = time.perf_counter()
@@ -68,6 +79,43 @@ def main() -> None:
     print(f"| wall time per 1,000 env steps | {1000 * total / steps:.0f} s |")
     print(f"| peak RSS (trainer process) | {json.loads((out / 'summary.json').read_text())['peak_rss_mb']:.0f} MB |")
     print(f"run folder: {out} (finished: {summary['finished']})")
+    if not args.no_trl:
+        every = [r for r in rows if r["kind"] == "update"]
+        compare_with_trl(
+            cfg.env.env,
+            agentrl_s=sum(r["time/total_s"] for r in every),
+            agentrl_steps=cfg.ppo.rollout_steps * cfg.env.num_envs * len(every),
+            agentrl_episodes=sum(int(r["episodes"]) for r in every),
+            mode=args.mode,
+            max_new_tokens=args.max_new_tokens,
+        )
+
+
+def compare_with_trl(
+    env_id: str, *, agentrl_s: float, agentrl_steps: int, agentrl_episodes: int, mode: str, max_new_tokens: int
+) -> None:
+    """TRL GRPO on the same tiny model and env for as many episodes; print the per-1,000-env-steps ratio."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from trl_tiny import train_grpo
+
+    prompts, generations = 4, 2
+    steps = max(1, math.ceil(agentrl_episodes / (prompts * generations)))
+    trl = train_grpo(env_id, steps=steps, max_new_tokens=max_new_tokens, prompts=prompts, generations=generations)
+    ours = 1000 * agentrl_s / max(agentrl_steps, 1)
+    print(f"TRL GRPOTrainer(environment_factory=...): {steps} steps x {prompts} prompts x {generations} generations")
+    print("| measure | agentrl | TRL |")
+    print("|---|---|---|")
+    print(f"| action mode | {mode} | generate (Qwen 2.5 template) |")
+    print(f"| episodes | {agentrl_episodes} finished | {trl['episodes']} played |")
+    print(f"| env steps | {agentrl_steps} | {trl['env_steps']} |")
+    print(f"| wall s (every update / trainer.train()) | {agentrl_s:.1f} | {trl['wall_s']:.1f} |")
+    if trl["env_steps"] == 0:
+        print(f"| wall time per 1,000 env steps | {ours:.0f} s | undefined: TRL's model made no tool call |")
+        return
+    theirs = 1000 * trl["wall_s"] / trl["env_steps"]
+    print(f"| wall time per 1,000 env steps | {ours:.0f} s | {theirs:.0f} s |")
+    print(f"| env's mean reward (TRL's log) | - | {trl['mean_reward']:.3f} |")
+    print(f"agentrl / TRL wall time per 1,000 env steps: {ours / theirs:.2f}x (aim <= 0.5x)")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import agentrl_envs  # noqa: F401 - registers the ids
 from agentrl_envs.agents import OracleAgent
 from agentrl_envs.faults import load_profile
 from agentrl_envs.faults.fit import fitted_rates
-from agentrl_envs.faults.profile import TOOLS
+from agentrl_envs.tools import service_tools
 
 PROFILES = ("none", "realistic", "flaky", "outage", "rate-limited", "auth-expiry")
 ENV_ID = "AgentRL/SQLPythonSMTP-v0"
@@ -27,11 +27,12 @@ ENV_ID = "AgentRL/SQLPythonSMTP-v0"
 def long_run(name: str) -> tuple[float, float | None]:
     """Mean over tools of the long-run fault share, and of the share of calls in a burst (None: no bursts)."""
     profile = load_profile(name)
-    faults = sum(sum(fitted_rates(profile, tool).values()) for tool in TOOLS) / len(TOOLS)
-    bursts = [profile.for_tool(tool).burst for tool in TOOLS]
+    tools = service_tools()
+    faults = sum(sum(fitted_rates(profile, tool).values()) for tool in tools) / len(tools)
+    bursts = [profile.for_tool(tool).burst for tool in tools]
     if all(b is None for b in bursts):
         return faults, None
-    return faults, sum(b.stationary_share if b is not None else 0.0 for b in bursts) / len(TOOLS)
+    return faults, sum(b.stationary_share if b is not None else 0.0 for b in bursts) / len(tools)
 
 
 def oracle(name: str, episodes: int) -> tuple[int, float]:

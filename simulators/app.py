@@ -9,9 +9,9 @@ OpenAPI document is served at ``GET /openapi.json``)::
     POST   /v1/episodes                                   {"episode_id", "database", "files", "sender"}
                                                           -> {"episode_id", "episode_token"}
     DELETE /v1/episodes/{episode_id}
-    POST   /v1/episodes/{episode_id}/sql                  {"query"}
-    POST   /v1/episodes/{episode_id}/python               {"code"}
-    POST   /v1/episodes/{episode_id}/smtp                 {"to", "subject", "body", "cc"?, "attachments"?}
+    POST   /v1/episodes/{episode_id}/{tool}               one tool call (the tools of simulators.tools):
+                                                          sql {"query"}, python {"code"},
+                                                          smtp {"to", "subject", "body", "cc"?, "attachments"?}
     PUT    /v1/episodes/{episode_id}/files/{path}         {"text"} or {"b64"}: write a workspace file
     GET    /v1/episodes/{episode_id}/files/{path}         {"ok": true, "result": {"path", "b64"}}
 
@@ -46,46 +46,64 @@ from typing import Any
 
 import httpx
 
+from simulators.memory import CloseCounter, release_memory
 from simulators.python import PythonRunner, RunLimits
 from simulators.python.sandbox.shared import SharedSandbox
-from simulators.smtp import Mailbox, SMTPError
-from simulators.sql import ReadOnlyDatabase, SQLError, TemplateCache
+from simulators.routes import Reply
+from simulators.routes import err as _err
+from simulators.routes import ok as _okr
+from simulators.smtp import Mailbox
+from simulators.sql import ReadOnlyDatabase, TemplateCache
+from simulators.sql.route import MAX_PENDING_BYTES as MAX_PENDING_BYTES  # re-exported
+from simulators.tools import TOOL_ROUTES
 from simulators.workspace import RESULTS, WorkspaceError, write_files
 from simulators.workspace import create as create_workspace
 
 MAX_REQUEST_BYTES = 8 << 20
+#: Default largest template upload (``PUT /v1/databases/...``); a setting: ``SimulatorApp(max_upload_bytes=...)``,
+#: ``agentrl-envs serve --max-upload-mb``.
+MAX_UPLOAD_BYTES = 1 << 30
 MAX_FILE_BYTES = 2 << 20
-#: Bytes of query results an episode may hold in memory before they are written to its workspace.
-MAX_PENDING_BYTES = 8 << 20
 EPISODE_TOKEN_HEADER = "X-AgentRL-Episode-Token"
 
-#: (HTTP status, JSON body or None for an empty body)
-Reply = tuple[int, "dict[str, Any] | None"]
 _EPISODE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+#: What an episode id may be (clients check it before their first request).
+EPISODE_ID = _EPISODE_ID
 _FINGERPRINT = re.compile(r"^(?:[A-Za-z0-9_.-]{0,100}-)?([0-9a-f]{16,64})$")
 
-_SQL_STATUS = {"timeout": 408, "denied": 403, "too_large": 413, "syntax": 400, "unknown_name": 400}
 
-
-@dataclass
+@dataclass(slots=True)
 class _Episode:
     """One open episode. Its workspace directory is created on first use (a Python run, a mail
-    attachment, a file read or write): an episode that only queries never touches the disk."""
+    attachment, a file read or write): an episode that only queries never touches the disk.
+
+    A server holds thousands of these, so each one is kept to a few objects the cycle collector
+    tracks: slots, no mailbox until the first mail, query results held as bytes (not tracked).
+    """
 
     root: str | None
     files: dict[str, str]
     database: ReadOnlyDatabase | None
-    mailbox: Mailbox
+    sender: str
+    allowed_domains: tuple[str, ...] | None
     queries: int = 0
     # The owner's secret: returned by open_episode, required on the wire for every later call.
     token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     # One call at a time per episode: its SQLite connection and mailbox are not thread-safe, and
     # an HTTP client may send concurrent calls for the same episode.
     lock: threading.Lock = field(default_factory=threading.Lock)
-    # Query results (CSV text) not yet written to the workspace (see ``workspace``).
-    pending: dict[str, str] = field(default_factory=dict)
+    # Query results (CSV as UTF-8 bytes) not yet written to the workspace (see ``workspace``).
+    pending: dict[str, bytes] = field(default_factory=dict)
     pending_bytes: int = 0
     _path: str | None = None
+    _mailbox: Mailbox | None = None
+
+    @property
+    def mailbox(self) -> Mailbox:
+        """The episode's mail record, made on the first mail."""
+        if self._mailbox is None:
+            self._mailbox = Mailbox(self.sender, "msg", allowed_domains=self.allowed_domains)
+        return self._mailbox
 
     @property
     def workspace(self) -> str:
@@ -98,17 +116,20 @@ class _Episode:
         if self._path is None:
             self._path = create_workspace(self.root, self.files)
         if self.pending:
-            texts = dict(self.pending)
+            results = dict(self.pending)
             self.pending.clear()
             self.pending_bytes = 0
-            write_files(self._path, texts)
+            write_files(self._path, results)
         return self._path
 
     def discard(self) -> None:
         if self.database is not None:
             self.database.close()
+            self.database = None
         if self._path is not None:
             shutil.rmtree(self._path, ignore_errors=True)
+            self._path = None
+        self.pending.clear()
 
 
 class SimulatorApp:
@@ -121,6 +142,8 @@ class SimulatorApp:
         python_sandbox: run programs in the hardened sandbox (default) rather than a plain
             subprocess with rlimits.
         allow_unsafe_sandbox: accept a sandbox that can only apply rlimits (tier UNSAFE).
+        max_upload_bytes: the largest template database upload (its JSON body) accepted; other
+            requests stay within ``MAX_REQUEST_BYTES``.
     """
 
     def __init__(
@@ -130,8 +153,12 @@ class SimulatorApp:
         workspace_root: str | None = None,
         python_sandbox: bool = True,
         allow_unsafe_sandbox: bool = False,
+        max_upload_bytes: int = MAX_UPLOAD_BYTES,
     ) -> None:
+        if not isinstance(max_upload_bytes, int) or isinstance(max_upload_bytes, bool) or max_upload_bytes < 1:
+            raise ValueError(f"max_upload_bytes={max_upload_bytes!r}: use a positive number of bytes")
         self.sql_deadline_s = sql_deadline_s
+        self.max_upload_bytes = max_upload_bytes
         self.templates = TemplateCache()
         self.runner: PythonRunner | SharedSandbox
         if python_sandbox:  # a lease on this process's one sandbox service, shared by every simulator in it
@@ -145,6 +172,7 @@ class SimulatorApp:
         self.workspace_root = workspace_root
         self._episodes: dict[str, _Episode] = {}
         self._lock = threading.Lock()
+        self._closes = CloseCounter()
 
     # -- HTTP surface -------------------------------------------------------------------------
 
@@ -155,15 +183,16 @@ class SimulatorApp:
         return httpx.Response(status, content=body, headers=headers)
 
     def handle_bytes(
-        self, method: str, path: str, body: bytes, episode_token: str | None = None
+        self, method: str, path: str, body: bytes | bytearray, episode_token: str | None = None
     ) -> tuple[int, bytes, dict[str, str]]:
         """Serve one request given as bytes; answer (status, JSON bytes, headers). Never raises.
 
         ``episode_token`` is the ``X-AgentRL-Episode-Token`` header (None when absent).
         """
         try:
-            if len(body) > MAX_REQUEST_BYTES:
-                status, reply = _err(413, "too_large", f"request body over {MAX_REQUEST_BYTES} bytes")
+            limit = self.body_limit(method, path)
+            if len(body) > limit:
+                status, reply = self.too_large(method, path, limit)
             else:
                 payload = json.loads(body) if body else {}
                 if not isinstance(payload, dict):
@@ -184,6 +213,24 @@ class SimulatorApp:
             data = json.dumps(failure, separators=(",", ":")).encode()
         return status, data, {"content-type": "application/json"}
 
+    def body_limit(self, method: str, path: str) -> int:
+        """The largest body accepted for ``method path``: ``max_upload_bytes`` for a template upload."""
+        if method == "PUT" and path.startswith("/v1/databases/"):
+            return self.max_upload_bytes
+        return MAX_REQUEST_BYTES
+
+    def too_large(self, method: str, path: str, limit: int) -> Reply:
+        """The 413 answer to a body over :meth:`body_limit`, naming the setting that raises it."""
+        if limit == self.max_upload_bytes and method == "PUT" and path.startswith("/v1/databases/"):
+            return _err(
+                413,
+                "too_large",
+                f"template upload over {limit:,} bytes of JSON; start the server with a larger "
+                "--max-upload-mb (SimulatorApp(max_upload_bytes=...)) or use a smaller database",
+                limit_bytes=limit,
+            )
+        return _err(413, "too_large", f"request body over {limit} bytes", limit_bytes=limit)
+
     def call(self, method: str, path: str, payload: dict[str, Any], episode_token: str | None = None) -> Reply:
         """Route one request already decoded from JSON; answer (status, JSON object or None). Never raises.
 
@@ -195,35 +242,37 @@ class SimulatorApp:
             return _failure(exc)
 
     def _route(self, method: str, path: str, payload: dict[str, Any], episode_token: str | None = None) -> Reply:
+        name, args = match_route(method, path)
         parts = [p for p in path.split("/") if p]
         if len(parts) >= 3 and parts[:2] == ["v1", "episodes"]:
             # Answered here, not by the handler, when the episode is not open: a call that passed
             # the check must not land in an episode someone opens under that id a moment later.
             if parts[2] not in self._episodes:
-                if method == "DELETE" and len(parts) == 3:
+                if name == "close_episode":
                     return 204, None
                 return _err(404, "unknown_episode", f"no open episode {parts[2][:64]!r}")
             denied = self.check_owner(parts[2], episode_token)
             if denied is not None:
                 return denied
-        if parts == ["openapi.json"] and method == "GET":
+        if name == "openapi":
             from simulators.openapi import OPENAPI
 
             return 200, OPENAPI
-        if parts == ["health"] and method == "GET":
+        if name == "health":
             return _okr({"episodes": len(self._episodes), "sandbox_tier": self.sandbox_tier, "numpy": self.numpy_available})
-        if len(parts) == 3 and parts[:2] == ["v1", "databases"] and method == "PUT":
-            return self.put_database(parts[2], payload)
-        if parts == ["v1", "episodes"] and method == "POST":
+        if name == "put_database":
+            return self.put_database(args[0], payload)
+        if name == "open_episode":
             return self.open_episode(payload, episode_token)
-        if len(parts) == 3 and parts[:2] == ["v1", "episodes"] and method == "DELETE":
-            self.close_episode(parts[2])
+        if name == "close_episode":
+            self.close_episode(args[0])
             return 204, None
-        if len(parts) >= 5 and parts[:2] == ["v1", "episodes"] and parts[3] == "files" and method in ("PUT", "GET"):
-            rel = "/".join(parts[4:])
-            return self.put_file(parts[2], rel, payload) if method == "PUT" else self.get_file(parts[2], rel)
-        if len(parts) == 4 and parts[:2] == ["v1", "episodes"] and method == "POST":
-            return self.tool(parts[2], parts[3], payload)
+        if name == "put_file":
+            return self.put_file(args[0], args[1], payload)
+        if name == "get_file":
+            return self.get_file(args[0], args[1])
+        if name == "tool":
+            return self.tool(args[0], args[1], payload)
         return _err(404, "not_found", f"no route {method} {path[:100]}")
 
     def check_owner(self, episode_id: str, token: str | None) -> Reply | None:
@@ -244,12 +293,12 @@ class SimulatorApp:
         episode = self._episodes.get(episode_id)
         if episode is None:
             return _err(404, "unknown_episode", f"no open episode {episode_id[:64]!r}")
-        handler = {"sql": self._sql, "python": self._python, "smtp": self._smtp}.get(tool)
-        if handler is None:
-            return _err(404, "unknown_tool", f"no tool {tool[:64]!r}; tools are sql, python, smtp")
+        route = TOOL_ROUTES.get(tool)
+        if route is None:
+            return _err(404, "unknown_tool", f"no tool {tool[:64]!r}; tools are {', '.join(TOOL_ROUTES)}")
         with episode.lock:
             try:
-                return handler(episode, payload)
+                return route.handler(self, episode, payload)
             except WorkspaceError as exc:  # the agent broke its own workspace: its error, not the service's
                 return _err(409, "workspace", str(exc))
             except Exception as exc:  # MemoryError included: every call gets an answer
@@ -338,7 +387,7 @@ class SimulatorApp:
                 f"not {fingerprint[:100]!r} (the digest is the SHA-256 of json.dumps(tables, sort_keys=True))",
             )
         try:
-            self.templates.put(fingerprint, tables)
+            self.templates.put(fingerprint, tables, digest=digest)
         except (ValueError, KeyError, TypeError) as exc:
             return _err(400, "bad_database", str(exc))
         return 204, None
@@ -383,8 +432,7 @@ class SimulatorApp:
                     database.close()
                 return denied
             self.close_episode(episode_id)
-            mailbox = Mailbox(sender, "msg", allowed_domains=allowed)
-            episode = _Episode(self.workspace_root, dict(files), database, mailbox)
+            episode = _Episode(self.workspace_root, dict(files), database, sender, allowed)
             self._episodes[episode_id] = episode
         return _okr({"episode_id": episode_id, "episode_token": episode.token}, status=201)
 
@@ -394,41 +442,14 @@ class SimulatorApp:
         if episode is None:
             return
         episode.discard()
+        del episode
+        if self._closes.closed(len(self._episodes)):
+            release_memory()
 
     def close(self) -> None:
         for episode_id in list(self._episodes):
             self.close_episode(episode_id)
         self.runner.close()
-
-    # -- tools --------------------------------------------------------------------------------
-
-    def _sql(self, episode: _Episode, payload: dict[str, Any]) -> Reply:
-        if episode.database is None:
-            return _err(404, "no_database", "this episode has no database")
-        query = payload.get("query")
-        if not isinstance(query, str):
-            return _err(422, "bad_arguments", "'query' must be a string")
-        try:
-            result = episode.database.query(query)
-        except SQLError as exc:
-            return _err(_SQL_STATUS.get(exc.kind, 400), exc.kind, exc.message)
-        episode.queries += 1
-        csv_path = f"results/q{episode.queries}.csv"
-        episode.pending[csv_path] = result.csv_text
-        episode.pending_bytes += len(result.csv_text)
-        if episode.pending_bytes > MAX_PENDING_BYTES:
-            episode.workspace  # noqa: B018 (writes the pending results out)
-        reply: dict[str, Any] = {
-            "columns": result.columns,
-            "rows": [list(r) for r in result.rows],
-            "row_count": len(result.rows),
-            "truncated": result.truncated,
-            "csv_path": csv_path,
-            "vm_steps": result.vm_steps,
-        }
-        if result.truncated_by is not None:
-            reply["truncated_by"] = result.truncated_by
-        return _okr(reply)
 
     def workspace_of(self, episode_id: str) -> str | None:
         """The directory of an open episode's workspace (created if needed), for tests and tools."""
@@ -438,55 +459,31 @@ class SimulatorApp:
         with episode.lock:
             return episode.workspace
 
-    def _python(self, episode: _Episode, payload: dict[str, Any]) -> Reply:
-        code = payload.get("code")
-        if not isinstance(code, str):
-            return _err(422, "bad_arguments", "'code' must be a string")
-        if len(code) > 100_000:
-            return _err(413, "too_large", f"code is {len(code)} characters; the limit is 100000")
-        if "\x00" in code:
-            return _err(400, "bad_request", "code contains a NUL character")
-        workspace = episode.workspace
-        result = self.runner.run(code, workspace)
-        return _okr(
-            {
-                "exit_code": result.exit_code,
-                "stdout": _hide_path(result.stdout, workspace),
-                "stderr": _hide_path(result.stderr, workspace),
-                "timed_out": result.timed_out,
-                "output_truncated": result.output_truncated,
-                "sandbox_tier": self.sandbox_tier,
-            }
-        )
 
-    def _smtp(self, episode: _Episode, payload: dict[str, Any]) -> Reply:
-        unknown = set(payload) - {"to", "subject", "body", "cc", "attachments"}
-        if unknown:
-            return _err(422, "bad_arguments", f"unknown fields {sorted(unknown)}")
-        try:
-            delivery = episode.mailbox.send(
-                episode.workspace,
-                payload.get("to"),
-                payload.get("subject"),
-                payload.get("body"),
-                cc=payload.get("cc"),
-                attachments=payload.get("attachments"),
-            )
-        except SMTPError as exc:
-            return _err(422, exc.kind, exc.message, smtp_code=exc.code)
-        return _okr(delivery.as_dict())
+def match_route(method: str, path: str) -> tuple[str, tuple[str, ...]]:
+    """The route a request goes to and its path parameters; ``("not_found", ())`` for none.
 
-
-def _hide_path(text: str, workspace: str) -> str:
-    """The program's output with the host's workspace path shown as ``/workspace``.
-
-    A program's cwd, ``HOME`` and ``TMPDIR`` are the episode's host directory, whose name is random:
-    printing it would reveal a host path and make two runs of one episode differ.
+    Names: ``openapi``, ``health``, ``put_database`` (fingerprint), ``open_episode``,
+    ``close_episode`` (episode_id), ``put_file`` / ``get_file`` (episode_id, path) and ``tool``
+    (episode_id, tool; the tool may be one the simulator does not have, answered 404). The server
+    (:mod:`agentrl_envs.server`) routes by this function too, so the API is parsed in one place.
     """
-    for path in {workspace, os.path.realpath(workspace)}:
-        if path and path in text:
-            text = text.replace(path, "/workspace")
-    return text
+    parts = [p for p in path.split("/") if p]
+    if parts == ["openapi.json"] and method == "GET":
+        return "openapi", ()
+    if parts == ["health"] and method == "GET":
+        return "health", ()
+    if len(parts) == 3 and parts[:2] == ["v1", "databases"] and method == "PUT":
+        return "put_database", (parts[2],)
+    if parts == ["v1", "episodes"] and method == "POST":
+        return "open_episode", ()
+    if len(parts) == 3 and parts[:2] == ["v1", "episodes"] and method == "DELETE":
+        return "close_episode", (parts[2],)
+    if len(parts) >= 5 and parts[:2] == ["v1", "episodes"] and parts[3] == "files" and method in ("PUT", "GET"):
+        return ("put_file" if method == "PUT" else "get_file"), (parts[2], "/".join(parts[4:]))
+    if len(parts) == 4 and parts[:2] == ["v1", "episodes"] and method == "POST":
+        return "tool", (parts[2], parts[3])
+    return "not_found", ()
 
 
 def content_digest(tables: dict[str, Any]) -> str:
@@ -497,14 +494,6 @@ def content_digest(tables: dict[str, Any]) -> str:
 def template_fingerprint(label: str, tables: dict[str, Any]) -> str:
     """The fingerprint the server accepts for ``tables``: ``<label>-<first 16 hex digits of the digest>``."""
     return f"{label}-{content_digest(tables)[:16]}"
-
-
-def _okr(result: dict[str, Any], status: int = 200) -> Reply:
-    return status, {"ok": True, "result": result}
-
-
-def _err(status: int, kind: str, message: str, **extra: Any) -> Reply:
-    return status, {"ok": False, "error": {"type": kind, "message": message, **extra}}
 
 
 def _failure(exc: Exception) -> Reply:

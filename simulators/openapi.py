@@ -1,10 +1,17 @@
-"""The OpenAPI 3.1 document of the simulator API (served at ``GET /openapi.json``)."""
+"""The OpenAPI 3.1 document of the simulator API (served at ``GET /openapi.json``).
+
+The episode, file and database routes are written here; each tool's path and result schema come
+from its :class:`~simulators.routes.ToolRoute` declaration (:data:`simulators.tools.TOOL_ROUTES`).
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["OPENAPI"]
+from simulators.routes import ToolRoute
+from simulators.tools import TOOL_ROUTES
+
+__all__ = ["OPENAPI", "tool_paths"]
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -118,36 +125,6 @@ OPENAPI: dict[str, Any] = {
                 "responses": {"204": {"description": "closed"}, "403": _FORBIDDEN},
             }
         },
-        "/v1/episodes/{episode_id}/sql": {
-            "post": {
-                "summary": "run one read-only SQL statement; the result is also saved as results/qN.csv",
-                "parameters": [_EPISODE, _OWNER, _AT],
-                "requestBody": {
-                    "required": True,
-                    **_json({"type": "object", "required": ["query"], "properties": {"query": {"type": "string"}}}),
-                },
-                "responses": _answers("SQLResult", 400, 401, 403, 404, 408, 413, 422, 429, 500, 503),
-            }
-        },
-        "/v1/episodes/{episode_id}/python": {
-            "post": {
-                "summary": "run a Python program with the workspace as working directory",
-                "parameters": [_EPISODE, _OWNER, _AT],
-                "requestBody": {
-                    "required": True,
-                    **_json({"type": "object", "required": ["code"], "properties": {"code": {"type": "string"}}}),
-                },
-                "responses": _answers("PythonResult", 400, 401, 403, 404, 413, 422, 429, 500, 503),
-            }
-        },
-        "/v1/episodes/{episode_id}/smtp": {
-            "post": {
-                "summary": "send one email (validated like a strict mail server)",
-                "parameters": [_EPISODE, _OWNER, _AT],
-                "requestBody": {"required": True, **_json(_ref("Mail"))},
-                "responses": _answers("Delivery", 401, 403, 404, 422, 429, 500, 503),
-            }
-        },
         "/v1/episodes/{episode_id}/files/{path}": {
             "put": {
                 "summary": "write a workspace file",
@@ -225,43 +202,6 @@ OPENAPI: dict[str, Any] = {
                     "sender": {"type": "string"},
                 },
             },
-            "Mail": {
-                "type": "object",
-                "required": ["to", "subject", "body"],
-                "properties": {
-                    "to": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
-                    "cc": {"type": "array", "items": {"type": "string"}},
-                    "subject": {"type": "string"},
-                    "body": {"type": "string"},
-                    "attachments": {"type": "array", "items": {"type": "string"}},
-                },
-            },
-            "SQLResult": _success(
-                columns={"type": "array", "items": {"type": "string"}},
-                rows={"type": "array"},
-                row_count={"type": "integer"},
-                truncated={"type": "boolean"},
-                csv_path={"type": "string"},
-                vm_steps={"type": "integer"},
-            ),
-            "PythonResult": _success(
-                exit_code={"type": "integer"},
-                stdout={"type": "string"},
-                stderr={"type": "string"},
-                timed_out={"type": "boolean"},
-                output_truncated={"type": "boolean"},
-                sandbox_tier={"enum": ["FULL", "REDUCED", "UNSAFE", "BASIC"]},
-            ),
-            "Delivery": _success(
-                message_id={"type": "string"},
-                sender={"type": "string"},
-                to={"type": "array"},
-                cc={"type": "array"},
-                subject={"type": "string"},
-                body={"type": "string"},
-                attachments={"type": "array"},
-                size={"type": "integer"},
-            ),
             "File": {
                 "type": "object",
                 "properties": {
@@ -272,3 +212,26 @@ OPENAPI: dict[str, Any] = {
         }
     },
 }
+
+
+def _tool_path(route: ToolRoute) -> dict[str, Any]:
+    return {
+        "post": {
+            "summary": route.summary,
+            "parameters": [_EPISODE, _OWNER, _AT],
+            "requestBody": {"required": True, **_json(route.request)},
+            "responses": _answers(route.result_name, *route.errors),
+        }
+    }
+
+
+def tool_paths(routes: dict[str, ToolRoute]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The OpenAPI paths and component schemas of ``routes`` (one POST path and one result each)."""
+    paths = {f"/v1/episodes/{{episode_id}}/{name}": _tool_path(route) for name, route in routes.items()}
+    schemas = {route.result_name: _success(**route.result) for route in routes.values()}
+    return paths, schemas
+
+
+_paths, _schemas = tool_paths(TOOL_ROUTES)
+OPENAPI["paths"].update(_paths)
+OPENAPI["components"]["schemas"].update(_schemas)

@@ -15,7 +15,8 @@ def make_backend(spec: Any = "sim", **options: Any) -> Backend:
 
     Args:
         spec: ``"sim"`` (default: in process, over the JSON wire), ``"direct"`` (in process, no
-            wire), ``"http://host:port"`` (the simulator API over HTTP), a dict of per-tool
+            wire), ``"http://host:port"`` (the simulator API over HTTP; several servers as a list
+            of URLs or one string of them separated by commas, episodes spread over them), a dict of per-tool
             backends (see :func:`~agentrl_envs.backends.mounts.make_mounted`), or an object that
             already implements :class:`Backend`.
         options: passed to the backends (``sql_deadline_s``, ``python_timeout_s``).
@@ -28,6 +29,8 @@ def make_backend(spec: Any = "sim", **options: Any) -> Backend:
         return _single(spec, **options)
     if isinstance(spec, Backend):
         return spec
+    if isinstance(spec, (list, tuple)) and spec and all(isinstance(u, str) for u in spec):
+        return _single(",".join(spec), **options)
     raise ConfigError(f"backend={spec!r}: use 'sim', 'direct', 'http://host:port', a dict of per-tool backends, or a Backend")
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from agentrl_envs.backends import wire
 from agentrl_envs.backends.base import EpisodeSetup, ToolRequest, ToolResponse
+from agentrl_envs.backends.lazy import LazyEpisodes
 from agentrl_envs.backends.wire import to_response
 from agentrl_envs.errors import PermanentError
 from simulators import SimulatorApp
@@ -20,8 +21,8 @@ from simulators.python import RunLimits
 __all__ = ["DirectBackend"]
 
 
-class DirectBackend:
-    """The simulator as Python calls.
+class DirectBackend(LazyEpisodes):
+    """The simulator as Python calls. Episodes open at their first call (:mod:`~agentrl_envs.backends.lazy`).
 
     Args:
         app: a simulator to use (default: a new one with the given limits).
@@ -47,7 +48,7 @@ class DirectBackend:
         self.sandbox_tier = self.app.sandbox_tier
         self.numpy_available = self.app.numpy_available
 
-    def open_episode(self, setup: EpisodeSetup) -> None:
+    def _open_now(self, setup: EpisodeSetup) -> None:
         def call(method: str, path: str, body: dict[str, Any]) -> tuple[int, str]:
             status, reply = self.app.call(method, path, body)
             return status, str(reply)
@@ -55,11 +56,13 @@ class DirectBackend:
         wire.open_episode(setup, call)
 
     def handle(self, request: ToolRequest) -> ToolResponse:
+        self._ready(request.episode_id)
         status, reply = self.app.tool(request.episode_id, request.tool, dict(request.arguments))
         return to_response(status, reply)
 
     def close_episode(self, episode_id: str) -> None:
-        self.app.close_episode(episode_id)
+        if self._was_opened(episode_id):
+            self.app.close_episode(episode_id)
 
     def close(self) -> None:
         self.app.close()
@@ -67,11 +70,13 @@ class DirectBackend:
     # -- workspace files (used when another backend serves a tool of the same episode) ----------
 
     def put_file(self, episode_id: str, path: str, data: bytes) -> None:
+        self._ready(episode_id)
         status, reply = self.app.put_file(episode_id, path, {"b64": base64.b64encode(data).decode()})
         if status != 204:
             raise PermanentError(f"could not write {path!r} to the workspace: {reply}")
 
     def get_file(self, episode_id: str, path: str) -> bytes | None:
+        self._ready(episode_id)
         status, reply = self.app.get_file(episode_id, path)
         return _file_bytes(status, reply)
 

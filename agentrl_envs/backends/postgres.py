@@ -34,7 +34,7 @@ from typing import Any
 
 from agentrl_envs.backends.base import EpisodeSetup, ToolRequest, ToolResponse
 from agentrl_envs.errors import ConfigError, PermanentError, TransientError
-from simulators.sql import MAX_RESULT_ROWS, format_rows
+from simulators.sql import MAX_RESULT_ROWS, format_rows, table_keys
 
 __all__ = ["CleanupWarning", "PostgresBackend", "SweepReport", "sweep"]
 
@@ -130,7 +130,9 @@ class PostgresBackend:
             ex = self._admin.execute
             ex(f"CREATE SCHEMA {s}")
             for table in tables:
-                ex(f"CREATE TABLE {s}.{_ident(table)} AS TABLE {_ident(template)}.{_ident(table)}")
+                # LIKE ... INCLUDING ALL: the template's primary key and indexes come along.
+                ex(f"CREATE TABLE {s}.{_ident(table)} (LIKE {_ident(template)}.{_ident(table)} INCLUDING ALL)")
+                ex(f"INSERT INTO {s}.{_ident(table)} SELECT * FROM {_ident(template)}.{_ident(table)}")
             ex(
                 f"CREATE ROLE {r} LOGIN PASSWORD {_literal(password)} NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT NOREPLICATION CONNECTION LIMIT 3"
             )
@@ -151,15 +153,25 @@ class PostgresBackend:
         name = f"{_TEMPLATE_PREFIX}{self._token}_" + hashlib.sha256(fingerprint.encode()).hexdigest()[:16]
         if name in self._templates:
             return name
+        try:
+            keys = {table: table_keys(table, spec) for table, spec in tables.items()}
+        except ValueError as exc:
+            raise ConfigError(f"the episode database's schema is invalid: {exc}") from None
         with self._lock, self._admin.transaction():
             self._admin.execute(f"CREATE SCHEMA {_ident(name)}")
             for table, spec in tables.items():
+                primary_key, indexes = keys[table]
                 cols = ", ".join(f"{_ident(c)} {_TYPES[t]}" for c, t in spec["columns"])
+                if primary_key:
+                    cols += ", PRIMARY KEY (" + ", ".join(_ident(c) for c in primary_key) + ")"
                 self._admin.execute(f"CREATE TABLE {_ident(name)}.{_ident(table)} ({cols})")
                 col_list = ", ".join(_ident(c) for c, _ in spec["columns"])
                 with self._admin.cursor().copy(f"COPY {_ident(name)}.{_ident(table)} ({col_list}) FROM STDIN") as copy:
                     for row in spec["rows"]:
                         copy.write_row(row)
+                for columns in indexes:
+                    on = ", ".join(_ident(c) for c in columns)
+                    self._admin.execute(f"CREATE INDEX ON {_ident(name)}.{_ident(table)} ({on})")
         self._templates.add(name)
         return name
 

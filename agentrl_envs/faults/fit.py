@@ -66,13 +66,13 @@ from agentrl_envs.faults.profile import (
     DEFAULT_PENALTIES,
     FAULT_TYPES,
     LIMITS,
-    TOOLS,
     ErrorProfile,
     Latency,
     ProfileError,
     _erfinv,
     parse_profile,
 )
+from agentrl_envs.tools import service_tools
 
 __all__ = [
     "MAX_LINE_BYTES",
@@ -130,7 +130,7 @@ def fit_profile(
     by_tool: dict[str, list[Call]] = {}
     for call in ordered:
         by_tool.setdefault(call.tool, []).append(call)
-    split = {tool: _draws(by_tool[tool]) for tool in TOOLS if tool in by_tool}
+    split = {tool: _draws(by_tool[tool]) for tool in service_tools() if tool in by_tool}
     fits = {tool: _fit_draws(tool, *split[tool], bursts=bursts) for tool in split}
     # Defaults, for tools missing from the logs: every tool's draws pooled, marginal rates, no chain.
     pooled_draws = sorted((c for draws, _, _ in split.values() for c in draws), key=lambda c: c.ts)
@@ -573,8 +573,8 @@ def _rules(specs: Sequence[str]) -> list[tuple[re.Pattern[str], str]]:
     rules = []
     for spec in specs:
         pattern, sep, tool = spec.rpartition("=")
-        if not sep or tool not in TOOLS or not pattern:
-            raise ConfigError(f"--map {spec[:80]!r}: use REGEX=TOOL with TOOL one of {', '.join(TOOLS)}")
+        if not sep or tool not in service_tools() or not pattern:
+            raise ConfigError(f"--map {spec[:80]!r}: use REGEX=TOOL with TOOL one of {', '.join(service_tools())}")
         try:
             rules.append((re.compile(pattern), tool))
         except re.error as exc:

@@ -12,7 +12,9 @@ generator (so the same seed replays the same faults whatever the agent does):
    agent's own work alone passed it);
 5. a fault: answer it without calling the inner backend. A timeout takes ``timeout_s``.
 
-Latencies are virtual: nothing sleeps here. The env adds them to its clock.
+Latencies are virtual: nothing sleeps here. The env adds them to its clock. Every tool of the
+registry (:func:`agentrl_envs.tools.service_tools`) gets faults; a call of any other tool is
+answered 404 ``unknown_tool`` without reaching the inner backend (never a silent pass-through).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import numpy as np
 from agentrl_envs.backends.base import Backend, EpisodeSetup, ToolRequest, ToolResponse
 from agentrl_envs.errors import ConfigError
 from agentrl_envs.faults.profile import FAULT_STATUS, ErrorProfile, ToolFaults
+from agentrl_envs.tools import TOOLS, service_tools
 
 __all__ = ["REFUSAL_S", "FaultInjectingBackend"]
 
@@ -61,7 +64,7 @@ class FaultInjectingBackend:
     def __init__(self, inner: Backend, profile: ErrorProfile) -> None:
         self.inner = inner
         self.profile = profile
-        self._tools = {t: profile.for_tool(t) for t in ("sql", "python", "smtp")}
+        self._tools: dict[str, ToolFaults] = {}  # per tool of the registry, filled on first use
         self._episodes: dict[str, _EpisodeFaults] = {}
 
     def open_episode(self, setup: EpisodeSetup) -> None:
@@ -99,8 +102,16 @@ class FaultInjectingBackend:
 
     def handle(self, request: ToolRequest) -> ToolResponse:
         state = self._episodes.get(request.episode_id)
-        cfg = self._tools.get(request.tool)
-        if state is None or cfg is None:
+        cfg = self._faults_of(request.tool)
+        if cfg is None:
+            # Never a silent pass-through: a tool the registry does not know gets no call.
+            return ToolResponse(
+                ok=False,
+                status=404,
+                error_type="unknown_tool",
+                error=f"no tool {request.tool[:64]!r}; the tools are {', '.join(service_tools())}",
+            )
+        if state is None:
             return self.inner.handle(request)
         tool = request.tool
         until = state.retry_until.get(tool, float("-inf"))
@@ -121,7 +132,7 @@ class FaultInjectingBackend:
 
         if kind is None:
             response = self.inner.handle(request)
-            work = _work_latency(tool, response, cfg)
+            work = TOOLS[tool].work_latency_s(response, cfg)
             total = latency + work + response.latency_s
             if total > cfg.timeout_s:
                 origin = "agent" if work > cfg.timeout_s else "injected"
@@ -134,6 +145,12 @@ class FaultInjectingBackend:
             state.retry_until[tool] = request.at_s + latency + retry_after
             return _fault(tool, kind, "injected", latency, retry_after_s=retry_after)
         return _fault(tool, kind, "injected", latency)
+
+    def _faults_of(self, tool: str) -> ToolFaults | None:
+        cfg = self._tools.get(tool)
+        if cfg is None and tool in service_tools():
+            cfg = self._tools[tool] = self.profile.for_tool(tool)
+        return cfg
 
     def _step_burst(self, state: _EpisodeFaults, tool: str, cfg: ToolFaults) -> bool:
         u = float(state.rng.random())
@@ -151,14 +168,6 @@ def _pick(rates: dict[str, float], u: float) -> str | None:
         if u < acc:
             return kind
     return None
-
-
-def _work_latency(tool: str, response: ToolResponse, cfg: ToolFaults) -> float:
-    if tool == "sql":
-        steps = response.result.get("vm_steps") if response.ok else None
-        if isinstance(steps, (int, float)):
-            return float(steps) / 1e6 * cfg.sql_s_per_mstep
-    return 0.0
 
 
 def _fault(

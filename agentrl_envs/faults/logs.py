@@ -23,18 +23,13 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from agentrl_envs.errors import ConfigError
-from agentrl_envs.faults.profile import TOOLS
+from agentrl_envs.tools import TOOLS, service_tools
 
 __all__ = ["MAX_LINE_BYTES", "Call", "LogReader", "parse_line"]
 
 #: Longer lines are skipped (a log line is a few hundred bytes; this bounds memory per line).
 MAX_LINE_BYTES = 1 << 20
 
-_DEFAULT_MAP: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("sql", ("sql", "query", "db")),
-    ("python", ("python", "exec", "run", "code")),
-    ("smtp", ("smtp", "mail", "email", "send")),
-)
 _MONTHS = {m: i for i, m in enumerate(("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"), 1)}
 _QUOTED = r'"(?:[^"\\]|\\.)*"'
 _COMBINED = re.compile(
@@ -150,10 +145,11 @@ def _tool_of(name: str, rules: Sequence[tuple[re.Pattern[str], str]]) -> str | N
         if pattern.search(name):
             return tool
     lowered = name.lower()
-    if lowered in TOOLS:
+    tools = service_tools()
+    if lowered in tools:
         return lowered
-    for tool, needles in _DEFAULT_MAP:
-        if any(n in lowered for n in needles):
+    for tool in tools:
+        if any(n in lowered for n in TOOLS[tool].log_names):
             return tool
     return None
 

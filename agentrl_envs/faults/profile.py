@@ -37,6 +37,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from agentrl_envs.errors import ConfigError
+from agentrl_envs.tools import service_tools
 
 __all__ = [
     "DEFAULT_PENALTIES",
@@ -76,8 +77,6 @@ DEFAULT_PENALTIES: dict[str, float] = {
     "timeout": -3.0,
     "connection_reset": -2.0,
 }
-
-TOOLS = ("sql", "python", "smtp")
 
 #: Allowed range of every bounded number in a profile, by field name.
 LIMITS: dict[str, tuple[float, float]] = {
@@ -218,8 +217,8 @@ class ErrorProfile(_Strict):
     @classmethod
     def _tools_ok(cls, v: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         for tool, override in v.items():
-            if tool not in TOOLS:
-                raise ValueError(f"unknown tool {tool!r}; use one of {', '.join(TOOLS)}")
+            if tool not in service_tools():
+                raise ValueError(f"unknown tool {tool!r}; use one of {', '.join(service_tools())}")
             if not isinstance(override, dict):
                 raise ValueError(f"tools.{tool} must be a mapping of ToolFaults fields")
         return v
@@ -259,7 +258,7 @@ class ErrorProfile(_Strict):
     @property
     def injects(self) -> bool:
         """Whether the profile changes anything at all (``none`` does not)."""
-        tools = [self.for_tool(t) for t in TOOLS]
+        tools = [self.for_tool(t) for t in service_tools()]
         return self.think_time_s > 0 or any(
             bool(t.rates) or (t.burst is not None and t.burst.enter_p > 0) or not t.latency.is_zero for t in tools
         )

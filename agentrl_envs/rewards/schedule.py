@@ -5,8 +5,9 @@ policy can learn to collect them instead of solving the task). So they are multi
 that the trainer decays: ``vec_env.set_attr("training_step", n)`` (or ``call("set_training_step",
 n)``; a single env: ``env.set_wrapper_attr("training_step", n)``).
 
-Terms (defaults; configurable): ``sql`` 0.3 when a query returns a non-empty result, ``python``
-0.2 when a program runs and computes, ``smtp`` 0.5 when a message is accepted. They are paid for
+Terms (defaults: each tool's ``aux_term`` in the registry of :mod:`agentrl_envs.tools`;
+configurable): ``sql`` 0.3 when a query returns a non-empty result, ``python`` 0.2 when a program
+runs and computes, ``smtp`` 0.5 when a message is accepted. They are paid for
 progress only: a term is paid when the call newly completes its tool's part of a sub-task (the
 first useful query, computation or email of that sub-task), never for repeats, and each episode's
 aux total is divided by its number of sub-tasks. So an agent that spams cheap successful calls
@@ -21,10 +22,14 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from agentrl_envs.errors import ConfigError
+from agentrl_envs.tools import TOOLS
 
-__all__ = ["AuxRewardConfig", "Schedule", "parse_aux_reward"]
+__all__ = ["AuxRewardConfig", "Schedule", "default_terms", "parse_aux_reward"]
 
-DEFAULT_TERMS = {"sql": 0.3, "python": 0.2, "smtp": 0.5}
+
+def default_terms() -> dict[str, float]:
+    """The default aux term of every registered tool that has one (``Tool.aux_term``)."""
+    return {name: float(tool.aux_term) for name, tool in TOOLS.items() if tool.service and tool.aux_term is not None}
 
 
 @dataclass(frozen=True)
@@ -73,12 +78,13 @@ class AuxRewardConfig:
     """Dense auxiliary reward: per-tool base terms times the schedule's weight."""
 
     schedule: Schedule = field(default_factory=Schedule)
-    terms: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_TERMS))
+    terms: dict[str, float] = field(default_factory=default_terms)
 
     def __post_init__(self) -> None:
-        unknown = set(self.terms) - set(DEFAULT_TERMS)
+        known = default_terms()
+        unknown = set(self.terms) - set(known)
         if unknown:
-            raise ConfigError(f"aux_reward terms: unknown tool(s) {sorted(unknown)}; use sql, python, smtp")
+            raise ConfigError(f"aux_reward terms: unknown tool(s) {sorted(map(str, unknown))}; use {', '.join(known)}")
         for tool, value in self.terms.items():
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ConfigError(f"aux_reward terms[{tool!r}]={value!r}: use a finite value >= 0")
@@ -110,8 +116,8 @@ def parse_aux_reward(spec: Any) -> AuxRewardConfig:
             end=spec.get("end", defaults.end),
             steps=spec.get("steps", defaults.steps),
         )
-        terms = spec.get("terms", DEFAULT_TERMS)
+        terms = spec.get("terms", {})
         if not isinstance(terms, dict):
             raise ConfigError("aux_reward terms: expected a dict such as {'sql': 0.3, 'python': 0.2, 'smtp': 0.5}")
-        return AuxRewardConfig(schedule, {**DEFAULT_TERMS, **terms})
+        return AuxRewardConfig(schedule, {**default_terms(), **terms})
     raise ConfigError(f"aux_reward={spec!r}: use None, False, a number, a dict or an AuxRewardConfig")

@@ -18,11 +18,45 @@ from typing import Any
 from agentrl_envs.backends.base import DatabaseSpec
 from simulators.sql import ReadOnlyDatabase, format_rows
 
-__all__ = ["CSV_PLACEHOLDER", "EmailSpec", "GoldRunner", "SubTask", "Task", "normalize_rows"]
+__all__ = ["CSV_PLACEHOLDER", "EmailSpec", "FrozenDict", "GoldRunner", "SubTask", "Task", "freeze_tables", "normalize_rows"]
 
 #: Gold Python code names its input file with this placeholder; the oracle fills in the CSV path
 #: its own query saved (or the data file of Python-only tasks).
 CSV_PLACEHOLDER = "__CSV_PATH__"
+
+
+class FrozenDict(dict):  # type: ignore[type-arg]
+    """A dict that refuses changes: the data of a cached task, shared by every episode of its seed.
+
+    It is a real ``dict`` (``json.dumps``, ``dict(...)`` and type checks work) whose mutating
+    methods raise ``TypeError``; change a copy of your own (``dict(task.files)``) instead.
+    """
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError(
+            "task data is shared by every episode of this seed (tasks are cached) and cannot be changed; "
+            "change a copy of your own instead: dict(task.files), json.loads(json.dumps(task.database.tables))"
+        )
+
+    __setitem__ = __delitem__ = __ior__ = _refuse  # type: ignore[assignment]
+    clear = pop = popitem = setdefault = update = _refuse  # type: ignore[assignment]
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickle and copy rebuild it whole (not item by item)
+        return (FrozenDict, (dict(self),))
+
+
+def freeze_tables(tables: dict[str, dict[str, Any]]) -> FrozenDict:
+    """Tables (``{name: {"columns", "rows", ...}}``) as read-only dicts of tuples; the JSON is unchanged."""
+
+    def freeze(value: Any) -> Any:
+        if isinstance(value, dict):
+            return FrozenDict({k: freeze(v) for k, v in value.items()})
+        if isinstance(value, (list, tuple)):
+            return tuple(freeze(v) for v in value)
+        return value
+
+    frozen: FrozenDict = freeze(tables)
+    return frozen
 
 
 @dataclass(frozen=True)

@@ -5,25 +5,30 @@ Splits:
   and disjoint template parameters (see :meth:`Context.check_split`);
 - ``heldout`` uses domains never seen in train or test (data seeds 200-207).
 
-Data sets are generated once per (domain, data seed) and cached, so reset only copies a template
-database.
+Data sets are generated once per (domain, data seed) and tasks once per (kind, split, domains, long
+horizon, seed), and both are kept per process (bounded, least recently used first out), shared by
+every env of the process: a reset of a seed seen before costs a dictionary look-up. Cached data is
+read-only (:class:`~agentrl_envs.tasks.base.FrozenDict`, rows as tuples), so no episode can change
+what the next episode of the same seed gets.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
+import threading
 from typing import Any
 
 import numpy as np
 
 from agentrl_envs.backends.base import DatabaseSpec
 from agentrl_envs.errors import ConfigError
-from agentrl_envs.tasks.base import GoldRunner, SubTask, Task
+from agentrl_envs.tasks.base import FrozenDict, GoldRunner, SubTask, Task, freeze_tables
 from agentrl_envs.tasks.domains import DOMAINS, HELDOUT_DOMAINS, TRAIN_DOMAINS, Domain
 from agentrl_envs.tasks.domains.base import fingerprint
 from agentrl_envs.tasks.templates import TEMPLATES, Context, Retry
 
-__all__ = ["KINDS", "LONG_HORIZON_SUBTASKS", "SPLITS", "TaskSampler"]
+__all__ = ["KINDS", "LONG_HORIZON_SUBTASKS", "SPLITS", "TASK_CACHE_SIZE", "TaskSampler", "clear_task_cache"]
 
 SPLITS = ("train", "test", "heldout")
 KINDS = tuple(TEMPLATES)
@@ -32,12 +37,25 @@ DATA_VARIANTS = 8
 _DATA_BASE = {"train": 0, "test": 100, "heldout": 200}
 _SPLIT_CODE = {"train": 11, "test": 23, "heldout": 37}
 _KIND_CODE = {"sql": 1, "python": 2, "smtp": 3, "pipeline": 4}
+#: Tasks kept per process (a few kB each; the data sets they point to are shared).
+TASK_CACHE_SIZE = 4096
+
+_TaskKey = tuple[str, str, tuple[str, ...], bool, int]
+_TASKS: collections.OrderedDict[_TaskKey, Task] = collections.OrderedDict()
+_TASKS_LOCK = threading.Lock()
 
 
 @functools.lru_cache(maxsize=64)
 def _dataset(domain: str, data_seed: int) -> DatabaseSpec:
     tables = DOMAINS[domain].generate(data_seed)
-    return DatabaseSpec(fingerprint(domain, data_seed, tables), tables)
+    return DatabaseSpec(fingerprint(domain, data_seed, tables), freeze_tables(tables))
+
+
+def clear_task_cache() -> None:
+    """Forget every cached task and data set of this process (tests and benchmarks of a cold reset)."""
+    with _TASKS_LOCK:
+        _TASKS.clear()
+    _dataset.cache_clear()
 
 
 def domains_for(split: str, domain: str | None = None) -> tuple[str, ...]:
@@ -67,7 +85,24 @@ class TaskSampler:
         self.runner = GoldRunner()
 
     def sample(self, seed: int) -> Task:
-        """The task of ``seed`` (a non-negative int): the same seed always gives the same task."""
+        """The task of ``seed`` (a non-negative int): the same seed always gives the same task.
+
+        Made once per process and then served from the cache; the task and its data are read-only.
+        """
+        key: _TaskKey = (self.kind, self.split, self.domains, self.long_horizon, int(seed))
+        with _TASKS_LOCK:
+            task = _TASKS.get(key)
+            if task is not None:
+                _TASKS.move_to_end(key)
+                return task
+        task = self._make(seed)
+        with _TASKS_LOCK:
+            _TASKS[key] = task
+            while len(_TASKS) > TASK_CACHE_SIZE:
+                _TASKS.popitem(last=False)
+        return task
+
+    def _make(self, seed: int) -> Task:
         rng = np.random.default_rng([int(seed), _SPLIT_CODE[self.split], _KIND_CODE[self.kind], int(self.long_horizon)])
         domain = DOMAINS[self.domains[int(rng.integers(len(self.domains)))]]
         data_seed = _DATA_BASE[self.split] + int(rng.integers(DATA_VARIANTS))
@@ -95,7 +130,7 @@ class TaskSampler:
             instruction=self._instruction(domain, database, subtasks, files),
             subtasks=subtasks,
             database=database if self.kind in ("sql", "pipeline") else None,
-            files=files,
+            files=FrozenDict(files),
             answer_required=self.kind in ("sql", "python"),
             data=database,
         )

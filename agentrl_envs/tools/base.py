@@ -1,15 +1,32 @@
-"""The Tool protocol: what a tool is to the env (schema, argument checks, observation text)."""
+"""The Tool protocol: everything the env suite knows about one tool, in one class.
+
+A tool owns its function-calling schema and argument checks, the observation text of a result
+(``render``), its structured summary in ``info["tool_result"]`` (``summarize``), what counts as a
+successful call (``succeeded``), its default aux reward term, the words that name it in service
+logs (``fit-profile``), the URL schemes of real services that can serve it alone (``backend=``
+mounts) and the extra virtual latency its own work costs under a fault profile. Faults, aux terms,
+mounts, ``fit-profile`` and the server read these from the registry in :mod:`agentrl_envs.tools`.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from agentrl_envs.backends.base import ToolResponse
-from agentrl_envs.errors import ActionError
+from agentrl_envs.errors import ActionError, ConfigError
 
-__all__ = ["Tool", "check_arguments"]
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    import numpy as np
+
+    from agentrl_envs.backends.base import Backend
+    from agentrl_envs.tasks.base import SubTask, Task
+    from agentrl_envs.tasks.state import StepState
+
+__all__ = ["Tool", "check_arguments", "pick"]
 
 # Python types allowed for each JSON-schema type used by the tools.
 _JSON_TYPES: dict[str, tuple[type, ...]] = {"string": (str,), "array": (list,), "object": (dict,)}
@@ -27,6 +44,22 @@ class Tool:
     name: ClassVar[str]
     description: ClassVar[str]
     parameters: ClassVar[dict[str, Any]]
+    #: False for a tool the env answers itself (``finish``): no backend, no faults, no aux term.
+    service: ClassVar[bool] = True
+    #: The default aux reward term, paid when a call newly completes this tool's part of a sub-task.
+    aux_term: ClassVar[float | None] = None
+    #: Lower-case words that name this tool in service logs (``fit-profile`` maps calls by them).
+    log_names: ClassVar[tuple[str, ...]] = ()
+    #: URL prefixes of real services that serve this tool alone (``backend={"<tool>": url}``).
+    backend_schemes: ClassVar[tuple[str, ...]] = ()
+    #: The task component this tool's step of a sub-task reports (``queried``); None when no task checks it.
+    component: ClassVar[str | None] = None
+    #: True for a tool whose gold program reads the saved result of the sub-task's query.
+    reads_query_csv: ClassVar[bool] = False
+    #: True for the tool whose backend should hold the episode workspace (the one that runs programs).
+    hosts_workspace: ClassVar[bool] = False
+    #: The argument naming workspace files a call sends along (read from the workspace's backend).
+    file_argument: ClassVar[str | None] = None
 
     def schema(self, facts: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The function-calling entry; ``facts`` are what the backend reports (``{"numpy": True}``)."""
@@ -48,6 +81,74 @@ class Tool:
         if response.ok:
             return f"{self.name} ok"
         return render_error(self.name, response)
+
+    def succeeded(self, response: ToolResponse) -> bool:
+        """Whether the call did what was asked (default: the service answered ok)."""
+        return response.ok
+
+    def summarize(self, response: ToolResponse) -> dict[str, Any]:
+        """``info["tool_result"]``: the common fields, then :meth:`details` of a successful call."""
+        out: dict[str, Any] = {
+            "tool": self.name,
+            "ok": self.succeeded(response),
+            "status": response.status,
+            "error_type": response.error_type,
+            "error": response.error,
+        }
+        if response.ok:
+            out.update(self.details(response))
+        return out
+
+    def details(self, response: ToolResponse) -> dict[str, Any]:
+        """The tool's own fields of a successful call's summary (keep each key's type fixed)."""
+        return {}
+
+    def work_latency_s(self, response: ToolResponse, faults: Any) -> float:
+        """Virtual seconds the call's own work took under a profile's ``faults`` (a ToolFaults)."""
+        return 0.0
+
+    # -- progress (agentrl_envs.tasks.progress): what completes this tool's step of a sub-task ------
+
+    def observe(
+        self, subs: Sequence[SubTask], states: Sequence[StepState], arguments: dict[str, Any], response: ToolResponse
+    ) -> list[int]:
+        """Record one result of this tool in the sub-tasks' states; return the indices of those it moved forward."""
+        return []
+
+    def gold_call(self, sub: SubTask, state: StepState) -> dict[str, Any] | None:
+        """The gold plan's arguments for this tool's step of ``sub`` when that step is due, else None."""
+        return None
+
+    # -- candidates (agentrl_envs.candidates): wrong calls that look like the right one ---------------
+
+    def perturb(self, task: Task, arguments: dict[str, Any]) -> list[dict[str, Any]]:
+        """Arguments of plausible wrong calls near the gold call's ``arguments`` (``candidates_difficulty="easy"``)."""
+        return []
+
+    def perturb_hard(self, task: Task, arguments: dict[str, Any], context: str) -> list[dict[str, Any]]:
+        """Meaning-changing variants that keep the instruction's entities and figures (``"hard"``)."""
+        return []
+
+    def guess(self, task: Task) -> dict[str, Any] | None:
+        """Arguments of a generic exploratory call of this tool, offered as a wrong candidate (or None)."""
+        return None
+
+    def random_arguments(self, task: Task | None, rng: np.random.Generator, number: float) -> dict[str, Any]:
+        """Plausible random arguments, for :class:`~agentrl_envs.agents.RandomAgent` (``number``: a random figure)."""
+        return {}
+
+    def real_backend(self, url: str, **options: Any) -> Backend:
+        """The backend of a real service at ``url`` (one of :attr:`backend_schemes`).
+
+        Raises:
+            ConfigError: the tool has no real backend for that URL.
+        """
+        raise ConfigError(f"backend[{self.name!r}]={url[:80]!r}: the {self.name} tool has no backend for this URL")
+
+
+def pick(rng: np.random.Generator, options: Sequence[Any]) -> Any:
+    """One of ``options``, uniformly (one draw of ``rng``)."""
+    return options[int(rng.integers(len(options)))]
 
 
 def render_error(tool: str, response: ToolResponse) -> str:

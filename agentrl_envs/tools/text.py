@@ -16,7 +16,7 @@ def printable(text: str) -> str:
     from agentrl_envs.spaces import charset_set
 
     allowed = charset_set()
-    if all(ch in allowed for ch in text):
+    if allowed.issuperset(text):  # one C loop: this runs on every observation
         return text
     out = []
     for ch in text:
@@ -37,6 +37,6 @@ def clip(text: str, limit: int) -> str:
 
 def cell(value: Any, limit: int = 200) -> str:
     text = "NULL" if value is None else str(value)
-    if any(c in text for c in ',"\n'):
+    if "," in text or '"' in text or "\n" in text:
         text = '"' + text.replace('"', '""') + '"'
     return clip(text, limit)

@@ -10,6 +10,7 @@ from simulators.sql.engine import (
     build_database,
     collect_rows,
     format_rows,
+    table_keys,
 )
 
 __all__ = [
@@ -22,4 +23,5 @@ __all__ = [
     "build_database",
     "collect_rows",
     "format_rows",
+    "table_keys",
 ]

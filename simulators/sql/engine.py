@@ -1,4 +1,4 @@
-"""Read-only SQL on a per-episode SQLite copy, behind SQLAlchemy.
+"""Read-only SQL on a per-episode SQLite copy.
 
 A template database is built once per data set (keyed by a fingerprint) and kept as serialized
 bytes; every episode gets its own copy through ``sqlite3.deserialize`` (~0.06 ms, a fresh build
@@ -17,6 +17,15 @@ handler: fewer than ``PROGRESS_STEPS`` opcodes in all); after, the trims and ``i
 milliseconds, the slowest call left (``GLOB '*[x][x]...'`` at the 100-character pattern limit on a
 100 kB string) ~0.1-0.2 s, and the scan ends with a timeout at 2.0 s.
 
+Each episode's copy is a bare ``sqlite3`` connection, with no SQLAlchemy engine on top: an engine
+and its connection cost ~100 objects the cycle collector tracks, and reference cycles that outlive
+``close`` until a full collection (measured: 102 tracked objects per open database, 71 per closed
+one left for the collector; with 4,096 open episodes a full collection stopped a server for
+hundreds of milliseconds). The bare connection is 1 tracked object plus its callbacks, and
+:meth:`ReadOnlyDatabase.close` drops the callbacks, so closing frees everything at once. The
+statement cache is kept small (``CACHED_STATEMENTS``) for the same reason: an agent seldom sends
+one query twice, and each cached statement is tracked too.
+
 Results are streamed row by row into their CSV text and cut at ``MAX_RESULT_BYTES`` (the CSV the
 workspace gets) or ``MAX_RESULT_ROWS``, whichever comes first; a cell shows at most
 ``MAX_VALUE_CHARS`` characters and a result at most ``MAX_RESULT_COLUMNS`` columns, so a wide or
@@ -33,9 +42,6 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-import sqlalchemy
-from sqlalchemy.pool import StaticPool
 
 from simulators.sql import functions
 from simulators.sql.watchdog import watchdog
@@ -56,6 +62,8 @@ _AUTH = sqlite3
 _ALLOWED_ACTIONS = frozenset({_AUTH.SQLITE_SELECT, _AUTH.SQLITE_READ, _AUTH.SQLITE_RECURSIVE})
 
 MAX_QUERY_CHARS = 20_000
+#: Prepared statements kept per episode connection (``sqlite3.connect(cached_statements=...)``).
+CACHED_STATEMENTS = 4
 #: SQLite VM steps between deadline checks: often enough to stop a runaway query within
 #: milliseconds, rare enough not to slow a normal one (each check is a call into Python).
 PROGRESS_STEPS = 10_000
@@ -100,9 +108,13 @@ class QueryResult:
 
 
 def build_database(tables: dict[str, dict[str, Any]]) -> bytes:
-    """Build a SQLite database from ``{name: {"columns": [[name, type], ...], "rows": [[...]]}}``.
+    """Build a SQLite database from ``{name: {"columns": [[name, type], ...], "rows": [[...]], ...}}``.
 
-    Returns the serialized database, ready to be copied per episode.
+    A table may also declare ``"primary_key": [column, ...]`` and ``"indexes": [[column, ...], ...]``
+    (part of the schema, so a real database built from the same tables gets them too). An
+    ``INTEGER`` primary key of one column is SQLite's rowid: point lookups on it are one B-tree
+    search, and scans still return rows in key order. Returns the serialized database, ready to
+    be copied per episode.
     """
     if not isinstance(tables, dict) or not tables:
         raise ValueError("a database needs at least one table")
@@ -114,29 +126,68 @@ def build_database(tables: dict[str, dict[str, Any]]) -> bytes:
                 raise ValueError(f"table name {name!r} is reserved by SQLite")
             if not isinstance(table, dict) or not table.get("columns"):
                 raise ValueError(f"table {name!r}: expected {{'columns': [[name, type], ...], 'rows': [...]}} with columns")
-            _check_identifier(name)
             cols = table["columns"]
             for col_name, col_type in cols:
                 _check_identifier(col_name)
                 if col_type not in ("INTEGER", "REAL", "TEXT"):
                     raise ValueError(f"column {name}.{col_name}: unsupported type {col_type!r}")
+            primary_key, indexes = table_keys(name, table)
             ddl = ", ".join(f'"{c}" {t}' for c, t in cols)
+            if primary_key:
+                ddl += ", PRIMARY KEY (" + ", ".join(f'"{c}"' for c in primary_key) + ")"
             conn.execute(f'CREATE TABLE "{name}" ({ddl})')
             marks = ", ".join("?" for _ in cols)
             rows = table.get("rows", [])
             _check_lengths(name, rows)
             conn.executemany(f'INSERT INTO "{name}" VALUES ({marks})', rows)
+            for i, columns in enumerate(indexes):
+                conn.execute(f'CREATE INDEX "{name}_ix{i}" ON "{name}" (' + ", ".join(f'"{c}"' for c in columns) + ")")
         conn.commit()
         return conn.serialize()
+    except sqlite3.IntegrityError as exc:
+        raise ValueError(f"could not build the database: {exc} (primary key values must be unique and not NULL)") from None
     except (sqlite3.Error, TypeError) as exc:
         raise ValueError(f"could not build the database: {exc}") from None
     finally:
         conn.close()
 
 
+#: Most indexes one table may declare, and most columns in one key.
+MAX_INDEXES = 16
+MAX_KEY_COLUMNS = 8
+
+
+def table_keys(name: str, table: dict[str, Any]) -> tuple[tuple[str, ...], tuple[tuple[str, ...], ...]]:
+    """A table's declared ``primary_key`` and ``indexes``, checked against its columns.
+
+    Raises:
+        ValueError: a key names a column the table does not have, or is not a list of names.
+    """
+    names = {c for c, _ in table["columns"]}
+
+    def key(value: Any, what: str) -> tuple[str, ...]:
+        if not isinstance(value, (list, tuple)) or not 1 <= len(value) <= MAX_KEY_COLUMNS:
+            raise ValueError(f"table {name!r}: {what} must be a list of 1-{MAX_KEY_COLUMNS} column names, got {str(value)[:80]}")
+        for column in value:
+            if column not in names:
+                raise ValueError(
+                    f"table {name!r}: {what} names {str(column)[:64]!r}, which is not a column; columns: {sorted(names)}"
+                )
+        if len(set(value)) != len(value):
+            raise ValueError(f"table {name!r}: {what} names a column twice")
+        return tuple(value)
+
+    raw_pk = table.get("primary_key")
+    primary_key = key(raw_pk, "primary_key") if raw_pk is not None else ()
+    raw_ix = table.get("indexes") or ()
+    if not isinstance(raw_ix, (list, tuple)) or len(raw_ix) > MAX_INDEXES:
+        raise ValueError(f"table {name!r}: indexes must be a list of at most {MAX_INDEXES} column lists")
+    return primary_key, tuple(key(ix, f"index {i}") for i, ix in enumerate(raw_ix))
+
+
 def _check_lengths(table: str, rows: Any) -> None:
     """Episode connections cannot read values past ``MAX_STRING_BYTES``: refuse them up front."""
-    if not isinstance(rows, list):
+    if not isinstance(rows, (list, tuple)):
         return
     for row in rows:
         for value in row if isinstance(row, (list, tuple)) else ():
@@ -167,8 +218,10 @@ class TemplateCache:
         with self._lock:
             return fingerprint in self._items
 
-    def put(self, fingerprint: str, tables: dict[str, dict[str, Any]]) -> None:
-        data = build_database(tables)
+    def put(self, fingerprint: str, tables: dict[str, dict[str, Any]], digest: str | None = None) -> None:
+        """Store ``tables`` under ``fingerprint``. With ``digest`` (the SHA-256 of their canonical JSON,
+        checked by the caller) an image another cache of the process built is reused, not rebuilt."""
+        data = _built(digest, tables)
         with self._lock:
             self._items[fingerprint] = data
             self._items.move_to_end(fingerprint)
@@ -183,6 +236,29 @@ class TemplateCache:
             return data
 
 
+#: Serialized images by content digest, shared by every simulator of the process (images are
+#: immutable bytes; each episode deserializes its own copy): N envs build a template once, not N times.
+_IMAGES: collections.OrderedDict[str, bytes] = collections.OrderedDict()
+_IMAGES_LOCK = threading.Lock()
+_MAX_SHARED_IMAGES = 64
+
+
+def _built(digest: str | None, tables: dict[str, dict[str, Any]]) -> bytes:
+    if digest is None:
+        return build_database(tables)
+    with _IMAGES_LOCK:
+        data = _IMAGES.get(digest)
+        if data is not None:
+            _IMAGES.move_to_end(digest)
+            return data
+    data = build_database(tables)
+    with _IMAGES_LOCK:
+        _IMAGES[digest] = data
+        while len(_IMAGES) > _MAX_SHARED_IMAGES:
+            _IMAGES.popitem(last=False)
+    return data
+
+
 @dataclass
 class ReadOnlyDatabase:
     """One episode's private, read-only copy of a template database.
@@ -194,14 +270,13 @@ class ReadOnlyDatabase:
 
     image: bytes
     deadline_s: float = 2.0
-    _engine: sqlalchemy.Engine = field(init=False, repr=False)
     _raw: sqlite3.Connection = field(init=False, repr=False)
     _deadline: float = field(init=False, default=0.0, repr=False)
     _steps: int = field(init=False, default=0, repr=False)
     _refusal: str | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
-        raw = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+        raw = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None, cached_statements=CACHED_STATEMENTS)
         raw.deserialize(self.image)
         raw.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_STRING_BYTES)
         raw.setlimit(sqlite3.SQLITE_LIMIT_COLUMN, MAX_RESULT_COLUMNS)
@@ -215,12 +290,9 @@ class ReadOnlyDatabase:
         # whole into Python), and invalid UTF-8 shows as U+FFFD instead of failing the query.
         raw.text_factory = _decode_text
         functions.register(raw, self._function_refused)
-        self._raw = raw
-        self._engine = sqlalchemy.create_engine("sqlite://", creator=lambda: raw, poolclass=StaticPool)
-        self._conn = self._engine.connect()
-        # After SQLAlchemy's first-connect PRAGMAs, which the authorizer would refuse.
         raw.set_authorizer(_authorize)
         raw.set_progress_handler(self._progress, PROGRESS_STEPS)
+        self._raw = raw
 
     def _function_refused(self, message: str) -> None:
         self._refusal = message
@@ -230,7 +302,12 @@ class ReadOnlyDatabase:
         return 1 if time.perf_counter() > self._deadline else 0
 
     def query(self, sql: str) -> QueryResult:
-        """Run one read-only statement; keep at most ``MAX_RESULT_ROWS`` rows and ``MAX_RESULT_BYTES`` of CSV."""
+        """Run one read-only statement; keep at most ``MAX_RESULT_ROWS`` rows and ``MAX_RESULT_BYTES`` of CSV.
+
+        The statement goes straight to the ``sqlite3`` connection: SQLAlchemy's ``exec_driver_sql``
+        added ~0.1 ms per call and an engine per episode (~0.3 ms) for nothing this class used
+        (``benchmarks/bench_env.py`` section 1).
+        """
         if not isinstance(sql, str):
             raise SQLError("bad_request", "query must be a string")
         if not sql.strip():
@@ -244,29 +321,26 @@ class ReadOnlyDatabase:
         start = time.perf_counter()
         self._deadline = start + self.deadline_s
         token = watchdog.arm(self._raw, self._deadline)
+        cursor = self._raw.cursor()
         try:
-            cursor = self._conn.exec_driver_sql(sql)
-            if cursor.returns_rows:
-                columns = [str(c) for c in cursor.keys()]
-                rows, csv_text, truncated_by = collect_rows(columns, cursor.cursor)  # type: ignore[arg-type]
+            cursor.execute(sql)
+            if cursor.description is not None:
+                columns = [str(c[0]) for c in cursor.description]
+                rows, csv_text, truncated_by = collect_rows(columns, cursor)
             else:
                 columns, rows, csv_text, truncated_by = [], [], "", None
-            cursor.close()
-        except sqlalchemy.exc.DBAPIError as exc:
-            if self._refusal is not None:
-                raise SQLError("too_large", self._refusal) from None
-            raise _translate(exc.orig, time.perf_counter() - start, self.deadline_s) from None
-        except sqlalchemy.exc.SQLAlchemyError as exc:
-            raise SQLError("error", str(exc).splitlines()[0]) from None
-        except sqlite3.Error as exc:  # raised while fetching, straight from the DBAPI cursor
+        except sqlite3.Warning:  # "You can only execute one statement at a time."
+            raise SQLError("bad_request", "send one SQL statement per call") from None
+        except sqlite3.Error as exc:
             if self._refusal is not None:
                 raise SQLError("too_large", self._refusal) from None
             raise _translate(exc, time.perf_counter() - start, self.deadline_s) from None
         except (OverflowError, ValueError, MemoryError, RecursionError) as exc:
             raise SQLError("error", f"{type(exc).__name__}: {exc}") from None
         finally:
+            cursor.close()
             watchdog.disarm(token)
-            self._rollback_quietly()
+            self._rollback_quietly()  # the authorizer refuses BEGIN; this is belt and braces
         return QueryResult(
             columns=columns,
             rows=rows,
@@ -279,14 +353,20 @@ class ReadOnlyDatabase:
 
     def _rollback_quietly(self) -> None:
         try:
-            self._conn.rollback()
-        except sqlalchemy.exc.SQLAlchemyError:
+            if self._raw.in_transaction:
+                self._raw.rollback()
+        except sqlite3.Error:
             pass
 
     def close(self) -> None:
-        self._conn.close()
-        self._engine.dispose()
-        self._raw.close()
+        """Close the copy and drop its callbacks (they point back here: no cycle outlives it)."""
+        raw = self._raw
+        try:
+            raw.set_progress_handler(None, 0)
+            raw.set_authorizer(None)
+        except sqlite3.Error:
+            pass
+        raw.close()
 
 
 def _authorize(action: int, arg1: str | None, arg2: str | None, db: str | None, trigger: str | None) -> int:

@@ -116,24 +116,26 @@ def _replace(limit: Callable[[], int]) -> Callable[[Any, Any, Any], Any]:
     return replace
 
 
+_LTRIM, _RTRIM, _BOTH_TRIM = _trim(True, False), _trim(False, True), _trim(True, True)
+
+
 def register(conn: sqlite3.Connection, on_error: Callable[[str], None]) -> None:
-    """Register the linear-time functions on ``conn``; ``on_error`` hears why one refused."""
+    """Register the linear-time functions on ``conn``; ``on_error`` hears why one refused.
 
-    def limit() -> int:
-        return conn.getlimit(sqlite3.SQLITE_LIMIT_LENGTH)
+    The stateless functions are shared by every connection; only ``replace`` (which reports to
+    ``on_error``) is made per connection, so an episode's database costs few tracked objects.
+    """
+    replace_within = _replace(lambda: conn.getlimit(sqlite3.SQLITE_LIMIT_LENGTH))
 
-    def guarded(fn: Callable[..., Any]) -> Callable[..., Any]:
-        def call(*args: Any) -> Any:
-            try:
-                return fn(*args)
-            except FunctionLimitError as exc:
-                on_error(str(exc))
-                raise
+    def replace(*args: Any) -> Any:
+        try:
+            return replace_within(*args)
+        except FunctionLimitError as exc:
+            on_error(str(exc))
+            raise
 
-        return call
-
-    conn.create_function("ltrim", 2, _trim(True, False), deterministic=True)
-    conn.create_function("rtrim", 2, _trim(False, True), deterministic=True)
-    conn.create_function("trim", 2, _trim(True, True), deterministic=True)
+    conn.create_function("ltrim", 2, _LTRIM, deterministic=True)
+    conn.create_function("rtrim", 2, _RTRIM, deterministic=True)
+    conn.create_function("trim", 2, _BOTH_TRIM, deterministic=True)
     conn.create_function("instr", 2, _instr, deterministic=True)
-    conn.create_function("replace", 3, guarded(_replace(limit)), deterministic=True)
+    conn.create_function("replace", 3, replace, deterministic=True)

@@ -323,9 +323,14 @@ def test_injected_faults_do_not_reach_the_inner_backend() -> None:
 def test_plumbing_passes_through() -> None:
     backend, inner = injecting("flaky")
     assert inner.opened == ["ep"]
-    # Unknown episodes and tools go straight to the inner backend.
+    # Unknown episodes go straight to the inner backend; a tool the registry does not know is an
+    # error, never a silent pass-through (issue #15).
     assert backend.handle(ToolRequest("unknown", "sql", {}, at_s=0.0)).ok
-    assert backend.handle(ToolRequest("ep", "finish", {}, at_s=0.0)).ok
+    calls = len(inner.calls)
+    for tool in ("finish", "no_such_tool"):
+        refused = backend.handle(ToolRequest("ep", tool, {}, at_s=0.0))
+        assert (refused.ok, refused.status, refused.error_type) == (False, 404, "unknown_tool")
+    assert len(inner.calls) == calls
     assert backend.vm_steps == inner.vm_steps  # optional capabilities pass through
     backend.close_episode("ep")
     assert inner.opened == [] and "ep" not in backend._episodes

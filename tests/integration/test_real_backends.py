@@ -218,7 +218,7 @@ def test_concurrent_calls_for_one_episode_do_not_hang(sim_url: str) -> None:
     env = gym.make("AgentRL/SQL-v0", backend=sim_url)
     env.reset(seed=0)
     episode = env.unwrapped._episode_id
-    token = env.unwrapped._backend._tokens[episode]  # the owner's token: other clients are refused
+    token = env.unwrapped._backend._server(episode)._tokens[episode]  # the owner's token: other clients are refused
     statuses: list[int] = []
 
     def worker() -> None:

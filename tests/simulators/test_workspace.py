@@ -122,7 +122,9 @@ def env() -> Iterator[gym.Env[str, str]]:
 
 
 def _host_paths(env: gym.Env[str, str]) -> list[str]:
-    app = env.unwrapped._backend.app  # type: ignore[attr-defined]
+    backend = env.unwrapped._backend  # type: ignore[attr-defined]
+    backend._ready(env.unwrapped._episode_id)  # type: ignore[attr-defined]  (episodes open at first use)
+    app = backend.app
     workspace = app.workspace_of(env.unwrapped._episode_id)  # type: ignore[attr-defined]
     return [workspace, os.path.dirname(workspace), "/tmp/", "agentrl-ws-", "agentrl-sandbox-"]
 

@@ -1,7 +1,8 @@
-"""torchrun (gloo, CPU): 2 ranks x N envs give the same update as 1 rank x 2N envs."""
+"""torchrun (gloo, CPU): 2 ranks x N envs give the same update as 1 rank x 2N envs, through DDP."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -16,7 +17,7 @@ from .conftest import SMALL
 pytestmark = pytest.mark.slow
 
 
-def _opts(out: Path, num_envs: int) -> list[str]:
+def _opts(out: Path, num_envs: int, micro_batch: int) -> list[str]:
     opts = {
         **SMALL,
         "num_envs": num_envs,
@@ -27,7 +28,8 @@ def _opts(out: Path, num_envs: int) -> list[str]:
         "final_eval_splits": "[test]",
         "eval_episodes": 1,
         "checkpoint_every": 1,
-        "micro_batch": 2,
+        "micro_batch": micro_batch,
+        "sync_batch": 12,  # the whole rollout (3 steps x 4 envs) per optimizer step, however it is split
         "out": str(out),
     }
     return [x for k, v in opts.items() for x in (f"--{k.replace('_', '-')}", str(v))] + [
@@ -45,12 +47,14 @@ def _params(run: Path) -> dict[str, torch.Tensor]:
 
 
 def test_two_ranks_equal_one_rank_with_twice_the_envs(tmp_path: Path) -> None:
+    # 1 rank x 4 envs in micro-batches of 4 (accumulation 3) vs 2 ranks x 2 envs in micro-batches of 1
+    # (accumulation 6, no_sync on all but the last): the same global batch, the same update.
     torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
     if not os.path.exists(torchrun):
         pytest.skip("torchrun is not installed")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "AGENTRL_DIST_TIMEOUT_S": "240"}
     one = subprocess.run(
-        [sys.executable, "-m", "agentrl_train", "ppo", *_opts(tmp_path / "one", 4)],
+        [sys.executable, "-m", "agentrl_train", "ppo", *_opts(tmp_path / "one", 4, 4)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -58,7 +62,7 @@ def test_two_ranks_equal_one_rank_with_twice_the_envs(tmp_path: Path) -> None:
     )
     assert one.returncode == 0, one.stderr[-3000:]
     two = subprocess.run(
-        [torchrun, "--standalone", "--nproc-per-node=2", "-m", "agentrl_train", "ppo", *_opts(tmp_path / "two", 2)],
+        [torchrun, "--standalone", "--nproc-per-node=2", "-m", "agentrl_train", "ppo", *_opts(tmp_path / "two", 2, 1)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -70,8 +74,19 @@ def test_two_ranks_equal_one_rank_with_twice_the_envs(tmp_path: Path) -> None:
     worst = max(float((a[k] - b[k]).abs().max()) for k in a)
     moved = max(float(a[k].abs().max()) for k in a if "lora_B" in k)
     assert moved > 0  # the update did something
-    assert worst < 1e-5, worst  # same batch, same gradients (summation order aside)
+    # Same batch, same gradients up to summation order (tested to 1e-6 in test_ddp.py); Adam turns those
+    # float-level differences in near-zero gradient entries into steps of up to lr, so parameters after
+    # 2 updates x 2 epochs agree to 5e-5 (1.2e-5 measured), against moves of up to 2e-3.
+    assert worst < 5e-5, worst
     # both ranks wrote their env state, the world size is recorded
     ck = tmp_path / "two" / "checkpoints"
     last = ck / (ck / "latest").read_text().strip()
     assert (last / "envs-rank0.pt").exists() and (last / "envs-rank1.pt").exists()
+    # every rank holds exactly the same weights after the updates, checked across ranks at the end
+    summary = json.loads((tmp_path / "two" / "summary.json").read_text())
+    assert summary["world"] == 2 and summary["rank_weight_max_abs_diff"] == 0.0
+    # the resource map covers both ranks; the update phase waited on the all-reduce
+    res = json.loads((tmp_path / "two" / "resources.json").read_text())["stages"]["exec"]
+    assert res["world"] == 2 and [r["rank"] for r in res["ranks"]] == [0, 1]
+    assert len(res["phases"]["update"]["peak_rss_mb_per_rank"]) == 2
+    assert res["phases"]["update"]["comm_share"] > 0 and res["phases"]["rollout"]["env_steps_per_s"] > 0

@@ -95,3 +95,9 @@ def test_whiten() -> None:
     x = np.array([1.0, 2.0, 3.0, 4.0])
     w = ppo.whiten(x)
     assert w.mean() == pytest.approx(0.0) and w.std() == pytest.approx(1.0, rel=1e-6)
+
+
+def test_lr_factor_constant_and_linear() -> None:
+    assert [ppo.lr_factor(u, 4, "constant") for u in range(4)] == [1.0, 1.0, 1.0, 1.0]
+    assert [ppo.lr_factor(u, 4, "linear") for u in range(4)] == [1.0, 0.75, 0.5, 0.25]
+    assert ppo.lr_factor(99, 4, "linear") == 0.25  # past the planned run: the last value, never <= 0

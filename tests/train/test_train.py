@@ -46,6 +46,13 @@ def test_run_folder_has_everything(tmp_path) -> None:
     with ReplayBuffer.open(run / "replay-rank0.ring", readonly=True) as buf:
         steps = sum(len(t.steps) for t in buf)
     assert 0 < steps <= 16
+    # the resource map: every phase measured, the rollout's replay records counted as IO
+    res = json.loads((run / "resources.json").read_text())["stages"]["exec"]
+    assert list(res["phases"]) == ["rollout", "update", "checkpoint"] and res["world"] == 1
+    roll = res["phases"]["rollout"]
+    assert roll["calls"] == 2 and roll["env_steps_per_s"] > 0 and roll["tokens_per_s"] > 0 and roll["io_bytes_per_s"] > 0
+    assert res["phases"]["update"]["comm_share"] == 0.0 and res["ranks"][0]["phases"]["rollout"]["env_steps"] == 16
+    assert "| exec | rollout | 1 | 2 |" in summary["resources_table"]
 
 
 def test_exact_resume(tmp_path) -> None:

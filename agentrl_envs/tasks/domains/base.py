@@ -89,7 +89,7 @@ class Domain:
         return self.company or f"a {self.name} company"
 
     def generate(self, data_seed: int) -> dict[str, dict[str, Any]]:
-        """The domain's tables for one data seed, as ``{name: {"columns", "rows"}}``."""
+        """The domain's tables for one data seed, as ``{name: {"columns", "rows", "primary_key", "indexes"}}``."""
         rng = np.random.default_rng([data_seed, _stable(self.name)])
         n_entities = 40
         names = _unique_names(rng, n_entities + len(self.units) * 2 + 2)
@@ -129,6 +129,7 @@ class Domain:
             self.entity: {
                 "columns": [[self.entity_key, "INTEGER"], ["name", "TEXT"], ["tier", "TEXT"]],
                 "rows": entities,
+                "primary_key": [self.entity_key],
             },
             self.fact: {
                 "columns": [
@@ -141,10 +142,14 @@ class Domain:
                     [self.count, "INTEGER"],
                 ],
                 "rows": facts,
+                "primary_key": ["id"],
+                # Joins to the entity table, and the unit filters and groupings most tasks use.
+                "indexes": [[self.entity_key], [self.unit]],
             },
             "staff": {
                 "columns": [["staff_id", "INTEGER"], ["name", "TEXT"], ["email", "TEXT"], ["role", "TEXT"], ["unit", "TEXT"]],
                 "rows": staff_rows,
+                "primary_key": ["staff_id"],
             },
         }
 

@@ -1,0 +1,668 @@
+"""``agentrl-train serve``: an OpenAI-compatible server for trained adapters, with hot reload and canaries.
+
+Like ``agentrl-envs serve`` it is a plain ASGI callable under uvicorn: a handful of routes with JSON
+bodies, checked by pydantic. Routes:
+
+- ``POST /v1/chat/completions``: ``model`` is an adapter name (or ``base``, or the ``--model`` value,
+  for the base without adapters); ``messages`` and ``tools`` in OpenAI's format; ``temperature`` 0 is
+  greedy; a ``<tool_call>`` in the reply comes back as ``tool_calls`` when the request sent ``tools``.
+  The header ``x-adapter-version: NAME@VERSION`` and the body's ``system_fingerprint`` say which
+  version answered.
+- ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus text format).
+- ``POST /v1/adapters/NAME {"path": DIR}``: hot reload (see :mod:`agentrl_train.serve.engine`).
+- ``POST /v1/adapters/NAME/canary {"path": DIR, "fraction": f}``, ``POST .../promote``, ``POST .../rollback``,
+  ``GET /v1/adapters/NAME``, ``POST /v1/feedback`` (see :mod:`agentrl_train.serve.canary`).
+
+With ``--upstream URL`` the same routes sit in front of another OpenAI-compatible server (e.g. vLLM with
+LoRA enabled): adapters are the upstream's model names, a canary is ``{"model": NAME, "fraction": f}``.
+
+Access: with a bearer token every route but ``GET /health`` needs ``Authorization: Bearer <token>``;
+a non-loopback bind needs a token (as for ``agentrl-envs serve``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from agentrl_envs.actions import ActionError, format_call, parse_action
+from agentrl_envs.errors import ConfigError
+from agentrl_train.serve.canary import CanaryRules, Decision, Deployment, Router, Target, check_fraction
+
+__all__ = ["ChatRequest", "ServeApp"]
+
+MAX_BODY_BYTES = 4 * 1024 * 1024
+BASE_NAMES = ("base",)
+VERSION_HEADER = "x-adapter-version"
+CONVERSATION_HEADERS = ("x-episode-id", "x-conversation-id")
+
+
+class HTTPError(Exception):
+    """An answer other than 200: status, OpenAI-style error type and a message that says what to do."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind = status, message, kind
+
+
+class _Function(BaseModel):
+    name: str = Field(max_length=200)
+    arguments: str | dict[str, Any] | None = None
+
+
+class _ToolCall(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: str | None = Field(default=None, max_length=200)
+    type: Literal["function"] = "function"
+    function: _Function
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[_ToolCall] | None = Field(default=None, max_length=64)
+    tool_call_id: str | None = Field(default=None, max_length=200)
+
+
+class ChatRequest(BaseModel):
+    """The fields of a chat completion request this server reads (others are ignored, as OpenAI's are optional)."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: str = Field(min_length=1, max_length=200)
+    messages: list[_Message] = Field(min_length=1, max_length=4096)
+    tools: list[dict[str, Any]] | None = Field(default=None, max_length=256)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    max_tokens: int | None = Field(default=None, ge=1, le=32768)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=32768)
+    seed: int | None = None
+    n: int = Field(default=1, ge=1, le=1)
+    stream: bool = False
+
+
+class _Feedback(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    episode_id: str = Field(min_length=1, max_length=200)
+    success: bool
+    api_error_rate: float = Field(default=0.0, ge=0.0, le=1.0)
+    timeout_rate: float = Field(default=0.0, ge=0.0, le=1.0)
+
+
+class _Load(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    path: str | None = Field(default=None, min_length=1, max_length=4096)
+    model: str | None = Field(default=None, min_length=1, max_length=200)
+    fraction: Any = None  # checked by check_fraction (a bool or a string is refused, not coerced)
+
+
+class _AnyArguments:
+    """A stand-in tool for parsing replies: the request's tool names, arguments not checked here."""
+
+    @staticmethod
+    def validate(arguments: dict[str, Any]) -> dict[str, Any]:
+        return arguments
+
+
+@dataclass
+class _Counters:
+    swaps: int = 0
+    swap_seconds_sum: float = 0.0
+    swap_seconds_last: float = 0.0
+    refused_loads: int = 0
+    feedback: int = 0
+
+
+class ServeApp:
+    """The ASGI app over an :class:`~agentrl_train.serve.engine.Engine` (or an upstream URL).
+
+    Args:
+        engine: the local model; None with ``upstream``.
+        upstream: base URL of another OpenAI-compatible server; None with ``engine``.
+        adapters: NAME -> folder (engine) or upstream model name (upstream), served from the start.
+        rules: canary rules.
+        token: bearer token; None for none.
+        max_new_tokens: default and cap of ``max_tokens`` (engine).
+        log: where loads, swaps and decisions are reported.
+    """
+
+    def __init__(
+        self,
+        engine: Any = None,
+        *,
+        upstream: str | None = None,
+        adapters: dict[str, str] | None = None,
+        rules: CanaryRules | None = None,
+        token: str | None = None,
+        max_new_tokens: int = 256,
+        seed: int = 0,
+        watch: dict[str, str] | None = None,
+        watch_interval_s: float = 2.0,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        if (engine is None) == (upstream is None):
+            raise ConfigError("ServeApp needs exactly one of engine= (a local model) or upstream= (a server URL)")
+        self.engine, self.upstream, self.token, self.log = engine, upstream, token, log
+        self.max_new_tokens = max_new_tokens
+        self.router = Router(rules, on_decision=self._after_decision, seed=seed, log=log)
+        self.counters = _Counters()
+        self.started = time.time()
+        self._slots: dict[str, str] = {}  # label -> engine slot
+        self._admin = asyncio.Lock()
+        self._client: Any = None
+        self.watch = dict(watch or {})
+        self.watch_interval_s = watch_interval_s
+        self._watched: dict[str, tuple[str, float]] = {}
+        self._watch_task: asyncio.Task[None] | None = None
+        for name, where in (adapters or {}).items():
+            self._check_name(name)
+            if engine is not None:
+                slot = engine.add_family(name, engine.prepare(None, where))
+                target = Target(name, 1, slot, where)
+                self._slots[target.label] = slot
+            else:
+                target = Target(name, 1, where, None)
+            self.router.add(target)
+            log(f"serve: {target.label} from {where}")
+        self.base_names = (*BASE_NAMES, engine.model_name) if engine is not None else ()
+        self.base_label = f"base@{Path(engine.model_name).name}" if engine is not None else ""
+
+    # -- ASGI ------------------------------------------------------------------------------------
+
+    async def __call__(
+        self, scope: dict[str, Any], receive: Callable[..., Awaitable[Any]], send: Callable[..., Awaitable[Any]]
+    ) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                event = await receive()
+                if event["type"] == "lifespan.startup":
+                    if self.watch:
+                        self._watch_task = asyncio.create_task(self._watch_loop())
+                    await send({"type": "lifespan.startup.complete"})
+                elif event["type"] == "lifespan.shutdown":
+                    await self.aclose()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        extra: dict[str, str] = {}
+        try:
+            body = await _read_body(receive, headers)
+            status, answer, extra, ctype = await self._dispatch(scope["method"], scope["path"], headers, body)
+        except HTTPError as exc:
+            status, ctype = exc.status, "application/json"
+            answer = json.dumps({"error": {"message": exc.message, "type": exc.kind, "code": exc.status}}).encode()
+        out = [(b"content-type", ctype.encode()), *((k.encode(), v.encode()) for k, v in extra.items())]
+        await send({"type": "http.response.start", "status": status, "headers": out})
+        await send({"type": "http.response.body", "body": answer})
+
+    async def _dispatch(
+        self, method: str, path: str, headers: dict[str, str], body: bytes
+    ) -> tuple[int, bytes, dict[str, str], str]:
+        if method == "GET" and path == "/health":
+            return 200, _json({"ok": True, "uptime_s": round(time.time() - self.started, 3)}), {}, "application/json"
+        self._authorize(headers)
+        if method == "GET" and path == "/metrics":
+            return 200, self.metrics_text().encode(), {}, "text/plain; version=0.0.4"
+        if method == "GET" and path == "/v1/models":
+            return 200, _json(self.models()), {}, "application/json"
+        if method == "POST" and path == "/v1/chat/completions":
+            answer, _ = await self.chat(_parse(ChatRequest, body), headers)
+            return 200, _json(answer), {VERSION_HEADER: answer["system_fingerprint"]}, "application/json"
+        if method == "POST" and path == "/v1/feedback":
+            return 200, _json(self.feedback(_parse(_Feedback, body))), {}, "application/json"
+        parts = path.strip("/").split("/")
+        if len(parts) in (3, 4) and parts[:2] == ["v1", "adapters"]:
+            name = parts[2]
+            action = parts[3] if len(parts) == 4 else None
+            if method == "GET" and action is None:
+                return 200, _json(self._deployment(name).describe()), {}, "application/json"
+            if method == "POST":
+                return 200, _json(await self.admin(name, action, body)), {}, "application/json"
+        if path in ("/v1/chat/completions", "/v1/models", "/v1/feedback", "/metrics") or path.startswith("/v1/adapters"):
+            raise HTTPError(405, f"{method} {path} is not allowed; see the routes in agentrl-train serve --help")
+        raise HTTPError(
+            404, f"no route {method} {path[:200]}; routes: /v1/chat/completions, /v1/models, /v1/adapters/NAME, /health, /metrics"
+        )
+
+    def _authorize(self, headers: dict[str, str]) -> None:
+        if self.token is None:
+            return
+        got = headers.get("authorization", "")
+        if not hmac.compare_digest(got.encode(), f"Bearer {self.token}".encode()):
+            raise HTTPError(
+                401, "missing or wrong bearer token: send Authorization: Bearer <the server's --token>", "authentication_error"
+            )
+
+    # -- chat ------------------------------------------------------------------------------------
+
+    async def chat(self, req: ChatRequest, headers: dict[str, str]) -> tuple[dict[str, Any], Target | None]:
+        if req.stream:
+            raise HTTPError(400, "stream=true is not supported by this server; send stream=false")
+        conversation = next((headers[h][:200] for h in CONVERSATION_HEADERS if headers.get(h)), None)
+        base = req.model in self.base_names and self.engine is not None
+        if not base and req.model not in self.router.deployments:
+            raise HTTPError(
+                404, f"unknown model {req.model[:100]!r}; GET /v1/models lists them ({self._names()})", "not_found_error"
+            )
+        t0 = time.perf_counter()
+        if self.engine is None:
+            target = self.router.route(req.model, conversation)
+            return await self._proxy_chat(target, req, headers, t0), target
+        budget = min(req.max_completion_tokens or req.max_tokens or self.max_new_tokens, self.max_new_tokens)
+        messages = [_flatten(m) for m in req.messages]
+        loop = asyncio.get_running_loop()
+        try:
+            prompt = await loop.run_in_executor(None, self.engine.encode, messages, req.tools, self.engine.max_positions - budget)
+        except ConfigError as exc:
+            raise HTTPError(400, str(exc)) from None
+        except Exception as exc:  # a template that cannot render these messages
+            raise HTTPError(
+                400, f"cannot render these messages with the model's chat template ({type(exc).__name__}: {str(exc)[:200]})"
+            ) from None
+        # Route, look up the slot and queue the job with no await in between: a swap queued before this
+        # point runs before the job (and its version is the one routed to), one queued after runs after it.
+        target = None if base else self.router.route(req.model, conversation)
+        slot = self._slots[target.label] if target is not None else None
+        future = self.engine.generate(slot, prompt, budget, req.temperature, req.seed)
+        try:
+            ids, finish = await asyncio.wrap_future(future)
+        except Exception as exc:
+            if target is not None:
+                self.router.record(target, ok=False, parsed=False, latency_s=time.perf_counter() - t0)
+            self.log(f"serve: generation failed ({type(exc).__name__}: {exc})")
+            raise HTTPError(500, f"generation failed ({type(exc).__name__}); the server keeps serving", "server_error") from None
+        text = self.engine.decode(ids)
+        usage = {"prompt_tokens": len(prompt), "completion_tokens": len(ids), "total_tokens": len(prompt) + len(ids)}
+        message, finish, parsed = _reply(text, finish, req.tools)
+        if target is not None:
+            self.router.record(target, ok=True, parsed=parsed, latency_s=time.perf_counter() - t0)
+        label = target.label if target is not None else self.base_label
+        answer = {
+            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": req.model,
+            "system_fingerprint": label,
+            "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+            "usage": usage,
+        }
+        return answer, target
+
+    async def _proxy_chat(self, target: Target, req: ChatRequest, headers: dict[str, str], t0: float) -> dict[str, Any]:
+        import httpx
+
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=httpx.Timeout(300.0, connect=10.0))
+        body = req.model_dump(exclude_none=True)
+        body["model"] = target.model
+        fwd = {"content-type": "application/json"}
+        if headers.get("x-upstream-authorization"):
+            fwd["authorization"] = headers["x-upstream-authorization"]
+        try:
+            r = await self._client.post(f"{self.upstream}/v1/chat/completions", json=body, headers=fwd)
+            answer = r.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            self.router.record(target, ok=False, parsed=False, latency_s=time.perf_counter() - t0)
+            raise HTTPError(
+                502, f"upstream {self.upstream} failed ({type(exc).__name__}); check that it is up", "upstream_error"
+            ) from None
+        if (
+            r.status_code != 200
+            or not isinstance(answer, dict)
+            or not isinstance(answer.get("choices"), list)
+            or not answer["choices"]
+        ):
+            self.router.record(target, ok=False, parsed=False, latency_s=time.perf_counter() - t0)
+            raise HTTPError(
+                502 if r.status_code < 400 else r.status_code,
+                f"upstream answered {r.status_code}: {str(answer)[:300]}",
+                "upstream_error",
+            )
+        message = answer["choices"][0].get("message") or {}
+        parsed = bool(message.get("tool_calls")) or _reply(str(message.get("content") or ""), "stop", req.tools)[2]
+        self.router.record(target, ok=True, parsed=parsed, latency_s=time.perf_counter() - t0)
+        answer["model"], answer["system_fingerprint"] = req.model, target.label
+        return answer
+
+    # -- adapters --------------------------------------------------------------------------------
+
+    async def admin(self, name: str, action: str | None, body: bytes) -> dict[str, Any]:
+        dep = self._deployment(name)
+        if action in ("promote", "rollback"):
+            try:
+                decision = self.router.decide(name, action)
+            except ConfigError as exc:
+                raise HTTPError(409, str(exc), "conflict_error") from None
+            return {"decision": decision.as_dict(), **dep.describe()}
+        if action not in (None, "canary"):
+            raise HTTPError(404, f"no route POST /v1/adapters/{name}/{action[:50]}; use canary, promote or rollback")
+        req = _parse(_Load, body)
+        if action == "canary":
+            if req.fraction is None:
+                raise HTTPError(400, 'a canary needs "fraction" in [0, 1], e.g. {"path": DIR, "fraction": 0.05}')
+            try:
+                check_fraction(req.fraction)
+            except ConfigError as exc:
+                raise HTTPError(400, str(exc)) from None
+        elif req.fraction is not None:
+            raise HTTPError(400, f'"fraction" is for POST /v1/adapters/{name}/canary; a hot reload takes {{"path": DIR}}')
+        where = req.path if self.engine is not None else req.model
+        if not where:
+            need = '{"path": DIR}' if self.engine is not None else '{"model": UPSTREAM_MODEL_NAME}'
+            raise HTTPError(
+                400, f"send {need} (this server {'loads adapters itself' if self.engine else 'proxies ' + str(self.upstream)})"
+            )
+        async with self._admin:
+            if action == "canary" and dep.canary is not None:
+                raise HTTPError(
+                    409, f"{name} already has a canary ({dep.canary.label}); promote or roll it back first", "conflict_error"
+                )
+            if self.engine is None:
+                target = (
+                    self.router.start_canary(name, where, None, req.fraction or 0.0)
+                    if action == "canary"
+                    else self.router.replace_stable(name, where, None)
+                )
+                return {"version": target.label, **dep.describe()}
+            return await self._load(name, dep, where, action == "canary", req.fraction or 0.0)
+
+    async def _load(self, name: str, dep: Deployment, path: str, canary: bool, fraction: float) -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        t0 = time.perf_counter()
+        try:
+            prepared = await loop.run_in_executor(None, self.engine.prepare, name, path)
+        except ConfigError as exc:
+            self.counters.refused_loads += 1
+            self.log(f"serve: refused {name} from {path}: {exc}")
+            raise HTTPError(422, str(exc)) from None
+        read_s = time.perf_counter() - t0
+        if canary:
+            slot = await loop.run_in_executor(None, self.engine.spare_slot, name)
+        else:
+            slot = self._slots[dep.stable.label]
+        # The copy is queued behind the requests already admitted and runs before any later one: the
+        # router must point at the new version from the moment the copy is queued.
+        future = self.engine.install(slot, prepared)
+        if canary:
+            target = self.router.start_canary(name, slot, path, fraction)
+        else:
+            old = dep.stable.label
+            target = self.router.replace_stable(name, slot, path)
+            self._slots.pop(old, None)
+        self._slots[target.label] = slot
+        swap_s = await asyncio.wrap_future(future)
+        del prepared
+        self.counters.swaps += 1
+        self.counters.swap_seconds_sum += swap_s
+        self.counters.swap_seconds_last = swap_s
+        self.log(
+            f"serve: {'canary' if canary else 'swapped in'} {target.label} from {path}: read+check {read_s * 1e3:.1f} ms, swap {swap_s * 1e3:.2f} ms"
+        )
+        return {"version": target.label, "swap_ms": round(swap_s * 1e3, 3), "read_ms": round(read_s * 1e3, 3), **dep.describe()}
+
+    def _after_decision(self, dep: Deployment, decision: Decision, loser: Target) -> None:
+        slot = self._slots.pop(loser.label, None)
+        if slot is not None and self.engine is not None:
+            self.engine.release_slot(dep.stable.name, slot)
+
+    # -- feedback, models, metrics --------------------------------------------------------------
+
+    def feedback(self, outcome: _Feedback) -> dict[str, Any]:
+        try:
+            label = self.router.feedback(outcome.model_dump())
+        except KeyError:
+            raise HTTPError(
+                404,
+                f"episode_id {outcome.episode_id[:100]!r} was never served here (send x-episode-id with its requests)",
+                "not_found_error",
+            ) from None
+        self.counters.feedback += 1
+        dep = self.router.get(label.rsplit("@", 1)[0])
+        return {"ok": True, "version": label, "stable": dep.stable.label, "canary": dep.canary.label if dep.canary else None}
+
+    def models(self) -> dict[str, Any]:
+        data = [
+            {"id": n, "object": "model", "owned_by": "agentrl", "version": d.stable.label}
+            for n, d in self.router.deployments.items()
+        ]
+        if self.engine is not None:
+            data.append({"id": "base", "object": "model", "owned_by": "agentrl", "version": self.base_label})
+        return {"object": "list", "data": data}
+
+    def metrics_text(self) -> str:
+        """Prometheus text exposition (version 0.0.4)."""
+        lines: list[str] = []
+
+        def metric(name: str, kind: str, help_text: str, samples: list[tuple[dict[str, str], float]]) -> None:
+            lines.extend([f"# HELP agentrl_serve_{name} {help_text}", f"# TYPE agentrl_serve_{name} {kind}"])
+            for labels, value in samples:
+                tag = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
+                lines.append(f"agentrl_serve_{name}{{{tag}}} {value}" if tag else f"agentrl_serve_{name} {value}")
+
+        per: list[tuple[dict[str, str], Any]] = []
+        for name, dep in self.router.deployments.items():
+            for label, s in dep.stats.items():
+                role = (
+                    "stable" if label == dep.stable.label else "canary" if dep.canary and label == dep.canary.label else "retired"
+                )
+                per.append(({"model": name, "version": label, "role": role}, s))
+        metric("requests_total", "counter", "chat completions answered, by version", [(k, s.requests) for k, s in per])
+        metric("request_errors_total", "counter", "chat completions that failed, by version", [(k, s.errors) for k, s in per])
+        metric(
+            "tool_calls_parsed_total",
+            "counter",
+            "replies whose tool call parsed, by version",
+            [(k, s.tool_calls_parsed) for k, s in per],
+        )
+        metric(
+            "request_latency_seconds_sum",
+            "counter",
+            "total chat latency, by version",
+            [(k, round(s.latency_s_sum, 6)) for k, s in per],
+        )
+        metric("episodes_total", "counter", "episode outcomes reported, by version", [(k, s.episodes) for k, s in per])
+        metric(
+            "episode_successes_total", "counter", "successful episodes reported, by version", [(k, s.successes) for k, s in per]
+        )
+        metric(
+            "canary_fraction",
+            "gauge",
+            "traffic fraction of the candidate",
+            [({"model": n}, d.fraction) for n, d in self.router.deployments.items()],
+        )
+        metric(
+            "decisions_total",
+            "counter",
+            "promotions and rollbacks",
+            [
+                ({"model": n, "action": a}, sum(x.action == a for x in d.decisions))
+                for n, d in self.router.deployments.items()
+                for a in ("promote", "rollback")
+            ],
+        )
+        c = self.counters
+        metric("swaps_total", "counter", "adapter weights swapped in (reloads and canaries)", [({}, c.swaps)])
+        metric("swap_seconds_sum", "counter", "time spent swapping", [({}, round(c.swap_seconds_sum, 6))])
+        metric("swap_seconds_last", "gauge", "the last swap's time", [({}, round(c.swap_seconds_last, 6))])
+        metric("refused_loads_total", "counter", "adapter loads refused before any swap", [({}, c.refused_loads)])
+        return "\n".join(lines) + "\n"
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def _deployment(self, name: str) -> Deployment:
+        try:
+            return self.router.get(name)
+        except KeyError:
+            raise HTTPError(
+                404,
+                f"unknown adapter {name[:100]!r}; served: {self._names()} (start the server with --adapter {name}=DIR)",
+                "not_found_error",
+            ) from None
+
+    def _names(self) -> str:
+        return ", ".join([*self.router.deployments, *(["base"] if self.engine is not None else [])]) or "none"
+
+    @staticmethod
+    def _check_name(name: str) -> None:
+        if (
+            not name
+            or not name.replace("-", "").replace("_", "").replace(".", "").isalnum()
+            or name in BASE_NAMES
+            or len(name) > 100
+        ):
+            raise ConfigError(f"adapter name {name[:100]!r}: use letters, digits, '-', '_' or '.' (and not 'base')")
+
+    async def poll_watch(self) -> list[str]:
+        """Load the newest adapter under each ``--watch`` folder if it changed; returns the new versions."""
+        loaded = []
+        for name, folder in self.watch.items():
+            found = latest_adapter(folder)
+            if found is None or self._watched.get(name) == found:
+                continue
+            self._watched[name] = found
+            try:
+                answer = await self.admin(name, None, _json({"path": found[0]}))
+            except HTTPError as exc:
+                self.log(f"serve: --watch {name}={folder}: {found[0]} not loaded: {exc.message}")
+                continue
+            loaded.append(answer["version"])
+        return loaded
+
+    async def _watch_loop(self) -> None:
+        for name, folder in self.watch.items():  # what is there at start-up is what --adapter loaded
+            self._watched.setdefault(name, latest_adapter(folder) or ("", 0.0))
+        while True:
+            await asyncio.sleep(self.watch_interval_s)
+            try:
+                await self.poll_watch()
+            except Exception as exc:  # the watcher must not die with the server still up
+                self.log(f"serve: --watch failed ({type(exc).__name__}: {exc}); retrying")
+
+    async def aclose(self) -> None:
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+        if self._client is not None:
+            await self._client.aclose()
+
+
+# -- request and reply helpers ---------------------------------------------------------------------
+
+
+async def _read_body(receive: Callable[..., Awaitable[Any]], headers: dict[str, str]) -> bytes:
+    declared = headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise HTTPError(413, f"the body is {declared} bytes; the limit is {MAX_BODY_BYTES}: shorten the conversation")
+    chunks, size = [], 0
+    while True:
+        event = await receive()
+        chunk = event.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise HTTPError(413, f"the body is over {MAX_BODY_BYTES} bytes: shorten the conversation")
+        chunks.append(chunk)
+        if not event.get("more_body"):
+            return b"".join(chunks)
+
+
+def _parse(model: type[Any], body: bytes) -> Any:
+    try:
+        data = json.loads(body or b"null")
+    except (ValueError, RecursionError):
+        raise HTTPError(400, f"the body is not JSON ({body[:60]!r}); send a JSON object") from None
+    if not isinstance(data, dict):
+        raise HTTPError(400, "the body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "body"
+        raise HTTPError(400, f"bad request: {where}: {first['msg']} ({exc.error_count()} problem(s))") from None
+
+
+def _flatten(m: _Message) -> dict[str, str]:
+    """One OpenAI message as the ``role``/``content`` text a chat template renders."""
+    content = (
+        m.content if isinstance(m.content, str) else "".join(p["text"] for p in m.content or [] if isinstance(p.get("text"), str))
+    )
+    if m.role == "assistant" and m.tool_calls:
+        calls = []
+        for c in m.tool_calls:
+            args = c.function.arguments
+            if isinstance(args, str):
+                try:
+                    args = json.loads(args) if args.strip() else {}
+                except ValueError:
+                    pass
+            calls.append(
+                format_call(c.function.name, args)
+                if isinstance(args, dict)
+                else json.dumps({"name": c.function.name, "arguments": args})
+            )
+        content = content + "".join(calls)
+    return {"role": "system" if m.role == "developer" else m.role, "content": content}
+
+
+def _reply(text: str, finish: str, tools: list[dict[str, Any]] | None) -> tuple[dict[str, Any], str, bool]:
+    """The assistant message for generated text: ``tool_calls`` when it holds one call of a requested tool."""
+    names = {
+        t.get("function", {}).get("name") for t in tools or [] if isinstance(t, dict) and isinstance(t.get("function"), dict)
+    }
+    names.discard(None)
+    if names:
+        try:
+            call = parse_action(text, {n: _AnyArguments() for n in names})  # type: ignore[misc]
+        except ActionError:
+            pass
+        else:
+            tool_call = {
+                "id": f"call_{uuid.uuid4().hex[:16]}",
+                "type": "function",
+                "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
+            }
+            return {"role": "assistant", "content": None, "tool_calls": [tool_call]}, "tool_calls", True
+    return {"role": "assistant", "content": text}, finish, False
+
+
+def latest_adapter(folder: str | Path) -> tuple[str, float] | None:
+    """The newest adapter folder under ``folder`` (itself, or up to two levels down) and its weights' mtime.
+
+    A trainer's ``checkpoints/update-N/`` and ``final/`` are renamed into place complete, so a folder
+    seen here is whole; names starting with ``.`` (temporary) are skipped.
+    """
+    root = Path(folder).expanduser()
+    if not root.is_dir():
+        return None
+    best: tuple[str, float] | None = None
+    level = [root]
+    for _ in range(3):
+        below: list[Path] = []
+        for d in level:
+            for f in ("adapter_model.safetensors", "trainable.safetensors"):
+                if (d / f).is_file():
+                    when = (d / f).stat().st_mtime
+                    if best is None or when > best[1]:
+                        best = (str(d), when)
+            try:
+                below += [p for p in d.iterdir() if p.is_dir() and not p.name.startswith(".")]
+            except OSError:
+                continue
+        level = below
+    return best
+
+
+def _json(obj: Any) -> bytes:
+    return json.dumps(obj).encode()
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

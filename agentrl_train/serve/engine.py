@@ -1,0 +1,368 @@
+"""The model side of ``agentrl-train serve``: one base LM, LoRA adapters in slots, one worker thread.
+
+Every forward pass runs on one worker thread, one request at a time, so a request is served entirely
+by the weights that were in place when it started. A hot reload reads and checks the new weights on
+the caller's thread (safetensors from disk, key set, shapes, LoRA scaling, base model), and only then
+copies them into the adapter's slot *on the worker thread*, between two requests: no request ever
+sees a half-copied adapter and a refused adapter changes nothing. Weights are copied in place, so
+memory does not grow with the number of swaps; a canary gets a second slot of the same shape, which
+is kept for the next canary after a promotion or a rollback.
+
+Adapters are read in peft's layout (``adapter_config.json`` + ``adapter_model.safetensors``, or a
+run's ``final/`` folder with one such subfolder) or from a trainer checkpoint
+(``checkpoints/update-N/trainable.safetensors``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+
+from agentrl_envs.errors import ConfigError
+
+__all__ = ["AdapterMismatchError", "Engine", "Prepared", "find_adapter_files"]
+
+T = TypeVar("T")
+_TRAINABLE = re.compile(r"^lm\.(.+)\.lora_([AB])\.[^.]+\.weight$")
+
+
+class AdapterMismatchError(ConfigError):
+    """An adapter folder does not fit the adapter it would replace (keys, shapes, scaling or base model)."""
+
+
+@dataclass
+class Prepared:
+    """Checked weights of one adapter, ready to copy into a slot."""
+
+    path: str  #: the folder they came from
+    tensors: dict[str, torch.Tensor]  #: peft-saved keys (no adapter name) -> weights on the model's device
+    config: dict[str, Any]  #: its adapter_config.json (empty for a trainer checkpoint)
+
+
+@dataclass
+class _Family:
+    """The adapters served under one name: their shared LoRA config and the slots that hold them."""
+
+    config: Any  #: peft LoraConfig shared by every slot of this name
+    shapes: dict[str, tuple[int, ...]]  #: peft-saved key -> shape
+    scaling: dict[str, float]  #: r / alpha facts checked on every load
+    free: list[str] = field(default_factory=list)  #: slots kept for reuse
+    count: int = 0
+
+
+def find_adapter_files(folder: str | Path) -> tuple[Path, Path | None]:
+    """The weights file of an adapter folder and its ``adapter_config.json`` (None for a checkpoint).
+
+    Raises:
+        ConfigError: no ``adapter_model.safetensors`` or ``trainable.safetensors`` there.
+    """
+    folder = Path(folder).expanduser()
+    if not folder.is_dir():
+        raise ConfigError(f"adapter path {str(folder)[:200]!r} is not a folder; point at a run's final/ or an adapter folder")
+    subs = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+    for sub in (folder, *subs):
+        if (sub / "adapter_model.safetensors").is_file():
+            cfg = sub / "adapter_config.json"
+            return sub / "adapter_model.safetensors", cfg if cfg.is_file() else None
+    if (folder / "trainable.safetensors").is_file():
+        return folder / "trainable.safetensors", None
+    raise ConfigError(
+        f"adapter path {str(folder)[:200]!r} holds no adapter_model.safetensors (peft layout) or "
+        "trainable.safetensors (a trainer checkpoint); point at a run's final/ or checkpoints/update-N/"
+    )
+
+
+class Engine:
+    """A base LM with named LoRA adapters held in slots, and the one thread that runs the model.
+
+    Args:
+        model: ``tiny`` or a local Hugging Face model folder (nothing is downloaded).
+        device: ``cpu``, ``cuda`` or ``auto``.
+        threads: torch intra-op threads on CPU.
+        tiny_spec: the :class:`~agentrl_train.tiny.TinySpec` for ``model="tiny"``.
+        log: where swap times and loads are reported.
+    """
+
+    def __init__(
+        self, model: str, device: str = "cpu", *, threads: int = 1, tiny_spec: Any = None, log: Callable[[str], None] = print
+    ) -> None:
+        from agentrl_train.policy import load_base, pick_device
+
+        dev = pick_device(device)
+        if dev.type == "cpu":
+            torch.set_num_threads(max(1, threads))
+        self.lm, self.tokenizer = load_base(model, dev, tiny_spec=tiny_spec, log=log)
+        self.device = dev
+        self.base_path = str(getattr(self.lm.config, "_name_or_path", "") or model)
+        self.model_name = model
+        self.max_positions = int(getattr(self.lm.config, "max_position_embeddings", 4096) or 4096)
+        self.peft: Any = None
+        self.log = log
+        self.families: dict[str, _Family] = {}
+        self.swaps = 0
+        self.swap_seconds: list[float] = []
+        self._params: dict[str, dict[str, torch.nn.Parameter]] = {}
+        self._active: str | None = None
+        self._slot_count = 0
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentrl-serve-model")
+        from agentrl_train.policy import stop_token_ids
+
+        self.stop_ids = stop_token_ids(self.tokenizer)
+
+    # -- the worker ------------------------------------------------------------------------------
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        """Run ``fn`` on the model thread (after every request and swap already queued)."""
+        return self._worker.submit(fn, *args)
+
+    def close(self) -> None:
+        self._worker.shutdown(wait=True, cancel_futures=True)
+
+    # -- adapters --------------------------------------------------------------------------------
+
+    def prepare(self, family: str | None, path: str | Path) -> Prepared:
+        """Read an adapter from disk and check it against ``family`` (any thread; changes nothing).
+
+        Raises:
+            ConfigError: no adapter files there, or they cannot be read.
+            AdapterMismatchError: keys, shapes, LoRA scaling or base model differ from ``family``'s.
+        """
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        weights, cfg_file = find_adapter_files(path)
+        config: dict[str, Any] = {}
+        try:
+            if cfg_file is not None:
+                config = json.loads(cfg_file.read_text())
+            raw = load_file(weights, device="cpu")
+        except (OSError, ValueError, SafetensorError) as exc:
+            raise ConfigError(f"adapter {str(path)[:200]!r}: cannot read it ({type(exc).__name__}: {str(exc)[:200]})") from None
+        tensors = _peft_keys(raw, weights.name == "trainable.safetensors")
+        if not tensors:
+            raise AdapterMismatchError(f"adapter {str(path)[:200]!r}: {weights.name} holds no LoRA weights")
+        base = config.get("base_model_name_or_path")
+        if base and Path(str(base)).name != Path(self.base_path).name:
+            raise AdapterMismatchError(
+                f"adapter {str(path)[:200]!r} was trained on base {base!r}, this server serves {self.base_path!r}; "
+                "serve it with that --model (the old version keeps serving)"
+            )
+        fam = self.families.get(family) if family is not None else None
+        if fam is not None:
+            _check_fit(str(path), fam, tensors, config)
+        else:
+            self._check_model_fit(str(path), tensors)
+        for k, v in tensors.items():
+            tensors[k] = v.to(self.device, dtype=next(self.lm.parameters()).dtype)
+        return Prepared(str(path), tensors, config)
+
+    def add_family(self, name: str, prepared: Prepared) -> str:
+        """Create the first slot of a new adapter name (at start-up) and fill it; returns the slot."""
+        from peft import LoraConfig, PeftModel, get_peft_model
+
+        if not prepared.config:
+            raise ConfigError(f"adapter {name}={prepared.path}: the first version needs adapter_config.json (peft layout)")
+        config = LoraConfig(**{k: v for k, v in prepared.config.items() if k in LoraConfig.__dataclass_fields__})
+        config.inference_mode = True
+        slot = self._new_slot_name()
+        if self.peft is None:
+            self.peft = get_peft_model(self.lm, config, adapter_name=slot)
+            self.peft.eval()
+        else:
+            assert isinstance(self.peft, PeftModel)
+            self.peft.add_adapter(slot, config)
+        self._index(slot)
+        shapes = {k: tuple(p.shape) for k, p in self._params[slot].items()}
+        fam = _Family(config, shapes, _scaling(prepared.config), count=1)
+        _check_fit(prepared.path, fam, prepared.tensors, prepared.config)
+        self.families[name] = fam
+        self._copy(slot, prepared)
+        return slot
+
+    def spare_slot(self, name: str) -> str:
+        """A slot of ``name``'s shape for a canary (reused when one is free); runs on the worker."""
+        fam = self.families[name]
+        if fam.free:
+            return fam.free.pop()
+
+        def create() -> str:
+            slot = self._new_slot_name()
+            fam.count += 1
+            self.peft.add_adapter(slot, fam.config)
+            self.peft.eval()
+            self._active = None  # set the adapter again before the next request, whatever peft did
+            self._index(slot)
+            return slot
+
+        return self.submit(create).result()
+
+    def release_slot(self, name: str, slot: str) -> None:
+        """Keep ``slot`` for the next canary of ``name``."""
+        self.families[name].free.append(slot)
+
+    def install(self, slot: str, prepared: Prepared) -> Future[float]:
+        """Queue the copy of checked weights into ``slot``: it runs after the requests already queued and
+        before any queued later. The future gives the swap's seconds."""
+        return self.submit(self._copy, slot, prepared)
+
+    def _copy(self, slot: str, prepared: Prepared) -> float:
+        t0 = time.perf_counter()
+        params = self._params[slot]
+        with torch.no_grad():
+            for key, tensor in prepared.tensors.items():
+                params[key].copy_(tensor)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - t0
+        self.swaps += 1
+        self.swap_seconds = [*self.swap_seconds[-999:], seconds]
+        return seconds
+
+    def _new_slot_name(self) -> str:
+        self._slot_count += 1
+        return f"slot{self._slot_count}"
+
+    def _index(self, slot: str) -> None:
+        marker = f".{slot}."
+        self._params[slot] = {n.replace(marker, "."): p for n, p in self.peft.named_parameters() if marker in n and ".lora_" in n}
+
+    def _check_model_fit(self, path: str, tensors: dict[str, torch.Tensor]) -> None:
+        """Before a first slot exists: every LoRA pair must sit on a layer of this base with its in/out sizes."""
+        modules = dict(self.lm.named_modules())
+        for key, tensor in tensors.items():
+            m = re.match(r"^base_model\.model\.(.+)\.lora_([AB])\.weight$", key)
+            layer = modules.get(m.group(1)) if m else None
+            if layer is None or not hasattr(layer, "in_features"):
+                raise AdapterMismatchError(
+                    f"adapter {path[:200]!r}: {key} is not a layer of this base; it was trained on another model"
+                )
+            size = tensor.shape[1] if m and m.group(2) == "A" else tensor.shape[0]
+            want = layer.in_features if m and m.group(2) == "A" else layer.out_features
+            if size != want:
+                raise AdapterMismatchError(
+                    f"adapter {path[:200]!r}: {key} has shape {tuple(tensor.shape)}, this base's layer is "
+                    f"{layer.in_features}->{layer.out_features}; it was trained on another model"
+                )
+
+    # -- generation (worker thread only) ---------------------------------------------------------
+
+    def generate(
+        self, slot: str | None, prompt_ids: list[int], max_new_tokens: int, temperature: float, seed: int | None
+    ) -> Future[tuple[list[int], str]]:
+        """Queue a generation with ``slot`` (None: the base); the future gives the new ids (ending at a stop
+        token or the budget) and why it stopped ("stop" or "length"). Temperature 0 is greedy."""
+        return self.submit(self._generate, slot, prompt_ids, max_new_tokens, temperature, seed)
+
+    @torch.no_grad()
+    def _generate(
+        self, slot: str | None, prompt_ids: list[int], max_new_tokens: int, temperature: float, seed: int | None
+    ) -> tuple[list[int], str]:
+        if slot is None and self.peft is not None:
+            with self.peft.disable_adapter():
+                return self._sample(prompt_ids, max_new_tokens, temperature, seed)
+        if slot is not None and slot != self._active:
+            self.peft.set_adapter(slot)
+            self.peft.eval()
+            self._active = slot
+        return self._sample(prompt_ids, max_new_tokens, temperature, seed)
+
+    def _sample(self, prompt_ids: list[int], max_new_tokens: int, temperature: float, seed: int | None) -> tuple[list[int], str]:
+        causal = self.peft.base_model.model if self.peft is not None else self.lm
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, (1,))))
+        out = causal.model(input_ids=torch.tensor([prompt_ids], device=self.device), use_cache=True)
+        cache, h, pos = out.cache, out.last_hidden_state[:, -1], len(prompt_ids)
+        ids: list[int] = []
+        for _ in range(max_new_tokens):
+            logits = causal.lm_head(h).float()[0]
+            if temperature <= 0:
+                tok = int(torch.argmax(logits))
+            else:
+                tok = int(torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1, generator=gen))
+            ids.append(tok)
+            if tok in self.stop_ids:
+                return ids, "stop"
+            out = causal.model(
+                input_ids=torch.tensor([[tok]], device=self.device),
+                cache=cache,
+                use_cache=True,
+                position_ids=torch.tensor([[pos]], device=self.device),
+            )
+            cache, h, pos = out.cache, out.last_hidden_state[:, -1], pos + 1
+        return ids, "length"
+
+    def encode(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, max_tokens: int) -> list[int]:
+        """Chat-template the messages; past ``max_tokens`` the oldest turns after the instruction go."""
+        head, turns = messages[:2], messages[2:]
+        while True:
+            text = self.tokenizer.apply_chat_template(
+                head + turns, tools=tools or None, tokenize=False, add_generation_prompt=True
+            )
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            if len(ids) <= max_tokens:
+                return list(ids)
+            if not turns:
+                raise ConfigError(
+                    f"the prompt is {len(ids)} tokens after dropping old turns; this model takes {max_tokens} "
+                    "(its context minus max_tokens): send a shorter system prompt or instruction, or lower max_tokens"
+                )
+            turns = turns[2:] if len(turns) >= 2 else []
+
+    def decode(self, ids: list[int]) -> str:
+        """The reply's text: the end-of-turn token dropped, a closing ``</tool_call>`` kept."""
+        if ids and ids[-1] in self.stop_ids and self.tokenizer.convert_ids_to_tokens(ids[-1]) != "</tool_call>":
+            ids = ids[:-1]
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def _peft_keys(raw: dict[str, torch.Tensor], trainable: bool) -> dict[str, torch.Tensor]:
+    """LoRA weights under peft's saved names (``...q_proj.lora_A.weight``), from either file layout."""
+    if not trainable:
+        return {k: v for k, v in raw.items() if ".lora_" in k}
+    out = {}
+    for k, v in raw.items():
+        m = _TRAINABLE.match(k)
+        if m:
+            out[f"{m.group(1)}.lora_{m.group(2)}.weight"] = v
+    return out
+
+
+def _scaling(config: dict[str, Any]) -> dict[str, float]:
+    facts: dict[str, float] = {"r": float(config.get("r", 0)), "lora_alpha": float(config.get("lora_alpha", 0))}
+    for kind in ("rank_pattern", "alpha_pattern"):
+        for k, v in sorted((config.get(kind) or {}).items()):
+            facts[f"{kind}.{k}"] = float(v)
+    return facts
+
+
+def _check_fit(path: str, fam: _Family, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
+    missing = sorted(set(fam.shapes) - set(tensors))
+    extra = sorted(set(tensors) - set(fam.shapes))
+    if missing or extra:
+        what = f"missing {missing[0]}" if missing else f"unexpected {extra[0]}"
+        raise AdapterMismatchError(
+            f"adapter {path[:200]!r} does not fit: {what} ({len(missing)} missing, {len(extra)} unexpected); "
+            "it targets other layers or another base model (the old version keeps serving)"
+        )
+    for key, shape in fam.shapes.items():
+        if tuple(tensors[key].shape) != shape:
+            raise AdapterMismatchError(
+                f"adapter {path[:200]!r} does not fit: {key} has shape {tuple(tensors[key].shape)}, the served one {shape}; "
+                "a different rank or base model needs its own --adapter name (the old version keeps serving)"
+            )
+    if config:
+        got = _scaling(config)
+        for key, want in fam.scaling.items():
+            if got.get(key) != want:
+                raise AdapterMismatchError(
+                    f"adapter {path[:200]!r} does not fit: {key} is {got.get(key)}, the served one {want}; "
+                    "serve it under its own --adapter name (the old version keeps serving)"
+                )

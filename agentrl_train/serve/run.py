@@ -1,0 +1,90 @@
+"""Start ``agentrl-train serve``: build the engine (or point at an upstream) and run uvicorn."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from agentrl_envs.errors import ConfigError
+
+__all__ = ["parse_pairs", "serve"]
+
+TOKEN_ENV = "AGENTRL_SERVE_TOKEN"
+
+
+def parse_pairs(values: list[str] | None, flag: str, default_name: str | None = None) -> dict[str, str]:
+    """``NAME=VALUE`` options as a dict; a bare VALUE takes ``default_name`` when one is given."""
+    out: dict[str, str] = {}
+    for value in values or []:
+        name, sep, where = value.partition("=")
+        if not sep:
+            if default_name is None:
+                raise ConfigError(f"{flag} {value!r}: use NAME=DIR, e.g. {flag} policy=runs/ppo/final")
+            name, where = default_name, value
+        if not name or not where:
+            raise ConfigError(f"{flag} {value!r}: use NAME=DIR, e.g. {flag} policy=runs/ppo/final")
+        if name in out:
+            raise ConfigError(f"{flag}: {name!r} is given twice; use one {flag} per name")
+        out[name] = where
+    return out
+
+
+def build_app(
+    model: str | None,
+    adapters: dict[str, str],
+    *,
+    upstream: str | None = None,
+    device: str = "cpu",
+    threads: int = 1,
+    token: str | None = None,
+    rules: Any = None,
+    max_new_tokens: int = 256,
+    watch: dict[str, str] | None = None,
+    watch_interval_s: float = 2.0,
+    tiny_spec: Any = None,
+    log: Callable[[str], None] = print,
+) -> Any:
+    """The :class:`~agentrl_train.serve.app.ServeApp` for these options (loads the model)."""
+    from agentrl_train.serve.app import ServeApp
+
+    for name in watch or {}:
+        if name not in adapters:
+            raise ConfigError(f"--watch {name}=DIR: {name!r} is not served; add --adapter {name}=DIR (its first version)")
+    if upstream is not None:
+        if model is not None:
+            raise ConfigError("--upstream proxies another server: drop --model (the upstream holds the model)")
+        if watch:
+            raise ConfigError("--watch needs a local model; with --upstream, load adapters on the upstream")
+        if not upstream.startswith(("http://", "https://")):
+            raise ConfigError(f"--upstream {upstream!r}: use the server root, e.g. http://127.0.0.1:8001")
+        return ServeApp(upstream=upstream.rstrip("/").removesuffix("/v1"), adapters=adapters, rules=rules, token=token, log=log)
+    if model is None:
+        raise ConfigError("agentrl-train serve needs --model (tiny or a local model folder) or --upstream URL")
+    from agentrl_train.serve.engine import Engine
+
+    engine = Engine(model, device, threads=threads, tiny_spec=tiny_spec, log=log)
+    return ServeApp(
+        engine,
+        adapters=adapters,
+        rules=rules,
+        token=token,
+        max_new_tokens=max_new_tokens,
+        watch=watch,
+        watch_interval_s=watch_interval_s,
+        log=log,
+    )
+
+
+def serve(app: Any, host: str = "127.0.0.1", port: int = 8000, token: str | None = None) -> None:
+    """Run ``app`` under uvicorn until interrupted; refuses a non-loopback bind without a token."""
+    import uvicorn
+
+    from agentrl_envs.server import check_bind
+
+    check_bind(host, token)
+    uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="on")
+
+
+def token_from(value: str | None) -> str | None:
+    return value if value is not None else os.environ.get(TOKEN_ENV) or None

@@ -1,0 +1,278 @@
+"""Serving at scale, correctness only: episodes stay on their process, closed episodes free their
+state, template uploads past the old 8 MiB cap, the upload limit's error. Speed and memory at
+4,096 episodes live in ``benchmarks/bench_serve_scale.py``; nothing here depends on time.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import weakref
+from typing import Any
+
+import httpx
+import pytest
+
+from agentrl_envs.backends import make_backend
+from agentrl_envs.backends.base import DatabaseSpec, EpisodeSetup, ToolRequest
+from agentrl_envs.backends.http import HTTPBackend, shard_of, split_urls
+from agentrl_envs.errors import ConfigError, PermanentError
+from agentrl_envs.server import ServeLimits, SimulatorServer
+from agentrl_envs.server_workers import bind
+from simulators import SimulatorApp
+from simulators.app import MAX_REQUEST_BYTES, template_fingerprint
+from simulators.memory import CloseCounter, release_memory
+from tests.simulators.test_serve import running
+
+TABLES: dict[str, Any] = {"t": {"columns": [["id", "INTEGER"], ["v", "TEXT"]], "rows": [[i, f"v{i}"] for i in range(1, 51)]}}
+FP = template_fingerprint("t", TABLES)
+START_LINES = 200  # lines of server output read while waiting for its address: a hang detector
+START_WAIT_S = 120.0  # a hang detector for a worker's start-up on a busy machine, not a speed limit
+
+
+def _setup(episode_id: str, tables: dict[str, Any] = TABLES, label: str = "t") -> EpisodeSetup:
+    return EpisodeSetup(episode_id=episode_id, database=DatabaseSpec(template_fingerprint(label, tables), tables), files={})
+
+
+def _sql(backend: Any, episode_id: str, query: str) -> Any:
+    return backend.handle(ToolRequest(episode_id, "sql", {"query": query}))
+
+
+# -- routing ---------------------------------------------------------------------------------
+
+
+def test_shard_of_is_stable_in_range_and_spreads() -> None:
+    ids = [f"ep-{i}" for i in range(64)]
+    assert [shard_of(e, 1) for e in ids] == [0] * 64
+    shards = [shard_of(e, 3) for e in ids]
+    assert set(shards) == {0, 1, 2}
+    assert shards == [shard_of(e, 3) for e in ids]  # same answer every time (no per-process hash seed)
+    # Pinned: every client (other languages, older versions) must route an id the same way.
+    assert [shard_of(f"ep-{i}", 2) for i in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_split_urls_accepts_lists_and_commas_and_refuses_garbage() -> None:
+    assert split_urls("http://a:1, http://a:2/") == ["http://a:1", "http://a:2"]
+    assert split_urls(["http://a:1", "https://b:2"]) == ["http://a:1", "https://b:2"]
+    for bad in ("", ",", "http://a:1,,http://a:2", "ftp://a:1", "http://a:1,http://a:1", "http://a:99999", ["http://a:1", 3]):
+        with pytest.raises(ConfigError):
+            split_urls(bad)  # type: ignore[arg-type]
+    backend = make_backend(["http://127.0.0.1:1", "http://127.0.0.1:2"])
+    try:
+        assert isinstance(backend, HTTPBackend) and backend.urls == ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    finally:
+        backend.close()
+
+
+def test_two_servers_each_hold_their_own_episodes() -> None:
+    """In one process, two servers behind one backend: each episode lives on exactly one of them."""
+    apps = [SimulatorApp(python_sandbox=False), SimulatorApp(python_sandbox=False)]
+    servers = [SimulatorServer(app=a) for a in apps]
+    with running(servers[0]) as url0, running(servers[1]) as url1:
+        backend = HTTPBackend([url0, url1])
+        ids = [f"route-{i}" for i in range(12)]
+        try:
+            for e in ids:
+                backend.open_episode(_setup(e))
+            for i, e in enumerate(ids):
+                response = _sql(backend, e, f"SELECT v FROM t WHERE id = {i + 1}")
+                assert response.ok and response.result["rows"] == [[f"v{i + 1}"]]
+            for k, app in enumerate(apps):
+                assert sorted(app._episodes) == sorted(e for e in ids if shard_of(e, 2) == k)
+            # Asked of the other server, an episode is unknown there: never served from wrong state.
+            stray = next(e for e in ids if shard_of(e, 2) == 0)
+            other = httpx.post(f"{url1}/v1/episodes/{stray}/sql", json={"query": "SELECT 1"})
+            assert other.status_code == 404 and other.json()["error"]["type"] == "unknown_episode"
+            for e in ids:
+                backend.close_episode(e)
+            assert [len(a._episodes) for a in apps] == [0, 0]
+        finally:
+            backend.close()
+
+
+@pytest.mark.integration
+def test_serve_workers_keep_each_episode_on_its_process() -> None:
+    """``agentrl-envs serve --workers 2``: two processes, two ports; the backend routes by episode id."""
+    cmd = [sys.executable, "-m", "agentrl_envs.cli", "serve", "--port", "0", "--workers", "2"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("AGENTRL_SERVE_TOKEN", None)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        line = ""
+        for _ in range(START_LINES):
+            line = proc.stdout.readline()
+            if "agentrl simulator on" in line or not line:
+                break
+        urls = line.split(" on ", 1)[-1].split(" ", 1)[0].split(",")
+        assert len(urls) == 2 and all(re.fullmatch(r"http://127\.0\.0\.1:\d+", u) for u in urls), line
+        for u in urls:  # the ports listen at once; each worker answers once it has started
+            assert httpx.get(f"{u}/health", timeout=START_WAIT_S).status_code == 200
+        backend = HTTPBackend(urls)
+        ids = [f"w-{i}" for i in range(8)]
+        try:
+            for e in ids:
+                backend.open_episode(_setup(e))
+            for e in ids:
+                assert _sql(backend, e, "SELECT count(*) FROM t").result["rows"] == [[50]]
+            counts = [httpx.get(f"{u}/health").json()["result"]["episodes"] for u in urls]
+            assert counts == [sum(1 for e in ids if shard_of(e, 2) == k) for k in range(2)]
+            assert min(counts) > 0  # both processes hold episodes
+            for e in ids:
+                backend.close_episode(e)
+            assert [httpx.get(f"{u}/health").json()["result"]["episodes"] for u in urls] == [0, 0]
+        finally:
+            backend.close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_bind_refuses_bad_worker_counts_and_taken_ports() -> None:
+    for bad in (0, -1, 65, True):
+        with pytest.raises(ConfigError, match="workers"):
+            bind("127.0.0.1", 0, bad)
+    sockets = bind("127.0.0.1", 0, 2)
+    try:
+        taken = sockets[0].getsockname()[1]
+        with pytest.raises(ConfigError, match="cannot listen"):
+            bind("127.0.0.1", taken, 1)
+    finally:
+        for s in sockets:
+            s.close()
+    with pytest.raises(ConfigError, match="65535"):
+        bind("127.0.0.1", 65535, 2)
+
+
+# -- memory ----------------------------------------------------------------------------------
+
+
+def _open(app: SimulatorApp, episode_id: str) -> str:
+    status, data, _ = app.handle_bytes("POST", "/v1/episodes", json.dumps({"episode_id": episode_id, "database": FP}).encode())
+    assert status == 201, data
+    return json.loads(data)["result"]["episode_token"]
+
+
+def test_an_episode_costs_few_tracked_objects_and_closing_frees_it_without_the_collector() -> None:
+    app = SimulatorApp(python_sandbox=False)
+    try:
+        assert app.put_database(FP, {"tables": TABLES})[0] == 204
+        _open(app, "warm")
+        app.close_episode("warm")
+        gc.collect()
+        gc.disable()  # what closing frees must go by reference counting alone
+        try:
+            before = len(gc.get_objects())
+            tokens = {f"m{i}": _open(app, f"m{i}") for i in range(200)}
+            for e, token in tokens.items():
+                for q in range(6):  # the statement cache is bounded: queries add no tracked objects past it
+                    status, _, _ = app.handle_bytes("POST", f"/v1/episodes/{e}/sql", b'{"query": "SELECT %d"}' % q, token)
+                    assert status == 200
+            per_episode = (len(gc.get_objects()) - before) / 200
+            # 106 with a SQLAlchemy engine per episode; 24 measured without one.
+            assert per_episode <= 40, per_episode
+            refs = [weakref.ref(app._episodes[e].database) for e in tokens]  # type: ignore[arg-type]
+            for e in tokens:
+                app.close_episode(e)
+            assert all(r() is None for r in refs)
+            del refs
+            assert len(gc.get_objects()) - before <= 20  # nothing left for a collection to find
+        finally:
+            gc.enable()
+    finally:
+        app.close()
+
+
+def test_close_counter_asks_for_a_trim_every_n_closes_and_when_idle() -> None:
+    counter = CloseCounter(every=4, idle=2)
+    assert [counter.closed(still_open=10) for _ in range(8)] == [False, False, False, True] * 2
+    assert counter.closed(still_open=0) is False  # one close since the last trim: not yet
+    assert counter.closed(still_open=0) is True
+    assert counter.trims == 3
+
+
+def _rss_kib() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or not release_memory(), reason="needs glibc malloc_trim on Linux")
+def test_memory_goes_back_after_episodes_close() -> None:
+    """256 episodes of a ~250 kB template grow the heap by ~100 MiB; closing them gives most of it back."""
+    tables = {"big": {"columns": [["id", "INTEGER"], ["v", "TEXT"]], "rows": [[i, "x" * 120] for i in range(2000)]}}
+    fp = template_fingerprint("big", tables)
+    app = SimulatorApp(python_sandbox=False)
+    try:
+        assert app.put_database(fp, {"tables": tables})[0] == 204
+        gc.collect()
+        release_memory()
+        base = _rss_kib()
+        for i in range(256):
+            app.open_episode({"episode_id": f"r{i}", "database": fp})
+            app.tool(f"r{i}", "sql", {"query": "SELECT * FROM big WHERE id < 100"})
+        grown = _rss_kib() - base
+        assert grown > 50 << 10, grown  # the test means something only if the episodes took memory
+        for i in range(256):
+            app.close_episode(f"r{i}")  # the last close trims (the simulator does it, not this test)
+        assert app._closes.trims >= 1
+        left = _rss_kib() - base
+        assert left <= 0.2 * grown, (grown, left)
+    finally:
+        app.close()
+
+
+# -- template uploads ------------------------------------------------------------------------
+
+
+def test_upload_limit_is_a_setting_with_a_clear_error() -> None:
+    app = SimulatorApp(python_sandbox=False, max_upload_bytes=2000)
+    try:
+        big = {"t": {"columns": [["id", "INTEGER"]], "rows": [[i] for i in range(1000)]}}
+        body = json.dumps({"tables": big}).encode()
+        status, data, _ = app.handle_bytes("PUT", f"/v1/databases/{template_fingerprint('t', big)}", body)
+        error = json.loads(data)["error"]
+        assert status == 413 and error["limit_bytes"] == 2000 and "--max-upload-mb" in error["message"]
+        # Other requests keep their own, smaller limit.
+        assert app.body_limit("POST", "/v1/episodes") == MAX_REQUEST_BYTES
+    finally:
+        app.close()
+    for bad in (0, -5, 1.5, True, "1"):
+        with pytest.raises((ValueError, ConfigError)):
+            SimulatorApp(python_sandbox=False, max_upload_bytes=bad)  # type: ignore[arg-type]
+        with pytest.raises(ConfigError, match="max_upload_bytes"):
+            ServeLimits(max_upload_bytes=bad)  # type: ignore[arg-type]
+
+
+def test_an_upload_over_the_limit_fails_the_episode_with_the_setting_named() -> None:
+    server = SimulatorServer(app=SimulatorApp(python_sandbox=False, max_upload_bytes=1000))
+    with running(server) as url:
+        backend = HTTPBackend(url)
+        try:
+            tables = {"t": {"columns": [["id", "INTEGER"]], "rows": [[i] for i in range(500)]}}
+            with pytest.raises(PermanentError, match="max-upload-mb"):
+                backend.open_episode(_setup("too-big", tables))
+        finally:
+            backend.close()
+
+
+def test_a_template_over_the_old_8_mib_cap_uploads_and_serves() -> None:
+    rows = [[i, f"row-{i:07d}-" + "y" * 16] for i in range(260_000)]
+    tables = {"wide": {"columns": [["id", "INTEGER"], ["v", "TEXT"]], "rows": rows}}
+    assert len(json.dumps({"tables": tables})) > MAX_REQUEST_BYTES  # larger than any other request may be
+    server = SimulatorServer(app=SimulatorApp(python_sandbox=False))
+    with running(server) as url:
+        backend = HTTPBackend(url)
+        try:
+            backend.open_episode(_setup("big", tables, label="wide"))
+            response = _sql(backend, "big", "SELECT count(*), max(id) FROM wide")
+            assert response.ok and response.result["rows"] == [[260_000, 259_999]]
+        finally:
+            backend.close()

@@ -1,0 +1,215 @@
+"""The canary router on its own (no model): sticky routing within binomial bounds, the rules by hand,
+manual decisions, and the proxy mode in front of another OpenAI-compatible server (respx-mocked)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import uuid
+from typing import Any
+
+import httpx
+import pytest
+import respx
+
+from agentrl_envs.errors import ConfigError
+from agentrl_train.serve.app import ServeApp
+from agentrl_train.serve.canary import CanaryRules, Router, Target, sticky_unit
+
+
+def _router(**rules: Any) -> tuple[Router, list[str]]:
+    logs: list[str] = []
+    router = Router(CanaryRules(**rules), log=logs.append)
+    router.add(Target("p", 1, "slot1", "/runs/a"))
+    return router, logs
+
+
+def test_routing_fraction_within_binomial_bounds_and_sticky() -> None:
+    router, _ = _router()
+    router.start_canary("p", "slot2", "/runs/b", 0.2)
+    n = 4000
+    ids = [f"ep-{i}" for i in range(n)]
+    first = [router.route("p", i).label for i in ids]
+    hits = first.count("p@2")
+    sigma = math.sqrt(n * 0.2 * 0.8)
+    assert abs(hits - 0.2 * n) < 4 * sigma, hits  # 4 sigma: fails about once in 16,000 runs of a fair router
+    assert [router.route("p", i).label for i in ids] == first  # sticky per conversation
+    assert 0.0 <= sticky_unit("") < 1.0 and sticky_unit("a") == sticky_unit("a") != sticky_unit("b")
+    anonymous = [router.route("p", None).label for _ in range(n)].count("p@2")
+    assert abs(anonymous - 0.2 * n) < 4 * sigma
+
+
+@pytest.mark.parametrize("fraction", [0.0, 1.0])
+def test_fraction_bounds_route_all_or_nothing(fraction: float) -> None:
+    router, _ = _router()
+    router.start_canary("p", "slot2", None, fraction)
+    labels = {router.route("p", f"e{i}").label for i in range(200)}
+    assert labels == ({"p@2"} if fraction == 1.0 else {"p@1"})
+
+
+def _episode(router: Router, conversation: str, *, success: bool, parsed: bool, timeout: float = 0.0) -> str:
+    target = router.route("p", conversation)
+    router.record(target, ok=True, parsed=parsed, latency_s=0.01)
+    router.feedback({"episode_id": conversation, "success": success, "timeout_rate": timeout, "api_error_rate": 0.0})
+    return target.label
+
+
+def _drive(router: Router, candidate: dict[str, Any], baseline: dict[str, Any], limit: int = 400) -> None:
+    for i in range(limit):
+        conv = uuid.UUID(int=i).hex
+        label = router.route("p", conv).label
+        if router.get("p").canary is None:
+            return
+        _episode(router, conv, **(candidate if label.endswith("@2") else baseline))
+
+
+def test_rules_roll_back_a_worse_candidate_with_the_numbers_logged() -> None:
+    router, logs = _router(min_episodes=5, success_margin=0.1)
+    router.start_canary("p", "slot2", "/runs/b", 0.3)
+    _drive(router, {"success": False, "parsed": True}, {"success": True, "parsed": True})
+    dep = router.get("p")
+    decision = dep.decisions[-1]
+    assert decision.action == "rollback" and decision.reason == "failed: success"
+    assert dep.stable.label == "p@1" and dep.canary is None
+    assert decision.numbers["candidate"]["success_rate"] == 0.0 and decision.numbers["baseline"]["success_rate"] == 1.0
+    assert decision.numbers["candidate"]["episodes"] == 5 and decision.numbers["baseline"]["episodes"] >= 5
+    assert "rollback p@2 vs p@1 (failed: success): episodes 5/" in logs[-1] and "success 0.000/1.000" in logs[-1]
+
+
+@pytest.mark.parametrize(
+    ("candidate", "failed"),
+    [
+        ({"success": True, "parsed": True, "timeout": 0.5}, "failed: timeout"),
+        ({"success": True, "parsed": False}, "failed: parse"),
+    ],
+)
+def test_each_rule_can_fail_on_its_own(candidate: dict[str, Any], failed: str) -> None:
+    router, _ = _router(min_episodes=3)
+    router.start_canary("p", "slot2", None, 0.5)
+    _drive(router, candidate, {"success": True, "parsed": True})
+    assert router.get("p").decisions[-1].reason == failed
+
+
+def test_a_candidate_within_the_margins_is_promoted() -> None:
+    router, _ = _router(min_episodes=4)
+    router.start_canary("p", "slot2", None, 0.5)
+    _drive(router, {"success": True, "parsed": True}, {"success": True, "parsed": True})
+    dep = router.get("p")
+    assert dep.decisions[-1].action == "promote" and dep.stable.label == "p@2" and dep.canary is None
+    assert router.route("p", "anyone").label == "p@2"
+
+
+def test_manual_decisions_and_refusals() -> None:
+    router, _ = _router(auto=False, min_episodes=1)
+    with pytest.raises(ConfigError, match="no canary"):
+        router.decide("p", "promote")
+    with pytest.raises(ConfigError, match=r"\[0, 1\]"):
+        router.start_canary("p", "slot2", None, 1.5)
+    router.start_canary("p", "slot2", None, 0.5)
+    with pytest.raises(ConfigError, match="already has a canary"):
+        router.start_canary("p", "slot3", None, 0.5)
+    _drive(router, {"success": False, "parsed": False}, {"success": True, "parsed": True}, limit=50)
+    assert router.get("p").decisions == []  # auto=False: the rules wait for an operator
+    assert router.decide("p", "rollback").reason == "manual"
+    with pytest.raises(KeyError):
+        router.feedback({"episode_id": "never-routed", "success": True})
+
+
+def _proxy(token: str | None = None) -> ServeApp:
+    return ServeApp(
+        upstream="http://upstream.test",
+        adapters={"tools": "tools-v1"},
+        token=token,
+        rules=CanaryRules(min_episodes=3),
+        log=lambda s: None,
+    )
+
+
+async def _call(app: ServeApp, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None) -> httpx.Response:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://serve.test") as client:
+        return await client.request(method, path, json=body, headers=headers or {})
+
+
+def test_proxy_mode_canary_in_front_of_another_server() -> None:
+    """The router in front of an upstream (as for vLLM with LoRA): a candidate that writes no call is rolled back."""
+    app = _proxy()
+
+    def upstream(request: httpx.Request) -> httpx.Response:
+        model = json.loads(request.content)["model"]
+        content = '<tool_call>{"name": "sql", "arguments": {"query": "SELECT 1"}}</tool_call>' if model == "tools-v1" else "hmm"
+        message = {"role": "assistant", "content": content}
+        return httpx.Response(
+            200, json={"id": "x", "object": "chat.completion", "model": model, "choices": [{"index": 0, "message": message}]}
+        )
+
+    body = {
+        "model": "tools",
+        "messages": [{"role": "user", "content": "go"}],
+        "tools": [{"type": "function", "function": {"name": "sql"}}],
+    }
+
+    async def scenario() -> list[str]:
+        r = await _call(app, "POST", "/v1/adapters/tools/canary", {"model": "tools-v2", "fraction": 0.5})
+        assert r.status_code == 200, r.text
+        assert (await _call(app, "POST", "/v1/adapters/tools/canary", {"path": "/x", "fraction": 0.5})).status_code == 400
+        seen = []
+        for i in range(200):
+            if app.router.get("tools").canary is None:
+                break
+            ep = f"ep-{i}"
+            r = await _call(app, "POST", "/v1/chat/completions", body, {"x-episode-id": ep})
+            assert r.status_code == 200, r.text
+            seen.append(r.headers["x-adapter-version"])
+            assert r.json()["system_fingerprint"] == seen[-1] and r.json()["model"] == "tools"
+            ok = (await _call(app, "POST", "/v1/feedback", {"episode_id": ep, "success": seen[-1] == "tools@1"})).status_code
+            assert ok == 200
+        await app.aclose()
+        return seen
+
+    with respx.mock(assert_all_called=True) as mock:
+        mock.post("http://upstream.test/v1/chat/completions").mock(side_effect=upstream)
+        seen = asyncio.run(scenario())
+    dep = app.router.get("tools")
+    assert {"tools@1", "tools@2"} == set(seen)
+    assert dep.decisions[-1].action == "rollback" and dep.decisions[-1].reason == "failed: success, parse"
+    assert dep.stable.model == "tools-v1"
+
+
+def test_proxy_upstream_down_is_a_502_and_counted() -> None:
+    app = _proxy()
+    body = {"model": "tools", "messages": [{"role": "user", "content": "go"}]}
+    with respx.mock() as mock:
+        mock.post("http://upstream.test/v1/chat/completions").mock(side_effect=httpx.ConnectError("refused"))
+        r = asyncio.run(_call(app, "POST", "/v1/chat/completions", body))
+    assert r.status_code == 502 and "upstream" in r.json()["error"]["message"]
+    assert app.router.get("tools").stats["tools@1"].errors == 1
+
+
+def test_bearer_token() -> None:
+    app = _proxy(token="s3cret-token-0123456789")
+    assert asyncio.run(_call(app, "GET", "/health")).status_code == 200
+    r = asyncio.run(_call(app, "GET", "/v1/models"))
+    assert r.status_code == 401 and "bearer token" in r.json()["error"]["message"]
+    assert asyncio.run(_call(app, "GET", "/metrics", headers={"authorization": "Bearer wrong"})).status_code == 401
+    r = asyncio.run(_call(app, "GET", "/v1/models", headers={"authorization": "Bearer s3cret-token-0123456789"}))
+    assert r.status_code == 200 and [m["id"] for m in r.json()["data"]] == ["tools"]
+
+
+def test_cli_refuses_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
+    from agentrl_train.cli import main
+
+    cases = [
+        (["serve", "--adapter", "nodir"], "NAME=DIR"),
+        (["serve", "--adapter", "a=x", "--adapter", "a=y"], "twice"),
+        (["serve", "--host", "0.0.0.0", "--model", "tiny"], "without a bearer token"),
+        (["serve", "--upstream", "http://h:1", "--model", "tiny"], "drop --model"),
+        (["serve", "--upstream", "h:1", "--adapter", "a=m"], "server root"),
+        (["serve", "--adapter", "a=m"], "needs --model"),
+        (["serve", "--upstream", "http://h:1", "--adapter", "a=m", "--watch", "b=/tmp"], "not served"),
+        (["serve", "--canary-min-episodes", "0", "--model", "tiny"], "min_episodes"),
+    ]
+    for argv, needle in cases:
+        assert main(argv) == 2, argv
+        assert needle in capsys.readouterr().err, argv
