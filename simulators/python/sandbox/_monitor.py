@@ -4,7 +4,10 @@ A warm slot (see :mod:`._zygote`) is a program process, locked down and waiting,
 namespace, the namespace's pid 1 (a sleeping placeholder whose death kills every process of the
 run). The side that holds the slot's descriptors (the host, or the zygote for its probe) writes the
 request, reads stdout and stderr up to their caps, SIGKILLs the run at the deadline, replays the
-run's workspace changes from its tmpfs upper layer, and builds the result. The program never holds
+run's workspace changes from its tmpfs upper layer, and builds the result. The wall deadline
+(``header["wall_s"]``) counts from the moment the program reports that its layers are on and the
+agent's code starts, so a slow set-up on a busy machine never eats into the agent's time;
+``header["deadline"]`` bounds the whole run, set-up included. The program never holds
 any of these descriptors except its own output pipes, so nothing it prints can forge a result.
 
 Stdlib only, and nothing from the ``simulators`` package: the zygote loads this file too.
@@ -27,7 +30,10 @@ from ._protocol import encode_request, write_all
 
 _POLL_S = 0.05
 _SETUP_CAP = 65536
-_KILL_WAIT_S = 2.0
+# Bounds on waits for the kernel (a killed run's teardown, its last output): generous, because on a
+# busy machine they take longer, and they end as soon as the event they wait for happens.
+_KILL_WAIT_S = 30.0
+_DRAIN_WAIT_S = 5.0
 #: names of a slot's descriptors, in the order the zygote sends them
 SLOT_FDS = ("request", "out", "err", "report", "status", "prog", "pid1", "upper")
 
@@ -106,14 +112,15 @@ def supervise(
     slot.out = slot.err = slot.report = -1  # _Output closes them
     waiter = _Status(slot.status)
     slot.status = -1
-    timed_out, done = _watch(slot, output, waiter, float(header["deadline"]), tick)
+    wall_s = float(header["wall_s"]) if "wall_s" in header else None
+    timed_out, done = _watch(slot, output, waiter, float(header["deadline"]), wall_s, marks["go"], tick)
     marks["ended"] = time.monotonic()
     died_alone = waiter.status is not None  # the program ended before any kill of ours
     if done is not None:
         _signal_all(slot)  # nothing of the run can still write: answer now, the kernel reaps after
     else:
         _kill_and_wait(slot, waiter, tick)
-    output.drain()
+    output.drain(_DRAIN_WAIT_S)
     result["timed_out"] = timed_out
     result["truncated_out"], result["truncated_err"] = output.truncated[output.out], output.truncated[output.err]
     status = waiter.status
@@ -219,14 +226,22 @@ class _Status:
 
 
 def _watch(
-    slot: Slot, output: _Output, waiter: _Status, deadline: float, tick: Callable[[], None] | None
+    slot: Slot,
+    output: _Output,
+    waiter: _Status,
+    deadline: float,
+    wall_s: float | None,
+    go: float,
+    tick: Callable[[], None] | None,
 ) -> tuple[bool, int | None]:
     """Until the program is done, dies, the deadline passes or an output cap is hit.
 
-    Returns (timed out, exit code the program reported as "done"). The report counts only once no
-    other process of the run exists (see :func:`_quiet`): none can then still write to the
-    workspace or the output.
+    ``deadline`` bounds the whole run; once the program's set-up report says it is ready, the run
+    ends ``wall_s`` seconds after that (when ``wall_s`` is given). Returns (timed out, exit code the
+    program reported as "done"). The report counts only once no other process of the run exists
+    (see :func:`_quiet`): none can then still write to the workspace or the output.
     """
+    ready_seen = wall_s is None
     poller = select.poll()
     for fd in output.open:
         poller.register(fd, select.POLLIN)
@@ -250,6 +265,11 @@ def _watch(
             waiter.poll()
         if waiter.status is not None or waiter.lost or output.capped():
             return False, None
+        if not ready_seen:
+            ready = output.ready()
+            if ready is not None:  # the agent's code starts now: its wall time starts too
+                ready_seen = True
+                deadline = min(deadline, min(max(ready, go), time.monotonic()) + float(wall_s or 0.0))
         done = output.done()
         if done is not None and _quiet(slot):
             return False, done
@@ -336,6 +356,21 @@ class _Output:
                 found.append(obj)
         return found
 
+    def ready(self) -> float | None:
+        """When the program said its set-up was done (its first report line), if it has said so.
+
+        Only the first line counts: the sandbox writes it before any agent code runs."""
+        buf = self.bufs[self.report]
+        end = buf.find(b"\n")
+        if end < 0:
+            return None
+        try:
+            first = json.loads(bytes(buf[:end]))
+        except ValueError:
+            return None
+        ready = first.get("ready") if isinstance(first, dict) else None
+        return float(ready) if isinstance(ready, (int, float)) and not isinstance(ready, bool) else None
+
     def done(self) -> int | None:
         """The exit code in the program's "done" line, once the setup report came before it."""
         if b"done" not in self.bufs[self.report]:
@@ -346,7 +381,7 @@ class _Output:
         code = reports[1].get("done")
         return code if isinstance(code, int) and 0 <= code <= 255 else None
 
-    def drain(self, timeout: float = 0.5) -> None:
+    def drain(self, timeout: float = _DRAIN_WAIT_S) -> None:
         """After the run: read what is left of stdout and stderr, until end of file or ``timeout``.
 
         The report pipe is read only for what is already there: after a "done" the program may

@@ -70,7 +70,10 @@ _BOOT = (
     "from _agentrl_sandbox._zygote import main\n"
     "main(int(sys.argv[2]))\n"
 )
-_ACK_TIMEOUT_S = 10.0
+# How long the host waits for the zygote to hand over a slot, and how long a run's set-up may take
+# beyond its wall limit: generous bounds for a busy machine (both end as soon as the event comes).
+_ACK_TIMEOUT_S = 60.0
+_SETUP_WAIT_S = 60.0
 _WARM_SLOTS = 2  # slots kept prepared ahead of requests (two: two client threads never wait)
 
 
@@ -307,7 +310,8 @@ class SandboxRunner:
                 "workspace": workspace,
                 "ws_dev": st.st_dev,
                 "ws_ino": st.st_ino,
-                "deadline": acked + lim.wall_s,
+                "wall_s": float(lim.wall_s),  # counted from the moment the agent's code starts
+                "deadline": acked + lim.wall_s + _SETUP_WAIT_S,  # the whole run, set-up included
                 "cpu_s": max(1, int(lim.cpu_s)),
                 "memory_bytes": lim.memory_bytes,
                 "file_bytes": lim.file_bytes,
