@@ -5,7 +5,7 @@ Process tree (root host; a non-root host adds a user namespace around the zygote
     host (may import torch; never forked)
      └─ zygote         python -I -S, own mount + network namespaces, allowed modules imported
          └─ zygote     pid 1 of its pid namespace: its death ends every run
-             ├─ sleep      pid 1 of the run's pid namespace (spawned): its death ends the run
+             ├─ pauser     pid 1 of the run's pid namespace (shares the zygote's memory): its death ends the run
              └─ program    forked into the run's pid, mount and IPC namespaces; no capabilities,
                            Landlock, seccomp, rlimits (+ own user namespace)
 
