@@ -162,7 +162,7 @@ class Neighbour:
         self.outcome: dict[str, object] = {}
         code = (
             "import subprocess\nopen('mine.txt', 'w').write('kept')\n"
-            f"subprocess.run([{marker!r}, '1000'], executable='/bin/sleep')\nprint(open('data.txt').read(), end='')\n"
+            f"subprocess.run([{marker!r}, 'infinity'], executable='/bin/sleep')\nprint(open('data.txt').read(), end='')\n"
         )
         limits = RunLimits(**{**LIMITS.__dict__, "wall_s": 24 * 3600.0})
         self.thread = threading.Thread(target=lambda: self.outcome.update(res=lease.run(code, str(ws), limits)), daemon=True)

@@ -476,7 +476,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SharedSan
         outcome: dict[str, PythonResult] = {}
         code = (
             "import subprocess\nopen('mine.txt', 'w').write('kept')\n"
-            f"subprocess.run([{marker!r}, '1000'], executable='/bin/sleep')\nprint(open('data.txt').read(), end='')\n"
+            f"subprocess.run([{marker!r}, 'infinity'], executable='/bin/sleep')\nprint(open('data.txt').read(), end='')\n"
         )
         limits = RunLimits(**{**SUITE_LIMITS.__dict__, "wall_s": 3600.0})
 

@@ -126,7 +126,7 @@ def test_a_run_cannot_see_or_touch_another_envs_workspace_or_run(
     def run_b() -> None:  # B's program waits on a child that the host ends: A must not see, signal or end it
         outcome["b"] = b.run(
             f"import subprocess\nopen('alive.txt', 'w').write({marker!r})\n"
-            f"subprocess.run([{marker!r}, '1000'], executable='/bin/sleep')\nprint(open('secret.txt').read(), end='')",
+            f"subprocess.run([{marker!r}, 'infinity'], executable='/bin/sleep')\nprint(open('secret.txt').read(), end='')",
             str(ws_b),
             RunLimits(**{**SUITE_LIMITS.__dict__, "wall_s": 600.0}),
         )
