@@ -3,9 +3,12 @@
 For a trivial program (``print(1)``): p50/p99 latency and runs/s of :class:`SandboxRunner` at the
 tier this machine allows, next to a cold ``python -I -S -c 'print(1)'`` and to the basic
 :class:`PythonRunner` (a fresh interpreter under ``unshare``, no seccomp/Landlock); then
-throughput with two client threads, and where a run's time goes (the supervisor's timestamps).
+throughput with two client threads, and where a run's time goes (the monitor's timestamps); then
+the sandbox processes and memory of ``--envs`` simulators in one process, each with a private
+runner (as before the shared service) and with leases on the process's one shared service; then
+the same count of gym envs in one process, and a ``--vector``-env async vector env.
 
-Run: ``python benchmarks/bench_sandbox.py [--n 500]``. Prints; never asserts.
+Run: ``python benchmarks/bench_sandbox.py [--n 500] [--envs 64] [--vector 16]``. Prints; never asserts.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from simulators.python import PythonRunner
 from simulators.python.sandbox import SandboxRunner
+from simulators.python.sandbox.shared import SharedSandbox
+from tests.procs import descendants
 
 PROGRAM = "print(1)"
 
@@ -65,9 +70,89 @@ def threaded_rate(fn: Callable[[], object], threads: int, seconds: float) -> flo
     return sum(count) / (time.perf_counter() - start)
 
 
+def pss_mib(pids: list[int]) -> float:
+    """Proportional set size of ``pids`` (shared copy-on-write pages counted once overall)."""
+    total_kb = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Pss:"):
+                        total_kb += int(line.split()[1])
+                        break
+        except OSError:
+            continue
+    return total_kb / 1024
+
+
+def many_envs(count: int, ws: str) -> None:
+    """Sandbox processes and memory of ``count`` simulators: private runners vs one shared service."""
+    print(f"{count} simulators in one process: {'':14s} {'processes':>10s} {'PSS MiB':>9s} {'start s':>8s}")
+    for label, make in (
+        ("private runner each (before)", lambda: SandboxRunner()),
+        ("one shared service (after)", lambda: SharedSandbox()),
+    ):
+        t = time.perf_counter()
+        runners = [make() for _ in range(count)]
+        for r in runners:
+            r.run(PROGRAM, ws)
+        started = time.perf_counter() - t
+        time.sleep(0.5)  # warm slots refilled
+        pids = descendants(os.getpid())
+        print(f"  {label:40s} {len(pids):10d} {pss_mib(pids):9.0f} {started:8.1f}")
+        for r in runners:
+            r.close()
+
+
+def _sandbox_tree(pid: int) -> list[int]:
+    """The sandbox processes below ``pid``: its zygotes and everything under them."""
+    found = []
+    for kid in descendants(pid):
+        try:
+            with open(f"/proc/{kid}/cmdline", "rb") as f:
+                if b"_agentrl_sandbox" in f.read():
+                    found.append(kid)
+        except OSError:
+            continue
+    zygote_kids = {k for z in found for k in descendants(z)}
+    return sorted(set(found) | zygote_kids)
+
+
+def gym_envs(count: int, vector: int) -> None:
+    """``count`` gym envs in this process (one step of Python each), then a ``vector``-env async vector env."""
+    import gymnasium as gym
+
+    import agentrl_envs  # noqa: F401 - registers the env ids
+    from agentrl_envs.actions import format_call
+
+    action = format_call("python", {"code": PROGRAM})
+    print(f"gym envs (AgentRL/Python-v0, one Python step each): {'':3s} {'sandbox processes':>18s} {'PSS MiB':>9s}")
+    before = len(_sandbox_tree(os.getpid()))
+    envs = [gym.make("AgentRL/Python-v0") for _ in range(count)]
+    for i, env in enumerate(envs):
+        env.reset(seed=i % 4)
+        env.step(action)
+    time.sleep(0.5)
+    tree = _sandbox_tree(os.getpid())
+    print(f"  {count} envs in this process (one shared service)   {len(tree) - before:10d} {pss_mib(tree):9.0f}")
+    for env in envs:
+        env.close()
+    vec = gym.make_vec("AgentRL/Python-v0", num_envs=vector, vectorization_mode="async", sql_deadline_s=60.0)
+    vec.reset(seed=0)
+    vec.step([action] * vector)
+    time.sleep(0.5)
+    workers = [proc.pid for proc in vec.unwrapped.processes]  # type: ignore[attr-defined]
+    tree = [p for w in workers for p in _sandbox_tree(w)]
+    print(f"  {vector}-env async vector env (one service per worker) {len(tree):8d} {pss_mib(tree):9.0f}")
+    print(f"    + its {len(workers)} worker processes: {pss_mib(workers):.0f} MiB PSS")
+    vec.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=500, help="runs per measurement")
+    parser.add_argument("--envs", type=int, default=64, help="simulators in one process for the service comparison (0: skip)")
+    parser.add_argument("--vector", type=int, default=16, help="envs of the async vector env row (0: skip the gym rows)")
     args = parser.parse_args()
     n = args.n
     ws = tempfile.mkdtemp(prefix="bench-sandbox-")
@@ -143,9 +228,13 @@ def main() -> None:
     for key, values in sorted(phases.items(), key=lambda kv: statistics.median(kv[1])):
         if statistics.median(values) >= 0:  # "forked": the warm supervisor was forked before the call
             print(f"  {key:14s} {1e3 * statistics.median(values):6.2f}")
-    print(f"# load average after: {os.getloadavg()[0]:.2f}")
     sandbox.close()
     basic.close()
+    if args.envs:
+        many_envs(args.envs, ws)
+    if args.envs and args.vector:
+        gym_envs(args.envs, args.vector)
+    print(f"# load average after: {os.getloadavg()[0]:.2f}")
     shutil.rmtree(ws, ignore_errors=True)
 
 

@@ -5,8 +5,13 @@ loopback server, a symlink/device/setuid file left in the workspace), runner cra
 from ``run`` or a wrong answer to a benign program), leaked processes and host descriptors, memory
 drift of the host and the zygote, and latency percentiles. Not part of CI (``make soak``).
 
-Run: ``python benchmarks/soak_sandbox.py [--n 10000] [--seed 0] [--benign 0.5]``. Exit status 1
-when a check fails.
+With ``--shared K`` the runs go through K leases on one shared service (K envs of one process,
+each with its own workspace, taking turns), while one more lease's run (another env's program,
+waiting on a child) stays alive the whole time: every run must leave the other envs' workspaces
+and that run alone, and the long run must finish with its right answer at the end.
+
+Run: ``python benchmarks/soak_sandbox.py [--n 10000] [--seed 0] [--benign 0.5] [--shared 4]``.
+Exit status 1 when a check fails.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from agentrl_envs.testing import descendants, with_marker
 from simulators.python import RunLimits
 from simulators.python.sandbox import SandboxRunner
 from simulators.python.sandbox import runner as sandbox_runner
+from simulators.python.sandbox.shared import SharedSandbox
 
 LIMITS = RunLimits(
     wall_s=2.0, cpu_s=2, memory_bytes=512 << 20, file_bytes=1 << 20, open_files=64, processes=32, output_bytes=64 << 10
@@ -42,8 +48,8 @@ HOSTILE = [
     "while True:\n    pass\n",
     "import time\ntime.sleep(30)\n",
     "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
-    "import os\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        os.execv('/bin/sleep', ['sleep', '100', '{marker}'])\n    os._exit(0)\n",
-    "import subprocess\nsubprocess.Popen(['/bin/sleep', '100', '{marker}'], start_new_session=True)\n",
+    "import os\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        os.execv('/bin/sleep', ['{marker}', '100'])\n    os._exit(0)\n",
+    "import subprocess\nsubprocess.Popen(['{marker}', '100'], executable='/bin/sleep', start_new_session=True)\n",
     "b = bytearray(2**40)\n",
     "x = []\nwhile True:\n    x.append(' ' * 10**7)\n",
     "x = 10**(10**8)\n",
@@ -123,9 +129,10 @@ def rss_kb(pid: int) -> int:
     return 0
 
 
-def leftover_processes(runner: SandboxRunner, marker: str, timeout: float = 5.0) -> int:
-    """Processes beyond the zygote's idle tree plus marked ones, after waiting for them to go."""
-    idle = (1 if runner.layers.get("pidns") else 0) + 2 * sandbox_runner._WARM_SLOTS
+def leftover_processes(runner: SandboxRunner, marker: str, timeout: float = 30.0, others: int = 0) -> int:
+    """Processes beyond the zygote's idle tree (plus ``others`` of runs still going on) and marked
+    ones, after waiting for them to go."""
+    idle = sandbox_runner.idle_processes(bool(runner.layers.get("pidns")), runner.warm_slots) + others
     end = time.monotonic() + timeout
     while True:
         extra = max(0, len(descendants(runner.pid or 0)) - idle) + len(with_marker(marker))
@@ -134,6 +141,55 @@ def leftover_processes(runner: SandboxRunner, marker: str, timeout: float = 5.0)
                 os.kill(pid, signal.SIGKILL)
             return extra
         time.sleep(0.05)
+
+
+def snapshot(path: Path) -> dict[str, tuple[int, int]]:
+    """Every entry below ``path``: (mode, size)."""
+    found = {}
+    for entry in path.rglob("*"):
+        st = entry.lstat()
+        found[str(entry.relative_to(path))] = (st.st_mode, st.st_size)
+    return found
+
+
+class Neighbour:
+    """Another env's run on a lease of the shared service, alive while the soak runs (``--shared``)."""
+
+    def __init__(self, lease: SharedSandbox, ws: Path, marker: str) -> None:
+        self.lease, self.ws, self.marker = lease, ws, marker
+        ws.mkdir()
+        (ws / "data.txt").write_text("the neighbour's data\n")
+        self.outcome: dict[str, object] = {}
+        code = (
+            "import subprocess\nopen('mine.txt', 'w').write('kept')\n"
+            f"subprocess.run([{marker!r}, 'infinity'], executable='/bin/sleep')\nprint(open('data.txt').read(), end='')\n"
+        )
+        limits = RunLimits(**{**LIMITS.__dict__, "wall_s": 24 * 3600.0})
+        self.thread = threading.Thread(target=lambda: self.outcome.update(res=lease.run(code, str(ws), limits)), daemon=True)
+        self.thread.start()
+        end = time.monotonic() + 60.0
+        while not with_marker(marker) and self.thread.is_alive() and time.monotonic() < end:
+            time.sleep(0.02)
+
+    def processes(self) -> int:
+        """Its processes in the service's tree: its pid 1 (with a pid namespace), its program, its child."""
+        return 3 if self.lease.layers.get("pidns") else 2
+
+    def alive(self) -> bool:
+        """Its run is still going on and its workspace is as it was (its own write is not back yet)."""
+        data = self.ws / "data.txt"
+        untouched = sorted(os.listdir(self.ws)) == ["data.txt"] and data.read_text() == "the neighbour's data\n"
+        return self.thread.is_alive() and bool(with_marker(self.marker)) and untouched
+
+    def finish(self) -> str:
+        """End its child; its program must then answer right. A problem, or ""."""
+        for pid in with_marker(self.marker):
+            os.kill(pid, signal.SIGKILL)
+        self.thread.join(60.0)
+        res = self.outcome.get("res")
+        if getattr(res, "stdout", None) != "the neighbour's data\n" or (self.ws / "mine.txt").read_text() != "kept":
+            return f"the neighbour's run did not finish right: {res}"
+        return ""
 
 
 def percentile(values: array[float], q: float) -> float:
@@ -146,6 +202,7 @@ def main() -> int:
     parser.add_argument("--n", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--benign", type=float, default=0.5, help="share of benign programs")
+    parser.add_argument("--shared", type=int, default=0, help="K envs' leases on one shared service (0: one runner)")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     root = Path(tempfile.mkdtemp(prefix="agentrl-soak-"))
@@ -178,8 +235,16 @@ def main() -> int:
             listener.listen(8)
         listener.setblocking(False)
         listeners.append(listener)
-    runner = SandboxRunner(LIMITS, workspace_bytes=16 << 20, workspace_files=512)
-    print(f"# soak: n={args.n} seed={args.seed} tier={runner.tier} missing={runner.missing or 'nothing'}", flush=True)
+    leases: list[SharedSandbox] = []
+    neighbour: Neighbour | None = None
+    if args.shared:
+        leases = [SharedSandbox(LIMITS, workspace_bytes=16 << 20, workspace_files=512) for _ in range(args.shared + 1)]
+        runner = leases[0].runner
+        neighbour = Neighbour(leases.pop(), root / "neighbour", f"agentrl-soak-neighbour-{os.getpid()}")
+    else:
+        runner = SandboxRunner(LIMITS, workspace_bytes=16 << 20, workspace_files=512)
+    mode = f"shared service, {args.shared} leases + a neighbour's live run" if args.shared else "one runner"
+    print(f"# soak: n={args.n} seed={args.seed} tier={runner.tier} missing={runner.missing or 'nothing'}; {mode}", flush=True)
 
     escapes: list[str] = []
     crashes: list[str] = []
@@ -187,12 +252,25 @@ def main() -> int:
     latency = {"benign": array("d"), "hostile": array("d")}  # compact: the host's RSS is measured
     fds_start = rss_start = 0
     workspace = root / "ws0"
+    env_workspaces = [root / f"env{k}" for k in range(len(leases))]
+    for path in env_workspaces:
+        path.mkdir()
+    snapshots = {path: snapshot(path) for path in env_workspaces}
     started = time.monotonic()
 
     slowest: list[tuple[float, str]] = []
 
     for i in range(args.n):
-        if i % 25 == 0:
+        if leases:
+            env = i % len(leases)
+            workspace = env_workspaces[env]
+            if i % (25 * len(leases)) < len(leases):
+                for entry in list(workspace.iterdir()):
+                    if entry.is_dir() and not entry.is_symlink():
+                        shutil.rmtree(entry)
+                    else:
+                        entry.unlink()
+        elif i % 25 == 0:
             shutil.rmtree(workspace, ignore_errors=True)
             workspace = root / f"ws{i}"
             workspace.mkdir()
@@ -213,7 +291,7 @@ def main() -> int:
             limits = HOSTILE_LIMITS
         t = time.perf_counter()
         try:
-            res = runner.run(code, str(workspace), limits)
+            res = leases[env].run(code, str(workspace), limits) if leases else runner.run(code, str(workspace), limits)
         except Exception as exc:
             crashes.append(f"run {i}: {type(exc).__name__}: {exc}")
             continue
@@ -240,18 +318,33 @@ def main() -> int:
             mode = path.lstat().st_mode
             if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)) or mode & 0o6000:
                 escapes.append(f"run {i}: {path.name} is a {stat.filemode(mode)} in the workspace")
+        if leases:  # the other envs' workspaces are as their own last runs left them
+            snapshots[workspace] = snapshot(workspace)
+            for other in env_workspaces:
+                if other != workspace and snapshot(other) != snapshots[other]:
+                    escapes.append(f"run {i}: env {env}'s run changed {other.name}'s workspace")
+                    snapshots[other] = snapshot(other)
+        if neighbour is not None and not neighbour.alive():
+            escapes.append(f"run {i}: the neighbour's run ended: {neighbour.outcome}")
+            neighbour = None
         if i % 200 == 199:
-            leaked += leftover_processes(runner, marker)
+            leaked += leftover_processes(runner, marker, others=neighbour.processes() if neighbour else 0)
             print(
                 f"  {i + 1} runs, {time.monotonic() - started:.0f} s, escapes {len(escapes)}, crashes {len(crashes)}, leaked {leaked}",
                 flush=True,
             )
 
-    leaked += leftover_processes(runner, marker)
+    leaked += leftover_processes(runner, marker, others=neighbour.processes() if neighbour else 0)
     fds_end = len(os.listdir("/proc/self/fd"))
     rss_end = rss_kb(os.getpid()) + sum(rss_kb(p) for p in [runner.pid or 0, *descendants(runner.pid or 0)[:1]])
     drift = (rss_end - rss_start) / rss_start if rss_start else float("nan")
     elapsed = time.monotonic() - started
+    if neighbour is not None:
+        problem = neighbour.finish()
+        if problem:
+            escapes.append(problem)
+    for lease in leases:
+        lease.close()
     runner.close()
     stop.set()
     server.close()

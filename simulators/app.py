@@ -49,7 +49,7 @@ import httpx
 
 from simulators.memory import CloseCounter, release_memory
 from simulators.python import PythonRunner, RunLimits
-from simulators.python.sandbox import SandboxRunner
+from simulators.python.sandbox.shared import SharedSandbox
 from simulators.routes import Reply
 from simulators.routes import err as _err
 from simulators.routes import ok as _okr
@@ -164,9 +164,9 @@ class SimulatorApp:
         self.sql_deadline_s = sql_deadline_s
         self.max_upload_bytes = max_upload_bytes
         self.templates = TemplateCache()
-        self.runner: PythonRunner | SandboxRunner
-        if python_sandbox:
-            self.runner = SandboxRunner(python_limits, allow_unsafe=allow_unsafe_sandbox)
+        self.runner: PythonRunner | SharedSandbox
+        if python_sandbox:  # a lease on this process's one sandbox service, shared by every simulator in it
+            self.runner = SharedSandbox(python_limits, allow_unsafe=allow_unsafe_sandbox)
         else:
             self.runner = PythonRunner(python_limits)
         #: FULL / REDUCED / UNSAFE for the hardened sandbox, BASIC for the plain subprocess runner

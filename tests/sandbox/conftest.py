@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -16,7 +16,13 @@ from simulators.python.sandbox import FULL, SandboxRunner
 from simulators.python.sandbox import runner as sandbox_runner
 from tests.procs import descendants, with_marker
 
-SUITE_LIMITS = RunLimits(wall_s=3.0, cpu_s=3, memory_bytes=512 << 20, file_bytes=1 << 20, open_files=64, processes=32)
+# A generous wall limit: a program that is meant to finish must finish however busy the machine is
+# (its CPU limit still ends a spinning one after 3 CPU seconds). Cases that are meant to time out
+# set a short wall limit of their own: a timeout is their outcome whatever the load.
+SUITE_LIMITS = RunLimits(wall_s=60.0, cpu_s=3, memory_bytes=512 << 20, file_bytes=1 << 20, open_files=64, processes=32)
+#: how long a test waits for a state it expects (a process gone, a run started): a bound for a busy
+#: machine, never an expected time; every wait ends as soon as the state is reached
+WAIT_S = 60.0
 
 
 def require_integration() -> bool:
@@ -72,14 +78,24 @@ def dirs(tmp_path: Path) -> Dirs:
 
 def idle_tree_size(runner: SandboxRunner) -> int:
     """Processes under the zygote between runs: the pid-1 zygote (with a pid namespace) and the warm
-    slots, a supervisor and its program each."""
-    return (1 if runner.layers.get("pidns") else 0) + 2 * sandbox_runner._WARM_SLOTS
+    slots, a program each (and, with a pid namespace, the run's pid 1)."""
+    return sandbox_runner.idle_processes(bool(runner.layers.get("pidns")))
 
 
-def assert_no_leftovers(runner: SandboxRunner, marker: str | None = None, timeout: float = 5.0) -> None:
-    """Nothing of the last run is alive: the zygote's tree is back to its idle size, no marked process."""
+def wait_for(condition: Callable[[], object], what: str, timeout: float = WAIT_S) -> None:
+    """Poll ``condition`` until it holds; fail naming ``what`` after ``timeout`` (a hang bound)."""
+    end = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > end:
+            raise AssertionError(f"still waiting after {timeout:.0f} s for {what}")
+        time.sleep(0.02)
+
+
+def assert_no_leftovers(runner: SandboxRunner, marker: str | None = None, timeout: float = WAIT_S, others: int = 0) -> None:
+    """Nothing of the last run is alive: the zygote's tree is back to its idle size (plus ``others``
+    processes of runs still going on), no marked process."""
     assert runner.pid is not None
-    expected = idle_tree_size(runner)
+    expected = idle_tree_size(runner) + others
     end = time.monotonic() + timeout
     while True:
         tree = descendants(runner.pid)

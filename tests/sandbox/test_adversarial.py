@@ -6,6 +6,10 @@ in the code are replaced by their values. After each case: the case's own assert
 then the runner still serves a benign program, no process of the run survives (the zygote's tree
 is back to its idle size and no process carries the case's marker), ``outside`` is still empty and
 ``secret`` was not read.
+
+Every case runs twice: on a runner of its own, and through a lease on a shared service (issue #16)
+while another lease's run (another env's) is going on in that service; after each case that run
+must still be alive and its workspace untouched, and at the end it finishes with the right answer.
 """
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ import platform
 import signal
 import socket
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,9 +28,11 @@ from typing import Any
 import pytest
 
 from simulators.python import PythonResult, RunLimits
-from simulators.python.sandbox import SandboxRunner
+from simulators.python.sandbox import FULL, SandboxRunner
+from simulators.python.sandbox.shared import SharedSandbox
+from tests.procs import with_marker
 
-from .conftest import SUITE_LIMITS, Dirs, assert_no_leftovers
+from .conftest import SUITE_LIMITS, WAIT_S, Dirs, assert_no_leftovers, need, wait_for
 
 Check = Callable[[PythonResult, Dirs], None]
 
@@ -146,7 +153,7 @@ def _sleeper_daemon() -> str:
         "    os.setsid()\n"
         "    if os.fork() == 0:\n"
         "        os.close(1); os.close(2)\n"
-        "        os.execv('/bin/sleep', ['sleep', '1000', '{marker}'])\n"
+        "        os.execv('/bin/sleep', ['{marker}', '1000'])\n"
         "    os._exit(0)\n"
         "import time; time.sleep(0.2)\n"
         "print('parent done')\n"
@@ -198,12 +205,12 @@ CASES: list[Case] = [
     Case("double_forked_daemon", _sleeper_daemon(), prints("parent done")),
     Case(
         "background_child_outlives_program",
-        "import subprocess\nsubprocess.Popen(['/bin/sleep', '1000', '{marker}'], stdout=subprocess.DEVNULL)\nprint('bye')\n",
+        "import subprocess\nsubprocess.Popen(['{marker}', '1000'], executable='/bin/sleep', stdout=subprocess.DEVNULL)\nprint('bye')\n",
         prints("bye"),
     ),
     Case(
         "child_in_new_session_at_timeout",
-        "import subprocess, time\nsubprocess.Popen(['/bin/sleep', '1000', '{marker}'], start_new_session=True)\ntime.sleep(60)\n",
+        "import subprocess, time\nsubprocess.Popen(['{marker}', '1000'], executable='/bin/sleep', start_new_session=True)\ntime.sleep(60)\n",
         timed_out,
         FAST,
     ),
@@ -219,8 +226,15 @@ CASES: list[Case] = [
         prints("from thread"),
     ),
     Case(
+        # The program's parent is outside its pid namespace, so getppid() is 0 and this signals the
+        # program's own process group: it can only end itself.
         "kill_parent",
         "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nprint('still here')\n",
+        either(prints("still here"), denied, exit_code(-signal.SIGKILL)),
+    ),
+    Case(
+        "kill_pid_1",
+        "import os, signal\nos.kill(1, signal.SIGKILL)\nprint('still here')\n",
         either(prints("still here"), denied),
     ),
     Case(
@@ -412,9 +426,78 @@ def tcp_server() -> Any:
     srv.close()
 
 
-def _shm_segments() -> int:
+def _shm_segments() -> dict[int, int]:
+    """System V segments of the host's IPC namespace: shmid -> creator pid."""
     with open("/proc/sysvipc/shm") as f:
-        return len(f.readlines()) - 1
+        rows = [line.split() for line in f.readlines()[1:]]
+    return {int(row[1]): int(row[4]) for row in rows if len(row) > 4}
+
+
+def _segments_left_by_runs(before: dict[int, int]) -> list[int]:
+    """New segments whose creator is gone: a run's (its processes are all dead by now). Segments of
+    live processes are other programs' on this machine (a PostgreSQL server of another test), and a
+    creator pid of 0 is a process this namespace cannot see (a run's would be visible here)."""
+    now = _shm_segments()
+    return [shmid for shmid, cpid in now.items() if shmid not in before and cpid > 0 and not os.path.exists(f"/proc/{cpid}")]
+
+
+@dataclass
+class Neighbour:
+    """Another env's run, going on in the shared service while the cases run through another lease."""
+
+    lease: SharedSandbox
+    ws: Path
+    marker: str
+    thread: threading.Thread
+    outcome: dict[str, PythonResult]
+
+    def processes(self) -> int:
+        """Its processes in the service's tree: its pid 1 (with a pid namespace), its program, its child."""
+        return 3 if self.lease.layers.get("pidns") else 2
+
+    def assert_untouched(self) -> None:
+        assert self.thread.is_alive() and with_marker(self.marker), f"the other env's run ended: {self.outcome}"
+        assert sorted(os.listdir(self.ws)) == ["data.txt"], os.listdir(self.ws)
+        assert (self.ws / "data.txt").read_text() == "the other env's data\n"
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SharedSandbox, Neighbour]]:
+    """Lease A (for the cases) and a neighbour's run on lease B, both on one shared service."""
+    settings = {"workspace_bytes": 16 << 20, "workspace_files": 512}  # the session runner's caps
+    a, b = SharedSandbox(SUITE_LIMITS, **settings), SharedSandbox(SUITE_LIMITS, **settings)  # type: ignore[arg-type]
+    try:
+        if a.tier != FULL:
+            need(a.runner, *a.missing)
+        assert a.runner is b.runner
+        ws = tmp_path_factory.mktemp("neighbour")
+        (ws / "data.txt").write_text("the other env's data\n")
+        marker = f"agentrl-sbx-neighbour-{os.getpid()}-{time.monotonic_ns()}"
+        outcome: dict[str, PythonResult] = {}
+        code = (
+            "import subprocess\nopen('mine.txt', 'w').write('kept')\n"
+            f"subprocess.run([{marker!r}, 'infinity'], executable='/bin/sleep')\nprint(open('data.txt').read(), end='')\n"
+        )
+        limits = RunLimits(**{**SUITE_LIMITS.__dict__, "wall_s": 3600.0})
+
+        def run() -> None:
+            outcome["res"] = b.run(code, str(ws), limits)
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        wait_for(lambda: with_marker(marker) or not thread.is_alive(), "the other env's run to start")
+        neighbour = Neighbour(b, ws, marker, thread, outcome)
+        neighbour.assert_untouched()
+        yield a, neighbour
+        for pid in with_marker(marker):  # its child ends: the neighbour's program finishes
+            os.kill(pid, signal.SIGKILL)
+        thread.join(WAIT_S)
+        res = outcome.get("res")
+        assert res is not None and (res.exit_code, res.stdout) == (0, "the other env's data\n"), res
+        assert (ws / "mine.txt").read_text() == "kept"
+    finally:
+        a.close()
+        b.close()
 
 
 X86_ONLY = pytest.mark.skipif(platform.machine() != "x86_64", reason="raw syscall numbers of x86_64")
@@ -424,9 +507,17 @@ for _case in CASES:
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id, marks=c.marks) for c in CASES])
+@pytest.mark.parametrize("where", ["own", "shared"])
 def test_hostile_program_is_contained(
-    full: SandboxRunner, dirs: Dirs, case: Case, tcp_server: Any, monkeypatch: pytest.MonkeyPatch
+    where: str, dirs: Dirs, case: Case, tcp_server: Any, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
+    neighbour: Neighbour | None = None
+    if where == "own":
+        full: SandboxRunner | SharedSandbox = request.getfixturevalue("full")
+        service: SandboxRunner = full  # type: ignore[assignment]
+    else:
+        full, neighbour = request.getfixturevalue("shared")
+        service = full.runner  # type: ignore[union-attr]
     monkeypatch.setenv("AGENTRL_HOST_SECRET", "s3cr3t-env")
     port, accepted = tcp_server
     code = case.code
@@ -446,15 +537,17 @@ def test_hostile_program_is_contained(
     # the runner still serves, nothing survived, nothing escaped
     benign = full.run("print(6 * 7)", str(dirs.ws))
     assert (benign.exit_code, benign.stdout, benign.stderr) == (0, "42\n", ""), benign
-    assert_no_leftovers(full, dirs.marker)
+    assert_no_leftovers(service, dirs.marker, others=neighbour.processes() if neighbour else 0)
     assert os.listdir(dirs.outside) == []
     assert not Path(f"/tmp/agentrl-escape-{dirs.marker}").exists()
     assert not Path(f"/dev/shm/agentrl-escape-{dirs.marker}").exists()
     assert not accepted, "a sandboxed program reached the host's loopback server"
-    assert _shm_segments() <= shm_before, "a System V shared memory segment outlived the run"
+    assert not _segments_left_by_runs(shm_before), "a System V shared memory segment outlived the run"
     for path in dirs.ws.rglob("*"):
         assert not path.is_symlink() and (path.is_file() or path.is_dir()), f"{path} is not a plain file"
         assert not path.stat().st_mode & 0o6000, f"{path} has a setuid/setgid bit"
+    if neighbour is not None:
+        neighbour.assert_untouched()
 
 
 def test_case_count() -> None:

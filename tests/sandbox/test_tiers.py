@@ -71,9 +71,9 @@ def test_without_a_pid_namespace_the_subreaper_still_kills_daemons(tmp_path: Pat
             "if os.fork() == 0:\n"
             "    os.setsid()\n"
             "    if os.fork() == 0:\n"
-            f"        os.execv('/bin/sleep', ['sleep', '1000', '{marker}'])\n"
+            f"        os.execv('/bin/sleep', ['{marker}', '1000'])\n"
             "    os._exit(0)\n"
-            f"subprocess.Popen(['/bin/sleep', '1000', '{marker}'], start_new_session=True)\n"
+            f"subprocess.Popen(['{marker}', '1000'], executable='/bin/sleep', start_new_session=True)\n"
             "print('parent done')\n"
         )
         res = r.run(code, str(tmp_path))

@@ -28,7 +28,7 @@ class Plan:
 
 @dataclass
 class Context:
-    """The zygote's state that every supervisor and program inherits through fork."""
+    """The zygote's state that every program inherits through fork."""
 
     plan: Plan
     root: bool
@@ -43,6 +43,7 @@ class Context:
     control_fd: int
     env: dict[str, str]
     probe: bool = False
+    overlaid: bool = False  # the program mounted the overlay over the workspace (the host copies back then)
     applied: dict[str, bool] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
 

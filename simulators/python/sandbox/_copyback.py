@@ -2,7 +2,7 @@
 
 A run sees the workspace through an overlay whose upper layer lives on a size- and inode-capped
 tmpfs, so a file-size or file-count bomb stops at the cap instead of filling the host's disk. When
-the run is over the supervisor replays the upper layer onto the real directory: new and modified
+the run is over the host replays the upper layer onto the real directory: new and modified
 regular files and directories are copied (permission bits only: never setuid, setgid or sticky),
 whiteouts and opaque directories delete, and anything else (symlinks, fifos, devices) is dropped.
 Every operation is relative to directory descriptors and never follows a symlink.
@@ -35,13 +35,18 @@ def apply_upper(upper: str, real_fd: int) -> tuple[list[str], list[str]]:
     Returns (notes on what was dropped, errors: changes that could not be kept). Paths in both are
     relative to the workspace.
     """
-    notes: list[str] = []
-    errors: list[str] = []
     up_fd = os.open(upper, _DIR_FLAGS)
     try:
-        _sync_dir(up_fd, real_fd, "", 0, notes, errors)
+        return apply_upper_fd(up_fd, real_fd)
     finally:
         os.close(up_fd)
+
+
+def apply_upper_fd(up_fd: int, real_fd: int) -> tuple[list[str], list[str]]:
+    """:func:`apply_upper` for an upper layer open at ``up_fd`` (the host holds the run's tmpfs this way)."""
+    notes: list[str] = []
+    errors: list[str] = []
+    _sync_dir(up_fd, real_fd, "", 0, notes, errors)
     return notes, errors
 
 

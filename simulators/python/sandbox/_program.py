@@ -1,11 +1,14 @@
-"""The program process: it locks itself down, waits for its request, then runs the agent's code.
+"""The program process: it prepares itself, waits for its request, locks itself down, runs the agent's code.
 
-Forked by the supervisor ahead of the request (a warm pair), it does everything that does not depend
-on the request first: its stdio, its own user namespace (a per-run RLIMIT_NPROC count), no
-capabilities, no_new_privs, a Landlock ruleset holding the read-only rules, seccomp. Once the
-request arrives: chdir into the workspace, the workspace rule and ``landlock_restrict_self``, every
-other descriptor closed, the rlimits, the environment, and the code runs as ``__main__`` in a fresh
-namespace with the file name ``<agent>``.
+Forked by the zygote ahead of the request (a warm slot) into the run's own pid, mount and IPC
+namespaces, it does everything that does not depend on the request first: its stdio, a new session,
+every descriptor it does not need closed, the pid cap of its namespace, the read-only part of its
+Landlock ruleset, fresh interpreter state. Once the request arrives: the workspace check, the overlay
+over the workspace, its own user namespace (a per-run RLIMIT_NPROC count, when the host is not root),
+no capabilities, no_new_privs, ``landlock_restrict_self``, seccomp, every other descriptor closed,
+the rlimits, the environment; then the code runs as ``__main__`` in a fresh namespace with the file
+name ``<agent>``. Nothing the request names is acted on before the request's own checks, and the
+agent's code runs only after every layer is on.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import json
 import os
 import resource
 import signal
+import stat
 import sys
 import time
 import traceback
@@ -27,21 +31,26 @@ from ._context import SETUP_FAILED, Context
 from ._protocol import decode_request, read_frame_fd
 
 GLOBAL_NPROC = 4096  # RLIMIT_NPROC over all concurrent runs (the user namespace's ceiling)
+# The kernel's smallest pid_max (RESERVED_PIDS + 1): a run's pid namespace holds at most 300 tasks
+# even where RLIMIT_NPROC does not apply (root).
+PID_MAX = 301
+MS_BIND, MS_NOEXEC = 0x1000, 8
 
 
 def program_main(ctx: Context, out_w: int, err_w: int, go_r: int, setup_w: int) -> NoReturn:
     """Entry point of the program child; never returns."""
     report_fd = setup_w
     try:
-        ruleset = _prepare(ctx, out_w, err_w)
+        ruleset = _prepare(ctx, out_w, err_w, go_r, setup_w)
         header, program = decode_request(read_frame_fd(go_r))
+        os.close(go_r)
     except EOFError:
-        os._exit(0)  # the supervisor went away without a request
+        os._exit(0)  # the host went away without a request
     except BaseException as exc:
         _fail(report_fd, f"sandbox setup: {type(exc).__name__}: {exc}")
     try:
         report_fd = _lock_in(ctx, header, ruleset, setup_w)
-        report = {"program": ctx.applied, "program_errors": ctx.errors, "ready": time.monotonic()}
+        report = {"program": ctx.applied, "program_errors": ctx.errors, "ready": time.monotonic(), "overlay": ctx.overlaid}
         os.write(report_fd, json.dumps(report).encode() + b"\n")
     except BaseException as exc:
         _fail(report_fd, f"sandbox setup: {type(exc).__name__}: {exc}")
@@ -56,32 +65,70 @@ def _fail(fd: int, message: str) -> NoReturn:
         os._exit(SETUP_FAILED)
 
 
-def _prepare(ctx: Context, out_w: int, err_w: int) -> int:
+def _prepare(ctx: Context, out_w: int, err_w: int, go_r: int, setup_w: int) -> int:
     """Everything that does not depend on the request; the Landlock ruleset fd (-1 without Landlock)."""
     plan = ctx.plan
+    _linux.prctl(_linux.PR_SET_PDEATHSIG, signal.SIGKILL)
     os.dup2(out_w, 1)
     os.dup2(err_w, 2)
     os.dup2(ctx.devnull, 0)
-    # Inherited: SIGCHLD default (the supervisor's), SIGPIPE and SIGXFSZ ignored (the interpreter's), the
-    # environment and oom_score_adj 1000 (the zygote's), an empty capability bounding set.
+    # The zygote's other descriptors (its control socket, other runs' status pipes) are never ours.
+    _close_all_but({0, 1, 2, go_r, setup_w, *(fd for fd, _access in ctx.rules)})
+    # Inherited: SIGPIPE and SIGXFSZ ignored (the interpreter's), the environment and oom_score_adj
+    # 1000 (the zygote's), an empty capability bounding set.
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    if not plan.pidns:
-        _linux.prctl(_linux.PR_SET_PDEATHSIG, signal.SIGKILL)
-    os.setpgid(0, 0)  # without a pid namespace, one killpg reaches every descendant that stays in it
-    if plan.userns_run:
-        ctx.step("userns_run", lambda: _enter_run_userns(ctx))
-    if plan.caps:
-        ctx.step("caps", _linux.clear_capabilities)
-    _linux.prctl(_linux.PR_SET_NO_NEW_PRIVS, 1)
+    os.setsid()  # a new session; without a pid namespace, one killpg reaches every descendant that stays in it
+    if plan.subreaper:  # without a pid namespace: orphans of the run stay below us, where the host finds them
+        _linux.prctl(_linux.PR_SET_CHILD_SUBREAPER, 1)
+    if plan.pid_max:
+        ctx.step("pid_max", lambda: _write("/proc/sys/kernel/pid_max", str(PID_MAX)))
     ruleset = -1
     if plan.landlock:
         rulesets: list[int] = []
         if ctx.step("landlock", lambda: rulesets.append(_static_ruleset(ctx))):
             ruleset = rulesets[0]
-    if plan.seccomp:  # from here on only allowed syscalls: chdir, landlock, close_range, prlimit, read, write
-        ctx.step("seccomp", lambda: _seccomp.install(ctx.seccomp_filter))
+    for fd, _access in ctx.rules:
+        os.close(fd)
     _fresh_process_state()
     return ruleset
+
+
+def _close_all_but(keep: set[int]) -> None:
+    low = 0
+    for fd in sorted(keep):
+        if fd > low:
+            os.closerange(low, fd)
+        low = fd + 1
+    _linux.close_from(low)
+
+
+def _write(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def _mount_overlay(ctx: Context, workspace: str, st: os.stat_result) -> None:
+    mnt = ctx.mnt
+    upper = f"{mnt}/upper"
+    os.chmod(upper, stat.S_IMODE(st.st_mode))
+    try:
+        os.chown(upper, st.st_uid, st.st_gid)
+    except OSError:
+        pass
+    lower = workspace
+    if any(c in workspace for c in ",:\\"):  # characters overlay options cannot hold
+        lower = f"{mnt}/lower"
+        os.mkdir(lower, 0o700)
+        _linux.mount(workspace, lower, None, MS_BIND, None)
+    # Redirects and metacopy off: the upper layer then holds whole files, which the copy-back
+    # needs (in a user namespace "userxattr" implies no redirects and refuses redirect_dir=off).
+    opts = f"lowerdir={lower},upperdir={upper},workdir={mnt}/work,metacopy=off,index=off"
+    opts += ",redirect_dir=off" if ctx.root else ",userxattr"
+    _linux.mount("overlay", workspace, "overlay", _linux.MS_NOSUID | _linux.MS_NODEV | MS_NOEXEC, opts)
 
 
 def _enter_run_userns(ctx: Context) -> None:
@@ -138,8 +185,25 @@ def _lock_in(ctx: Context, header: dict[str, Any], ruleset: int, setup_w: int) -
     program may hold, so that descriptors 3 and up are free as in a cold interpreter. Its last line
     says the program is done (see :func:`_finish`); writing it early only ends the run early.
     """
+    plan = ctx.plan
     workspace = header["workspace"]
-    tasks = _tasks_of_this_user() if ctx.plan.nproc and not ctx.plan.userns_run else 0
+    real_fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        st = os.fstat(real_fd)
+    finally:
+        os.close(real_fd)
+    if (st.st_dev, st.st_ino) != (header["ws_dev"], header["ws_ino"]):
+        raise OSError("the workspace is not the host's workspace here (a mount made after the sandbox started?)")
+    if plan.pid_max and int(header["processes"]) + 2 > PID_MAX:
+        ctx.step("pid_max", lambda: _write("/proc/sys/kernel/pid_max", str(int(header["processes"]) + 2)))
+    if plan.overlay:
+        ctx.overlaid = ctx.step("overlay", lambda: _mount_overlay(ctx, workspace, st))
+    if plan.userns_run:
+        ctx.step("userns_run", lambda: _enter_run_userns(ctx))
+    if plan.caps:
+        ctx.step("caps", _linux.clear_capabilities)
+    _linux.prctl(_linux.PR_SET_NO_NEW_PRIVS, 1)
+    tasks = _tasks_of_this_user() if plan.nproc and not plan.userns_run else 0
     os.chdir(workspace)
     if ruleset >= 0:
 
@@ -153,6 +217,8 @@ def _lock_in(ctx: Context, header: dict[str, Any], ruleset: int, setup_w: int) -
             _landlock.restrict_self(ruleset)
 
         ctx.step("landlock_restrict", restrict)
+    if plan.seccomp:  # from here on only allowed syscalls
+        ctx.step("seccomp", lambda: _seccomp.install(ctx.seccomp_filter))
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     report_fd = max(4, min(int(header["open_files"]), soft) - 1)
     if setup_w != report_fd:
@@ -244,10 +310,10 @@ def _print_exception(exc: BaseException) -> None:
 
 
 def _finish(code: int, report_fd: int) -> int:
-    """What interpreter shutdown would do (join threads, run atexit, flush), then tell the supervisor.
+    """What interpreter shutdown would do (join threads, run atexit, flush), then tell the host.
 
     When nothing else of the run can still write (no other thread, no child), the program closes
-    its output and says "done": the supervisor can answer without waiting for this process's exit.
+    its output and says "done": the host can answer without waiting for this process's exit.
     """
     threading = sys.modules.get("threading")
     for step in (getattr(threading, "_shutdown", None), getattr(sys.modules.get("atexit"), "_run_exitfuncs", None)):

@@ -1,16 +1,16 @@
-"""Wire format between the host, the zygote and a run's supervisor (stdlib only).
+"""Wire format between the host, the zygote and a run's program (stdlib only).
 
 Frames are ``u32 length | payload``, big-endian.
 
 - Control socket (host <-> zygote, AF_UNIX stream). Host -> zygote: the JSON config, then one
-  empty frame per warm supervisor wanted. Zygote -> host: the JSON hello (tier, layers), then per
-  supervisor a JSON reply carrying three descriptors (SCM_RIGHTS): the write end of its request
-  pipe, the read end of its result pipe and its pidfd.
-- Request pipe (host -> supervisor, and supervisor -> program): one frame,
-  ``u32 header_length | header JSON | program bytes``. The zygote never sees a program.
-- Result pipe (supervisor -> host), written once when the run is over:
-  ``b"SBX1" | u32 header_length | header JSON | stdout bytes | stderr bytes``, the two lengths in
-  the header. The program never holds this pipe, so nothing it prints can forge a result.
+  empty frame per warm slot wanted. Zygote -> host: the JSON hello (tier, layers), then per slot a
+  JSON reply ``{"ok": true, "fds": [names]}`` carrying the slot's descriptors (SCM_RIGHTS; see
+  :data:`._monitor.SLOT_FDS`).
+- Request pipe (host -> program): one frame, ``u32 header_length | header JSON | program bytes``.
+  The zygote never sees a program.
+- :func:`encode_result` / :func:`decode_result`: a whole result as one byte string
+  (``b"SBX1" | u32 header_length | header JSON | stdout bytes | stderr bytes``), for tools that
+  pass results on.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def encode_result(header: dict[str, Any], out: bytes, err: bytes) -> bytes:
 def decode_result(data: bytes) -> tuple[dict[str, Any], bytes, bytes]:
     """Split a complete result; ProtocolError when it is cut short or malformed."""
     if len(data) < 8 or data[:4] != MAGIC:
-        raise ProtocolError("no result from the supervisor")
+        raise ProtocolError("no result")
     (n,) = _U32.unpack(data[4:8])
     try:
         header = json.loads(data[8 : 8 + n])

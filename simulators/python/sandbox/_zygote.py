@@ -1,11 +1,15 @@
-"""The zygote: a small, warm interpreter that forks the supervisors of sandboxed runs.
+"""The zygote: a small, warm interpreter that forks the programs of sandboxed runs.
 
 Started by the host as a fresh ``python -I -S`` (never a fork of the host, which may hold torch),
 it enters its own user (when not root), mount and network namespaces, imports the allowed modules
 once, then becomes pid 1 of its own pid namespace, so that its death takes every run with it. A
 probe run tells it which layers work on this machine (the tier). After that, each frame from the
-host is answered with a warm supervisor: one ``unshare(CLONE_NEWPID)`` + ``fork()``, prepared ahead
-of its request (see :mod:`._supervisor`), whose pipes go to the host.
+host is answered with a warm slot, prepared ahead of its request: new mount and IPC namespaces with
+the run's capped tmpfs, a new pid namespace whose pid 1 is a sleeping placeholder (spawned, not
+forked: its death kills the run), and the program, forked into them (see :mod:`._program`). The
+zygote keeps nothing of a run but the program's pid: it reaps the program and writes its wait
+status on the slot's status pipe. Every other descriptor of the slot goes to the host, which
+watches the run (see :mod:`._monitor`).
 
 Stdlib only, and nothing from the ``simulators`` package: the host loads these files as the
 package ``_agentrl_sandbox``.
@@ -19,22 +23,24 @@ import importlib
 import json
 import os
 import select
+import shutil
 import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from . import _landlock, _linux, _seccomp
+from . import _landlock, _linux, _monitor, _seccomp
 from ._context import SETUP_FAILED, Context, Plan
-from ._protocol import decode_result, encode_request, recv_frame, send_json, write_all
-from ._supervisor import supervisor_main
+from ._program import program_main
+from ._protocol import recv_frame, send_json
 
 FULL, REDUCED, UNSAFE = "FULL", "REDUCED", "UNSAFE"
 #: layers a run needs for tier FULL
 REQUIRED = ("rlimits", "pidns", "netns", "ipcns", "process_cap", "no_capabilities", "seccomp", "landlock")
 _ISOLATING = ("pidns", "netns", "seccomp", "landlock")
+
+_NS_FILES = ((_linux.CLONE_NEWNS, "mnt"), (_linux.CLONE_NEWIPC, "ipc"))
 
 _PROBE_PROGRAM = """\
 import json, os, socket
@@ -57,7 +63,7 @@ with open('/proc/self/status') as f:
     r['cap_eff'] = int([l for l in f if l.startswith('CapEff:')][0].split()[1], 16)
 with open('/proc/self/net/dev') as f:
     r['interfaces'] = sorted(l.split(':')[0].strip() for l in f.readlines()[2:])
-r['parent_is_pid1'] = os.getppid() == 1
+r['own_pidns'] = os.getpid() == 2 and os.getppid() == 0  # pid 1 is the run's placeholder; our parent is outside
 with open('probe.txt', 'w') as f:
     f.write('ok')
 print(json.dumps(r))
@@ -72,16 +78,6 @@ def main(control_fd: int) -> NoReturn:
     zygote.serve()
 
 
-@dataclass
-class _Slot:
-    """A forked supervisor waiting for its request."""
-
-    pid: int
-    pidfd: int
-    request_w: int
-    result_r: int
-
-
 class _Zygote:
     def __init__(self, sock: socket.socket, config: dict[str, Any]) -> None:
         self.sock = sock
@@ -92,7 +88,8 @@ class _Zygote:
         self.layers: dict[str, bool] = {}
         self.notes: list[str] = []
         self.zns = -1
-        self.supervisors: dict[int, int] = {}  # pid -> pidfd, without a pid namespace only
+        self.kids: dict[int, tuple[int, int]] = {}  # pid -> (pidfd, status pipe or -1): programs and pid 1s
+        self.sleep = shutil.which("sleep", path="/usr/bin:/bin") or ""
         self.notes += [f"{name}: disabled by configuration" for name in sorted(self.disable)]
 
     def _try(self, name: str, fn: Any) -> bool:
@@ -116,13 +113,16 @@ class _Zygote:
         if not self.root:
             privileged = self._try("userns", self._enter_userns)
         mntns = privileged and self._try("mntns", self._enter_mntns)
+        if privileged and "ipcns" not in self.disable:  # an IPC namespace of our own: slots' setns back needs it
+            self._try("zygote_ipcns", lambda: _linux.unshare(_linux.CLONE_NEWIPC))
+        self.base_ns = {flag: os.open(f"/proc/self/ns/{name}", os.O_RDONLY | os.O_CLOEXEC) for flag, name in _NS_FILES}
         if privileged:
             self._try("netns", lambda: _linux.unshare(_linux.CLONE_NEWNET))
         self._import_modules()
         pidns = privileged and self._try("pidns", lambda: _linux.unshare(_linux.CLONE_NEWPID))
         if pidns:
             self._become_pid1()
-        signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # supervisors are reaped by the kernel
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # programs are reaped here, for their wait status
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         if not pidns:
             _linux.prctl(_linux.PR_SET_CHILD_SUBREAPER, 1)
@@ -253,7 +253,7 @@ class _Zygote:
             "workspace": workspace,
             "ws_dev": st.st_dev,
             "ws_ino": st.st_ino,
-            "deadline": time.monotonic() + 20.0,
+            "deadline": time.monotonic() + 60.0,  # a bound for a busy machine, not an expected time
             "cpu_s": 10,
             "memory_bytes": 1 << 30,
             "file_bytes": 1 << 20,
@@ -263,11 +263,11 @@ class _Zygote:
         }
         self.ctx.probe = True
         try:
-            result, out = self._run_blocking(header, (_PROBE_PROGRAM % secret).encode())
+            result, out, report = self._run_blocking(header, (_PROBE_PROGRAM % secret).encode())
         finally:
             self.ctx.probe = False
-        info = result.get("probe", {})
-        applied, errors = info.get("applied", {}), info.get("errors", {})
+        applied = {**self.ctx.applied, **report.get("program", {})}
+        errors = {**self.ctx.errors, **report.get("program_errors", {})}
         for name, message in errors.items():
             self.notes.append(f"{name}: {message}")
         try:
@@ -286,7 +286,7 @@ class _Zygote:
         plan.seccomp = plan.seccomp and applied.get("seccomp", False) and bool(seen.get("seccomp"))
         layers = {
             "rlimits": bool(seen),
-            "pidns": plan.pidns and bool(seen.get("parent_is_pid1")),
+            "pidns": plan.pidns and bool(seen.get("own_pidns")),
             "netns": bool(self.layers.get("netns")) and seen.get("interfaces") == ["lo"],
             "ipcns": plan.ipcns,
             "mntns": plan.mntns,
@@ -322,21 +322,23 @@ class _Zygote:
     # -- serving ----------------------------------------------------------------------------------
 
     def serve(self) -> NoReturn:
-        """One slot (a warm supervisor) per request frame: its request pipe, result pipe and pidfd."""
+        """One slot (a warm run) per request frame; between frames, reap the programs that ended."""
         gc.collect()
         gc.freeze()  # a fork's first writes then copy the pages it touches, not every object's header
         while True:
+            waits: list[Any] = [self.sock, *(fd for fd, _ in self.kids.values())]
+            ready, _, _ = select.select(waits, [], [], 1.0)
+            self._reap()
             if not self.ctx.plan.pidns:
-                ready, _, _ = select.select([self.sock], [], [], 1.0)
                 self._sweep_orphans()
-                if not ready:
-                    continue
+            if self.sock not in ready:
+                continue
             try:
                 recv_frame(self.sock)
             except (EOFError, OSError):
                 break
             try:
-                slot = self._fork_slot()
+                names, fds = self._fork_slot()
             except OSError as exc:
                 try:
                     send_json(self.sock, {"ok": False, "error": f"{type(exc).__name__}: {exc}"})
@@ -344,91 +346,163 @@ class _Zygote:
                     break
                 continue
             try:
-                send_json(self.sock, {"ok": True, "pid": slot.pid}, [slot.request_w, slot.result_r, slot.pidfd])
+                send_json(self.sock, {"ok": True, "fds": names}, fds)
             except OSError:
                 break  # the host hung up
             finally:
-                os.close(slot.request_w)
-                os.close(slot.result_r)
-                if self.ctx.plan.pidns:
-                    os.close(slot.pidfd)
+                for name, fd in zip(names, fds):
+                    if name not in ("prog", "pid1"):
+                        os.close(fd)
         self._sweep_orphans(everything=True)
         os._exit(0)
 
-    def _fork_slot(self) -> _Slot:
-        """Fork a supervisor (pid 1 of a new pid namespace) that prepares a run and waits for its request."""
-        plan = self.ctx.plan
-        result_r, result_w = os.pipe()
-        request_r, request_w = os.pipe()
+    def _fork_slot(self) -> tuple[list[str], list[int]]:
+        """Prepare one run: its namespaces and tmpfs, pid 1 and the program; (names, descriptors).
+
+        The descriptors named "prog" and "pid1" (pidfds) stay open here too, until the process is reaped.
+        """
+        ctx, plan = self.ctx, self.ctx.plan
+        opened: list[int] = []
+
+        def pipe() -> tuple[int, int]:
+            r, w = os.pipe()
+            opened.extend((r, w))
+            return r, w
+
+        out_r, out_w = pipe()
+        err_r, err_w = pipe()
+        report_r, report_w = pipe()
+        go_r, go_w = pipe()
+        status_r, status_w = pipe()
         try:
-            fcntl.fcntl(request_w, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
+            fcntl.fcntl(go_w, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)  # a whole request in one write
         except OSError:
             pass
-        if plan.pidns:
-            _linux.unshare(_linux.CLONE_NEWPID)
+        names = ["request", "out", "err", "report", "status"]
+        fds = [go_w, out_r, err_r, report_r, status_r]
+        flags = (_linux.CLONE_NEWNS if plan.mntns else 0) | (_linux.CLONE_NEWIPC if plan.ipcns else 0)
+        moved = 0
+        pid1 = prog = -1
         try:
-            pid = _linux.fork()
-        except BaseException:
+            if flags and ctx.step("mntns", lambda: _linux.unshare(flags)):
+                moved = flags
+                if plan.overlay and ctx.step("tmpfs", self._mount_tmpfs):
+                    upper = os.open(f"{ctx.mnt}/upper", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                    opened.append(upper)
+                    names.append("upper")
+                    fds.append(upper)
             if plan.pidns:
-                _linux.setns(self.zns, _linux.CLONE_NEWPID)
-            for fd in (result_r, result_w, request_r, request_w):
+                _linux.unshare(_linux.CLONE_NEWPID)
+                moved |= _linux.CLONE_NEWPID
+                pid1 = self._spawn_pid1()
+                fd = os.pidfd_open(pid1)
+                self.kids[pid1] = (fd, -1)
+                names.append("pid1")
+                fds.append(fd)
+            prog = _linux.fork()
+            if prog == 0:
+                try:
+                    for fd in (out_r, err_r, report_r, go_w, status_r, status_w):
+                        os.close(fd)
+                    program_main(ctx, out_w, err_w, go_r, report_w)
+                finally:
+                    os._exit(SETUP_FAILED)
+        except BaseException:
+            for fd in opened:
                 os.close(fd)
+            if pid1 > 0:
+                os.kill(pid1, signal.SIGKILL)  # its pidfd stays in self.kids until it is reaped
             raise
+        finally:
+            self._restore(moved)
+        fd = os.pidfd_open(prog)
+        self.kids[prog] = (fd, status_w)
+        names.append("prog")
+        fds.append(fd)
+        for w in (out_w, err_w, report_w, go_r):
+            os.close(w)
+        return names, fds
+
+    def _restore(self, moved: int) -> None:
+        """Back to the zygote's own namespaces after preparing a slot in new ones."""
+        if moved & _linux.CLONE_NEWPID:
+            _linux.setns(self.zns, _linux.CLONE_NEWPID)
+        for flag, fd in self.base_ns.items():
+            if moved & flag:
+                _linux.setns(fd, flag)
+
+    def _mount_tmpfs(self) -> None:
+        ctx = self.ctx
+        opts = f"size={ctx.workspace_bytes},nr_inodes={ctx.workspace_files + 5},mode=0700"
+        _linux.mount("tmpfs", ctx.mnt, "tmpfs", _linux.MS_NOSUID | _linux.MS_NODEV, opts)
+        os.mkdir(f"{ctx.mnt}/work", 0o700)
+        os.mkdir(f"{ctx.mnt}/upper", 0o700)
+
+    def _spawn_pid1(self) -> int:
+        """The run's pid 1: a pauser sharing our memory (see :func:`_linux.clone_pauser`), else ``sleep``."""
+        try:
+            return _linux.clone_pauser()
+        except OSError as exc:
+            if not self.sleep:
+                raise
+            self.notes.append(f"pid 1 of runs: {exc}; spawning sleep instead")
+        devnull = self.ctx.devnull
+        actions = [(os.POSIX_SPAWN_DUP2, devnull, 0), (os.POSIX_SPAWN_DUP2, devnull, 1), (os.POSIX_SPAWN_DUP2, devnull, 2)]
+        if self.sleep:
+            return os.posix_spawn(self.sleep, ["sleep", "infinity"], {}, file_actions=actions, setsid=True)
+        pid = _linux.fork()  # no sleep binary: a fork that waits for its end
         if pid == 0:
             try:
-                os.close(result_r)
-                os.close(request_w)
-                supervisor_main(self.ctx, request_r, result_w)
+                _linux.close_from(0)
+                while True:
+                    signal.pause()
             finally:
-                os._exit(SETUP_FAILED)
-        if plan.pidns:
-            _linux.setns(self.zns, _linux.CLONE_NEWPID)
-        os.close(result_w)
-        os.close(request_r)
-        pidfd = os.pidfd_open(pid)
-        if not plan.pidns:
-            self.supervisors[pid] = pidfd
-        return _Slot(pid, pidfd, request_w, result_r)
+                os._exit(0)
+        return pid
 
-    def _run_blocking(self, header: dict[str, Any], program: bytes) -> tuple[dict[str, Any], bytes]:
+    def _reap(self) -> None:
+        """Reap every ended child; a program's wait status and CPU seconds go to its status pipe."""
+        while True:
+            try:
+                pid, status, usage = os.wait4(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            pidfd, status_w = self.kids.pop(pid, (-1, -1))
+            if status_w >= 0:
+                try:
+                    os.write(status_w, b"%d %.6f" % (status, usage.ru_utime + usage.ru_stime))
+                except OSError:
+                    pass
+                os.close(status_w)
+            if pidfd >= 0:
+                os.close(pidfd)
+
+    def _run_blocking(self, header: dict[str, Any], program: bytes) -> tuple[dict[str, Any], bytes, dict[str, Any]]:
         """The probe: one run in this process's own hands."""
-        slot = self._fork_slot()
-        data = bytearray()
+        names, fds = self._fork_slot()
+        slot = _monitor.Slot.from_fds(names, [os.dup(fd) if name in ("prog", "pid1") else fd for name, fd in zip(names, fds)])
+        real_fd = os.open(header["workspace"], os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            write_all(slot.request_w, encode_request(header, program))
-            os.close(slot.request_w)
-            while True:
-                ready, _, _ = select.select([slot.result_r], [], [], max(0.0, header["deadline"] + 5.0 - time.monotonic()))
-                if not ready:
-                    signal.pidfd_send_signal(slot.pidfd, signal.SIGKILL)
-                    break
-                chunk = os.read(slot.result_r, 1 << 20)
-                if not chunk:
-                    break
-                data += chunk
-        finally:
-            os.close(slot.result_r)
-            if self.ctx.plan.pidns:
-                os.close(slot.pidfd)
-        try:
-            result, out, _err = decode_result(bytes(data))
+            result, out, _err, report = _monitor.supervise(slot, header, program, real_fd, tick=self._reap)
         except Exception as exc:
-            return {"setup_error": f"probe: {exc}"}, b""
-        return result, out
+            return {"setup_error": f"probe: {exc}"}, b"", {}
+        finally:
+            os.close(real_fd)
+            slot.close()
+        return result, out, report
 
     def _sweep_orphans(self, everything: bool = False) -> None:
         """Without a pid namespace: kill whatever was reparented to us (we are a subreaper)."""
-        for pid, pidfd in list(self.supervisors.items()):
-            if select.select([pidfd], [], [], 0)[0]:
-                os.close(pidfd)
-                del self.supervisors[pid]
+        self._reap()
         try:
             with open("/proc/thread-self/children") as f:
                 kids = [int(p) for p in f.read().split()]
         except OSError:
             return
         for kid in kids:
-            if everything or kid not in self.supervisors:
+            if everything or kid not in self.kids:
                 try:
                     os.kill(kid, signal.SIGKILL)
                 except OSError:

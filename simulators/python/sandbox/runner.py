@@ -5,12 +5,15 @@ Process tree (root host; a non-root host adds a user namespace around the zygote
     host (may import torch; never forked)
      └─ zygote         python -I -S, own mount + network namespaces, allowed modules imported
          └─ zygote     pid 1 of its pid namespace: its death ends every run
-             └─ supervisor   pid 1 of the run's pid namespace; own mount + IPC namespaces
-                 └─ program  no capabilities, Landlock, seccomp, rlimits (+ own user namespace)
+             ├─ pauser     pid 1 of the run's pid namespace (shares the zygote's memory): its death ends the run
+             └─ program    forked into the run's pid, mount and IPC namespaces; no capabilities,
+                           Landlock, seccomp, rlimits (+ own user namespace)
 
-Two supervisor/program pairs are kept forked and prepared ahead of requests ("warm slots"); a run
-writes its request straight to one, and its result comes back on a pipe that only that supervisor
-holds, so the program's output can never forge it (see :mod:`._protocol`).
+Two slots (a program, locked down as far as it can be before its request, and its pid 1) are kept
+prepared ahead of requests ("warm slots"). A run writes its request straight to the program; this
+side reads its output, enforces the deadline and copies the workspace changes back (see
+:mod:`._monitor`). The program holds none of the descriptors the result is built from except its
+own output pipes, so nothing it prints can forge the result.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ import importlib.util
 import os
 import select
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -32,15 +34,8 @@ from typing import Any
 
 from simulators.python.runner import PythonResult, RunLimits
 from simulators.python.sandbox._context import SETUP_FAILED
-from simulators.python.sandbox._protocol import (
-    ProtocolError,
-    decode_result,
-    encode_request,
-    frame,
-    recv_json_with_fds,
-    send_json,
-    write_all,
-)
+from simulators.python.sandbox._monitor import Slot, supervise
+from simulators.python.sandbox._protocol import ProtocolError, frame, recv_json_with_fds, send_json
 
 FULL, REDUCED, UNSAFE = "FULL", "REDUCED", "UNSAFE"
 
@@ -75,9 +70,17 @@ _BOOT = (
     "from _agentrl_sandbox._zygote import main\n"
     "main(int(sys.argv[2]))\n"
 )
-_GRACE_S = 2.0  # beyond the wall deadline, for the supervisor's kill, copy-back and report
-_ACK_TIMEOUT_S = 10.0
-_WARM_SLOTS = 2  # supervisors kept forked ahead of requests (two: two client threads never wait)
+# How long the host waits for the zygote to hand over a slot, and how long a run's set-up may take
+# beyond its wall limit: generous bounds for a busy machine (both end as soon as the event comes).
+_ACK_TIMEOUT_S = 60.0
+_SETUP_WAIT_S = 60.0
+_WARM_SLOTS = 2  # slots kept prepared ahead of requests (two: two client threads never wait)
+
+
+def idle_processes(pidns: bool, slots: int = _WARM_SLOTS) -> int:
+    """Processes below the zygote between runs: the pid-1 zygote (with a pid namespace) and, per
+    warm slot, its program (and its pid 1)."""
+    return (1 + 2 * slots) if pidns else slots
 
 
 class SandboxError(RuntimeError):
@@ -91,7 +94,10 @@ class SandboxWarning(UserWarning):
 class _Zygote:
     """A started zygote: its process and control socket. Kept apart from the runner for finalizers."""
 
-    def __init__(self, config: dict[str, Any], timeout_s: float) -> None:
+    def __init__(self, config: dict[str, Any], timeout_s: float, warm_slots: int = _WARM_SLOTS) -> None:
+        self.warm_slots = warm_slots
+        self.slots: list[Slot] = []  # warm runs, prepared ahead of their requests
+        self.pending = 0  # slots asked for, replies not read yet
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self.proc = subprocess.Popen(
@@ -116,27 +122,30 @@ class _Zygote:
             self.stop()
             raise SandboxError(f"the sandbox zygote did not start: {type(exc).__name__}: {exc}") from None
 
-        self.slots: list[tuple[int, int, int]] = []  # warm supervisors: (request_w, result_r, pidfd)
-        self.pending = 0  # slots asked for, replies not read yet
-
-    def take_slot(self) -> tuple[int, int, int]:
-        """A warm supervisor for the next run (forked now if none is ready)."""
-        while not self.slots:
-            if self.pending == 0:
-                self._ask()
-            reply, fds = recv_json_with_fds(self.sock, 3)
-            self.pending -= 1
-            if not reply.get("ok") or len(fds) != 3:
-                for fd in fds:
-                    os.close(fd)
-                raise SandboxError(f"the sandbox could not prepare a run: {reply.get('error')}")
-            self.slots.append((fds[0], fds[1], fds[2]))
-        return self.slots.pop(0)
+    def take_slot(self) -> Slot:
+        """A warm slot for the next run (prepared now if none is ready)."""
+        while True:
+            while not self.slots:
+                if self.pending == 0:
+                    self._ask()
+                reply, fds = recv_json_with_fds(self.sock, 8)
+                self.pending -= 1
+                if not reply.get("ok"):
+                    for fd in fds:
+                        os.close(fd)
+                    raise SandboxError(f"the sandbox could not prepare a run: {reply.get('error')}")
+                self.slots.append(Slot.from_fds(list(reply.get("fds", ())), list(fds)))
+            slot = self.slots.pop(0)
+            if not select.select([slot.prog], [], [], 0)[0]:
+                return slot
+            slot.close()  # its program is gone: the zygote died, or killed it
+            if self.proc.poll() is not None:
+                raise EOFError("the sandbox zygote is gone")
 
     def refill(self) -> None:
-        """Ask for warm supervisors up to the pool size. Called after a run, so that their preparation
+        """Ask for warm slots up to the pool size. Called after a run, so that their preparation
         overlaps the caller's own work rather than the next run."""
-        while self.pending + len(self.slots) < _WARM_SLOTS:
+        while self.pending + len(self.slots) < self.warm_slots:
             self._ask()
 
     def _ask(self) -> None:
@@ -146,8 +155,7 @@ class _Zygote:
     def stop(self) -> None:
         """Hang up (the zygote exits and takes every run with it), then make sure it is gone."""
         for slot in self.slots:
-            for fd in slot:
-                os.close(fd)
+            slot.close()
         self.slots = []
         try:
             self.sock.close()
@@ -180,6 +188,7 @@ class SandboxRunner:
             back when it ends (``None``: write the workspace directly, with no total cap).
         workspace_files: inode cap of that tmpfs (files + directories a run may create).
         disable: layer names to switch off (for tests, or a platform known to lack them).
+        warm_slots: runs kept prepared ahead of requests (two: two client threads never wait).
 
     Attributes:
         tier: ``"FULL"``, ``"REDUCED"`` or ``"UNSAFE"``, as probed when the zygote started.
@@ -198,6 +207,7 @@ class SandboxRunner:
         workspace_files: int = 4096,
         disable: tuple[str, ...] | list[str] = (),
         start_timeout_s: float = 60.0,
+        warm_slots: int = _WARM_SLOTS,
     ) -> None:
         self.limits = limits or RunLimits()
         self.allow_unsafe = allow_unsafe
@@ -206,6 +216,9 @@ class SandboxRunner:
         self._workspace_files = workspace_files
         self._disable = list(disable)
         self._start_timeout_s = start_timeout_s
+        if not 1 <= int(warm_slots) <= 64:
+            raise ValueError(f"warm_slots={warm_slots!r}: use 1 to 64 (2 serves two client threads without waiting)")
+        self.warm_slots = int(warm_slots)
         self._lock = threading.Lock()
         self.tier = UNSAFE
         self.missing: list[str] = []
@@ -254,7 +267,7 @@ class SandboxRunner:
             "disable": self._disable,
             "env": PROGRAM_ENV,
         }
-        zygote = _Zygote(config, self._start_timeout_s)
+        zygote = _Zygote(config, self._start_timeout_s, self.warm_slots)
         hello = zygote.hello
         self.tier, self.missing = hello["tier"], list(hello["missing"])
         self.layers, self.notes = dict(hello["layers"]), list(hello["notes"])
@@ -288,36 +301,39 @@ class SandboxRunner:
         lim = limits or self.limits
         start = time.monotonic()
         workspace = os.path.abspath(workspace)
-        st = os.stat(workspace)
-        if not os.path.isdir(workspace):
-            raise NotADirectoryError(workspace)
-        deadline = start + lim.wall_s
-        header = {
-            "workspace": workspace,
-            "ws_dev": st.st_dev,
-            "ws_ino": st.st_ino,
-            "deadline": deadline,
-            "cpu_s": max(1, int(lim.cpu_s)),
-            "memory_bytes": lim.memory_bytes,
-            "file_bytes": lim.file_bytes,
-            "open_files": lim.open_files,
-            "processes": lim.processes,
-            "output_bytes": lim.output_bytes,
-        }
-        result_fd, pidfd = self._submit(encode_request(header, code.encode("utf-8", "surrogatepass")))
-        acked = time.monotonic()
+        real_fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            data, killed = _collect(result_fd, pidfd, deadline + _GRACE_S)
+            st = os.fstat(real_fd)
+            slot = self._take_slot()  # (re)starting the zygote, if needed, does not count against the run
+            acked = time.monotonic()
+            header = {
+                "workspace": workspace,
+                "ws_dev": st.st_dev,
+                "ws_ino": st.st_ino,
+                "wall_s": float(lim.wall_s),  # counted from the moment the agent's code starts
+                "deadline": acked + lim.wall_s + _SETUP_WAIT_S,  # the whole run, set-up included
+                "cpu_s": max(1, int(lim.cpu_s)),
+                "memory_bytes": lim.memory_bytes,
+                "file_bytes": lim.file_bytes,
+                "open_files": lim.open_files,
+                "processes": lim.processes,
+                "output_bytes": lim.output_bytes,
+            }
+            try:
+                outcome = supervise(slot, header, code.encode("utf-8", "surrogatepass"), real_fd)
+            finally:
+                slot.close()
         finally:
-            os.close(result_fd)
-            os.close(pidfd)
-        result, marks = _to_result(data, killed, lim, time.monotonic() - start, (workspace, self._state["scratch"]))
+            os.close(real_fd)
+        result_header, out, err, _report = outcome
+        result = _to_result(result_header, out, err, time.monotonic() - start, (workspace, self._state["scratch"]))
         self._refill()
+        marks = result_header.get("marks", {})
         self.last_timings = {"acked": acked - start, **{k: v - start for k, v in marks.items()}, "done": result.elapsed_s}
         return result
 
-    def _submit(self, request: bytes) -> tuple[int, int]:
-        """Hand the request to a warm supervisor; its result pipe and pidfd. Restarts a dead zygote once."""
+    def _take_slot(self) -> Slot:
+        """A warm slot of a live zygote. Restarts a dead zygote once."""
         for attempt in (0, 1):
             with self._lock:
                 if self._closed:
@@ -329,25 +345,11 @@ class SandboxRunner:
                     self.restarts += 1
                 zygote = self._state["zygote"]
                 try:
-                    request_w, result_r, pidfd = zygote.take_slot()
+                    return zygote.take_slot()
                 except (OSError, EOFError, ProtocolError, ValueError) as exc:
                     self._drop(zygote)
                     if attempt:
                         raise SandboxError(f"the sandbox zygote failed twice: {type(exc).__name__}: {exc}") from None
-                    continue
-            try:
-                write_all(request_w, request)
-            except BrokenPipeError:  # the supervisor is gone: its zygote died
-                os.close(result_r)
-                os.close(pidfd)
-                with self._lock:
-                    self._drop(zygote)
-                if attempt:
-                    raise SandboxError("the sandbox zygote failed twice: its supervisors are gone") from None
-                continue
-            finally:
-                os.close(request_w)
-            return result_r, pidfd
         raise SandboxError("unreachable")
 
     def _refill(self) -> None:
@@ -370,6 +372,8 @@ class SandboxRunner:
         zygote = self._state["zygote"]
         if zygote is not None:
             os.close(zygote.sock.detach())
+            for slot in zygote.slots:  # our copies of the parent's warm slots
+                slot.close()
         self._init_state()
 
     def close(self) -> None:
@@ -385,31 +389,6 @@ class SandboxRunner:
         self.close()
 
 
-def _collect(result_fd: int, pidfd: int, hard_deadline: float) -> tuple[bytes, bool]:
-    """Read the result pipe to its end; past ``hard_deadline`` SIGKILL the supervisor (and its run)."""
-    data = bytearray()
-    killed = False
-    while True:
-        remaining = hard_deadline - time.monotonic()
-        if remaining <= 0 and not killed:
-            try:
-                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            killed = True
-            hard_deadline = time.monotonic() + 2.0
-            continue
-        if remaining <= 0:
-            break
-        ready, _, _ = select.select([result_fd], [], [], remaining)
-        if ready:
-            chunk = os.read(result_fd, 1 << 20)
-            if not chunk:
-                break
-            data += chunk
-    return bytes(data), killed
-
-
 def _redact(text: str, paths: tuple[str, ...]) -> str:
     """``text`` without the host paths in ``paths`` (a message of the sandbox must not reveal them)."""
     for path, stand_in in zip(paths, ("<workspace>", "<sandbox>")):
@@ -417,23 +396,9 @@ def _redact(text: str, paths: tuple[str, ...]) -> str:
     return text
 
 
-def _to_result(
-    data: bytes, killed: bool, lim: RunLimits, elapsed: float, redact: tuple[str, ...] = ()
-) -> tuple[PythonResult, dict[str, float]]:
-    """The run's result, and the supervisor's timestamps (time.monotonic) of its phases. Host paths
-    in ``redact`` (the workspace, the scratch directory) are replaced in the sandbox's own messages."""
-    try:
-        header, out, err = decode_result(data)
-    except ProtocolError as exc:
-        what = "did not answer by the deadline" if killed else f"died ({exc})"
-        return PythonResult(
-            exit_code=-signal.SIGKILL if killed else SETUP_FAILED,
-            stdout="",
-            stderr=f"[sandbox] the run's supervisor {what}\n",
-            timed_out=killed,
-            output_truncated=False,
-            elapsed_s=elapsed,
-        ), {}
+def _to_result(header: dict[str, Any], out: bytes, err: bytes, elapsed: float, redact: tuple[str, ...] = ()) -> PythonResult:
+    """The run's result from the monitor's header. Host paths in ``redact`` (the workspace, the
+    scratch directory) are replaced in the sandbox's own messages."""
     stdout, stderr = _decode(out, header["truncated_out"]), _decode(err, header["truncated_err"])
     exit_code = int(header["exit_code"])
     if header.get("setup_error"):
@@ -448,7 +413,7 @@ def _to_result(
         # The program's changes did not all reach the workspace: never a success.
         stderr += f"[sandbox] the run's workspace changes were not all kept (the program exited with {exit_code})\n"
         exit_code = SETUP_FAILED
-    result = PythonResult(
+    return PythonResult(
         exit_code=exit_code,
         stdout=stdout,
         stderr=stderr,
@@ -456,7 +421,6 @@ def _to_result(
         output_truncated=bool(header["truncated_out"] or header["truncated_err"]),
         elapsed_s=elapsed,
     )
-    return result, dict(header.get("marks", {}))
 
 
 def _decode(data: bytes, truncated: bool) -> str:

@@ -1,0 +1,136 @@
+"""One sandbox service per process, shared by every simulator (and so every env) in it.
+
+Each :class:`~simulators.app.SimulatorApp` used to start its own :class:`SandboxRunner` (a zygote
+and its warm slots, ~6 processes and ~30 MiB): 64 envs in one process cost 64 of them. A
+:class:`SharedSandbox` is a lease on the process's one service for its settings (``allow_unsafe``,
+numpy, the workspace caps): the first lease starts it, every lease runs through it with its own
+limits, and the last lease to close shuts it down. Runs of different leases never share anything
+but the zygote, which holds no run's data: each run still gets its own pid, mount and IPC
+namespaces, Landlock domain (its own workspace only) and seccomp filter.
+
+Worker processes (an async vector env's, forked or spawned) get a service of their own on first
+use, one per process, shared by the envs of that worker.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from typing import Any
+
+from simulators.python.runner import PythonResult, RunLimits
+from simulators.python.sandbox.runner import SandboxError, SandboxRunner
+
+__all__ = ["SharedSandbox", "live_services", "service_slots"]
+
+
+def service_slots() -> int:
+    """Warm slots of a shared service: one per core, at least two, at most eight."""
+    return max(2, min(os.cpu_count() or 2, 8))
+
+
+class _Service:
+    def __init__(self, key: tuple[Any, ...], runner: SandboxRunner) -> None:
+        self.key = key
+        self.runner = runner
+        self.leases = 0
+
+
+_lock = threading.Lock()
+_services: dict[tuple[Any, ...], _Service] = {}
+
+
+def _after_fork_in_child() -> None:
+    """A forked child starts with no service of its parent's (each runner adopts itself on first use,
+    and the parent's lease counts are not the child's)."""
+    global _lock
+    _lock = threading.Lock()
+    _services.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _release(service: _Service) -> None:
+    with _lock:
+        service.leases -= 1
+        last = service.leases <= 0 and _services.get(service.key) is service
+        if last:
+            del _services[service.key]
+    if last:
+        service.runner.close()
+
+
+def live_services() -> int:
+    """How many shared services this process holds (for tests and benchmarks)."""
+    with _lock:
+        return len(_services)
+
+
+class SharedSandbox:
+    """A lease on this process's shared :class:`SandboxRunner`; the :class:`PythonRunner` interface.
+
+    Args:
+        limits: this lease's default limits (other leases keep theirs).
+        allow_unsafe: accept tier UNSAFE (a separate service from the safe one).
+        numpy, workspace_bytes, workspace_files: as for :class:`SandboxRunner` (leases with
+            different values get different services).
+    """
+
+    def __init__(
+        self,
+        limits: RunLimits | None = None,
+        allow_unsafe: bool = False,
+        *,
+        numpy: bool = True,
+        workspace_bytes: int | None = 64 << 20,
+        workspace_files: int = 4096,
+    ) -> None:
+        self.limits = limits or RunLimits()
+        key = (bool(allow_unsafe), bool(numpy), workspace_bytes, int(workspace_files))
+        with _lock:
+            service = _services.get(key)
+            if service is None:
+                runner = SandboxRunner(
+                    self.limits,
+                    allow_unsafe=allow_unsafe,
+                    numpy=numpy,
+                    workspace_bytes=workspace_bytes,
+                    workspace_files=workspace_files,
+                    warm_slots=service_slots(),
+                )
+                service = _services[key] = _Service(key, runner)
+            service.leases += 1
+        self._service: _Service | None = service
+        self._finalizer = weakref.finalize(self, _release, service)  # a lease dropped unclosed still gives back
+        runner = service.runner
+        self.tier, self.missing = runner.tier, list(runner.missing)
+        self.layers, self.notes = dict(runner.layers), list(runner.notes)
+        self.numpy_available = runner.numpy_available
+
+    @property
+    def runner(self) -> SandboxRunner:
+        """The shared runner behind this lease."""
+        if self._service is None:
+            raise SandboxError("this SharedSandbox lease is closed")
+        return self._service.runner
+
+    def info(self) -> dict[str, Any]:
+        """The tier and layers, as :meth:`SandboxRunner.info`."""
+        return self.runner.info()
+
+    def run(self, code: str, workspace: str, limits: RunLimits | None = None) -> PythonResult:
+        """Run ``code`` in ``workspace`` through the shared service, with this lease's limits by default."""
+        return self.runner.run(code, workspace, limits or self.limits)
+
+    def close(self) -> None:
+        """Give the lease back; the last one shuts the service down. Idempotent."""
+        self._service = None
+        self._finalizer()
+
+    def __enter__(self) -> SharedSandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
