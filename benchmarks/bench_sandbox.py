@@ -28,10 +28,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from agentrl_envs.testing import descendants
 from simulators.python import PythonRunner
 from simulators.python.sandbox import SandboxRunner
 from simulators.python.sandbox.shared import SharedSandbox
-from tests.procs import descendants
 
 PROGRAM = "print(1)"
 
