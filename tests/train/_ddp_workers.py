@@ -29,6 +29,9 @@ class TwoAdapters(nn.Module):
 def _init(rank: int, world: int, port: int) -> None:
     import torch.distributed as td
 
+    # A forked rank computes on one thread, as DataLoader workers do: the OpenMP pool the parent may
+    # have started (another test's torch work) is not fork-safe, and two ranks on 2 cores gain nothing.
+    torch.set_num_threads(1)
     td.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
 
 

@@ -53,6 +53,7 @@ def test_start_check_catches_weights_that_differ_with_the_same_sum(two_ranks: li
         assert "differ across ranks" in msg and "--seed" in msg, msg
 
 
+@pytest.mark.timeout(900)  # a hang detector: 3 s alone, minutes on a loaded 2-core machine
 def test_ddp_gradients_equal_one_process_gradients(small_policy: tuple, tmp_path: Path) -> None:
     # the real PPO loss under DDP: 2 ranks x 4 transitions in micro-batches of 1 (accumulation 4, no_sync on
     # 3 of them) give the gradient of 1 process x 8 transitions in one micro-batch (summation order aside)
