@@ -35,6 +35,25 @@ def _init(rank: int, world: int, port: int) -> None:
     td.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
 
 
+def _finish() -> None:
+    """Leave the rank without Python's teardown (after a barrier: every collective is done).
+
+    Dropping the last reference to the gloo process group right after a DDP backward can deadlock
+    on a loaded machine: the destructor joins gloo's run-loop thread while holding the GIL, and that
+    thread still needs the GIL to release the comm hook's Python callback (seen in CI: the rank hung
+    in ``~ProcessGroupGloo``, and pytest could not exit).
+    """
+    import os
+    import sys
+
+    import torch.distributed as td
+
+    td.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def _step(tr: object, model: TwoAdapters, x: torch.Tensor) -> None:
     model.zero_grad(set_to_none=True)
     loss = tr(x)  # type: ignore[operator]
@@ -83,7 +102,6 @@ def _mismatch(dist: object, rank: int) -> str:
 
 def scenarios(rank: int, world: int, port: int, out: str) -> None:
     """One 2-rank group for every scenario (a process group costs seconds to start on a busy machine)."""
-    import torch.distributed as td
 
     from agentrl_train.distributed import Dist
 
@@ -95,13 +113,12 @@ def scenarios(rank: int, world: int, port: int, out: str) -> None:
         "mismatch": _mismatch(dist, rank),
     }
     Path(f"{out}.{rank}").write_text(json.dumps(result))
-    td.destroy_process_group()
+    _finish()
 
 
 def ppo_grads(rank: int, world: int, port: int, policy: object, cfg: object, samples: list, out: str) -> None:
     """Rank r takes its half of a fixed batch in micro-batches of 1 (no_sync on all but the last) through
     the real PPO loss under DDP; rank 0 saves the summed gradients."""
-    import torch.distributed as td
 
     from agentrl_train.distributed import Dist
     from agentrl_train.train import accumulate, wrap_trainable
@@ -116,4 +133,4 @@ def ppo_grads(rank: int, world: int, port: int, policy: object, cfg: object, sam
     grads = {n: p.grad.clone() for n, p in policy.trainable_parameters() if p.grad is not None}  # type: ignore[attr-defined]
     if rank == 0:
         torch.save({"grads": grads, "comm_s": dist.comm_s}, out)
-    td.destroy_process_group()
+    _finish()
