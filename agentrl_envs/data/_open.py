@@ -216,12 +216,18 @@ def _torn_positions(mm: mmap.mmap, cap: int, tail: int, live_offsets: set[int]) 
     return out
 
 
+#: Why a reader's rescan lists a seq as lost: its bytes are not in the file. A writer wrapping at the
+#: same moment makes the same gap, so a reader reports it as damaged only while it is newer than the
+#: oldest live record (older, it was evicted).
+READER_GAP = "is missing from the file (damaged); a writer's open will quarantine it"
+
+
 def scan_index(mm: mmap.mmap, salt: int, cap: int) -> Index:
     """A reader's full rescan of the ring (it changes nothing; a writer's open quarantines the gaps)."""
     plan = ring.plan(ring.scan(mm, HEADER_PAGE, cap, salt), cap, None)
     lost = SeqRanges()
     for g in plan.gaps:
-        lost.add(g.first_seq, g.count, "is missing from the file (damaged); a writer's open will quarantine it")
+        lost.add(g.first_seq, g.count, READER_GAP)
     return Index(list(plan.kept), lost, plan.tail, plan.next_seq)
 
 

@@ -41,7 +41,17 @@ from typing import Any, Literal, NoReturn
 import numpy as np
 
 from agentrl_envs.data import _ring as ring
-from agentrl_envs.data._open import MAX_REPORTED_SEQS, Index, create_file, evicted, follow, open_file, recover, scan_index
+from agentrl_envs.data._open import (
+    MAX_REPORTED_SEQS,
+    READER_GAP,
+    Index,
+    create_file,
+    evicted,
+    follow,
+    open_file,
+    recover,
+    scan_index,
+)
 from agentrl_envs.data._ring import HEADER_PAGE, HEADER_SIZE, KIND_RECORD, Entry, SeqRanges
 from agentrl_envs.data.codec import DEFAULT_LIMITS, Limits, Trajectory, decode, encode
 from agentrl_envs.data.errors import (
@@ -547,9 +557,10 @@ class ReplayBuffer:
 
     def _raise_missing(self, seq: int) -> NoReturn:
         reason = self._lost.reason(seq)
-        if reason is not None:
-            raise CorruptRecordError(f"record {seq} of {self._path} {reason}")
         live = [e.seq for e in self._order if e.kind == KIND_RECORD]
+        overwritten = reason == READER_GAP and live and isinstance(seq, (int, np.integer)) and seq < live[0]
+        if reason is not None and not overwritten:  # a reader's gap older than the oldest live record was evicted
+            raise CorruptRecordError(f"record {seq} of {self._path} {reason}")
         span = f"seqs {live[0]}..{live[-1]}" if live else "no records"
         if isinstance(seq, (int, np.integer)) and seq >= self._next_seq:
             raise RecordNotFoundError(f"record {seq} has not been written yet; the buffer holds {span}")
