@@ -246,6 +246,25 @@ def candidate_logprobs(scores_K: torch.Tensor, base_K: torch.Tensor | list[float
     return torch.log_softmax(scores_K / ppo.temperature, dim=-1)
 
 
+def greedy_candidate(logp_K: torch.Tensor, base_K: torch.Tensor | None, tol: float = 1e-6) -> int:
+    """The greedy choice: the policy's most likely candidate, ties going to the reference model's preference.
+
+    Under ``score_baseline="reference"`` an untrained adapter gives every candidate the same
+    probability, and a plain ``argmax`` would take the first of the env's shuffled candidates: a
+    random agent, not a greedy one. Candidates within ``tol`` of the best log-prob are tied, and the
+    reference model's own score (``base_K``) decides between them, so the greedy policy at update 0
+    is the base model's greedy policy.
+    """
+    best = int(torch.argmax(logp_K))
+    if base_K is None:
+        return best
+    tied = logp_K >= logp_K[best] - tol
+    if int(tied.sum()) < 2:
+        return best
+    key = torch.where(tied, base_K.to(logp_K.dtype), torch.full_like(logp_K, -torch.inf))
+    return int(torch.argmax(key))
+
+
 @torch.no_grad()
 def act(policy: Any, pool: EnvPool, i: int, cfg: Any, *, greedy: bool = False, reference: bool = True) -> Transition:
     """The policy's action for local env i in its current state (no grad, dropout off)."""
@@ -266,7 +285,10 @@ def act(policy: Any, pool: EnvPool, i: int, cfg: Any, *, greedy: bool = False, r
             with policy.reference():
                 base_K = policy.score_candidates(prompt, cand_ids, ppo.scoring).scores_K
         logp_K = candidate_logprobs(out.scores_K, base_K, ppo)
-        a = int(torch.argmax(logp_K)) if greedy else int(torch.multinomial(logp_K.exp().cpu(), 1, generator=pool.generators[i]))
+        if greedy:
+            a = greedy_candidate(logp_K, base_K)
+        else:
+            a = int(torch.multinomial(logp_K.exp().cpu(), 1, generator=pool.generators[i]))
         ref: list[float] = []
         if base_K is not None:
             ref = [float(candidate_logprobs(base_K, base_K, ppo)[a])]

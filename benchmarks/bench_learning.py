@@ -5,7 +5,7 @@ the batch (the control: the same budget should stay flat), and prints greedy suc
 test at every evaluation with the wall time it was reached, next to the no-model baselines
 (random candidate, overlap heuristic) on the same episodes.
 
-    python benchmarks/bench_learning.py [--seeds 0 1 2] [--updates 10] [--control] [--parallel]
+    python benchmarks/bench_learning.py [--seeds 0 1 2] [--updates 10] [--control] [--control-seeds 0 1 2] [--parallel]
 """
 
 from __future__ import annotations
@@ -55,9 +55,10 @@ def baselines(episodes: int) -> dict[str, dict[str, float]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds to train (default 0 1 2)")
+    ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2], help="seeds to train (default 0 1 2; none: only controls)")
     ap.add_argument("--updates", type=int, default=10, help="PPO updates per run (default: the CLI's 10)")
     ap.add_argument("--control", action="store_true", help="also run seed 0 with rewards shuffled across the batch")
+    ap.add_argument("--control-seeds", type=int, nargs="+", default=[], help="run these seeds with rewards shuffled")
     ap.add_argument(
         "--parallel", action="store_true", help="run the jobs at the same time (wall times then include the contention)"
     )
@@ -66,8 +67,8 @@ def main() -> None:
     root = Path(args.out or tempfile.mkdtemp(prefix="bench-learning-"))
     root.mkdir(parents=True, exist_ok=True)
     jobs = [(f"seed {s}", root / f"seed{s}", s, False) for s in args.seeds]
-    if args.control:
-        jobs.append(("seed 0, rewards shuffled", root / "shuffled0", 0, True))
+    for s in sorted(set(args.control_seeds) | ({0} if args.control else set())):
+        jobs.append((f"seed {s}, rewards shuffled", root / f"shuffled{s}", s, True))
     procs = []
     for name, out, seed, shuffle in jobs:
         p = run(out, seed, args.updates, shuffle)

@@ -101,3 +101,24 @@ def test_lr_factor_constant_and_linear() -> None:
     assert [ppo.lr_factor(u, 4, "constant") for u in range(4)] == [1.0, 1.0, 1.0, 1.0]
     assert [ppo.lr_factor(u, 4, "linear") for u in range(4)] == [1.0, 0.75, 0.5, 0.25]
     assert ppo.lr_factor(99, 4, "linear") == 0.25  # past the planned run: the last value, never <= 0
+
+
+def test_greedy_candidate_breaks_ties_by_the_reference_score() -> None:
+    from agentrl_train.rollout import candidate_logprobs, greedy_candidate
+
+    class P:
+        score_baseline, temperature = "reference", 0.1
+
+    base = torch.tensor([-2.0, -0.5, -1.0, -3.0])
+    # an untrained adapter scores like the reference: a uniform policy, every candidate tied
+    logp = candidate_logprobs(base.clone(), base, P())
+    assert torch.allclose(logp, torch.full((4,), -math.log(4)))
+    assert int(torch.argmax(logp)) == 0  # plain argmax: the first of the env's shuffled candidates
+    assert greedy_candidate(logp, base) == 1  # the reference model's own choice
+    # a policy with a preference keeps it, whatever the reference prefers
+    moved = candidate_logprobs(base + torch.tensor([0.0, 0.0, 0.3, 0.0]), base, P())
+    assert greedy_candidate(moved, base) == 2
+    # ties among a subset go to the reference's best of that subset
+    two = candidate_logprobs(base + torch.tensor([0.0, 0.0, 0.3, 0.3]), base, P())
+    assert greedy_candidate(two, base) == 2
+    assert greedy_candidate(logp, None) == 0  # no reference scores: plain argmax
