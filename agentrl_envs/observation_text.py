@@ -1,4 +1,7 @@
-"""Text helpers shared by the tools: safe, bounded rendering of values."""
+"""Text that fits an observation: escaped to the observation charset, clipped to a limit, CSV cells.
+
+Shared by the env core and the tools' renderers (it is a helper, not a tool, so it sits beside them).
+"""
 
 from __future__ import annotations
 

@@ -19,6 +19,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+__all__ = ["MAX_CODE_CHARS", "PythonResult", "PythonRunner", "RunLimits"]
+
 MAX_CODE_CHARS = 100_000
 
 # Applies the rlimits (argv[2:8]), then runs the agent's file as __main__ with the filename

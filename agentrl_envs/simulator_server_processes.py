@@ -9,7 +9,7 @@ answered 404 ``unknown_episode``, never served from the wrong state.
 
 The supervisor (the ``serve`` process) binds every socket itself, so no port can be taken between
 the printout and the start, and hands each worker its socket; the workers are fresh interpreters
-(``python -m agentrl_envs.server_workers``) that read their settings, token included, from a pipe,
+(``python -m agentrl_envs.simulator_server_processes``) that read their settings, token included, from a pipe,
 never from the command line. Ctrl-C or SIGTERM stops them all; a worker that dies stops the others
 and the supervisor exits with status 1, since the episodes it held are gone.
 
@@ -53,7 +53,7 @@ class WorkerConfig:
     sql_deadline_s: float
     python_timeout_s: float
     token: str | None
-    limits: Any  # ServeLimits | None (not imported here: agentrl_envs.server imports this module)
+    limits: Any  # ServeLimits | None (not imported here: agentrl_envs.simulator_server imports this module)
 
 
 def tune_gc() -> None:
@@ -121,7 +121,7 @@ def supervise(sockets: list[socket.socket], config: WorkerConfig) -> int:
         payload = pickle.dumps(config)
         for index, sock in enumerate(sockets):
             proc = subprocess.Popen(
-                [sys.executable, "-m", "agentrl_envs.server_workers", str(sock.fileno()), str(index)],
+                [sys.executable, "-m", "agentrl_envs.simulator_server_processes", str(sock.fileno()), str(index)],
                 stdin=subprocess.PIPE,
                 pass_fds=(sock.fileno(),),
             )
@@ -160,8 +160,8 @@ def _stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
 
 
 def _worker_main(argv: list[str]) -> int:
-    """A worker process: ``python -m agentrl_envs.server_workers FD INDEX`` with a pickled config on stdin."""
-    from agentrl_envs.server import SimulatorServer
+    """A worker process: ``python -m agentrl_envs.simulator_server_processes FD INDEX`` with a pickled config on stdin."""
+    from agentrl_envs.simulator_server import SimulatorServer
 
     fd, _index = int(argv[0]), int(argv[1])
     config: WorkerConfig = pickle.loads(sys.stdin.buffer.read())

@@ -22,6 +22,7 @@ from agentrl_envs.errors import ActionError, ConfigError, EpisodeError
 from agentrl_envs.faults import ErrorProfile, load_profile
 from agentrl_envs.faults.injector import FaultInjectingBackend
 from agentrl_envs.faults.stats import FaultStats, classify, penalized
+from agentrl_envs.observation_text import clip, printable
 from agentrl_envs.rewards import RewardConfig, zero_components
 from agentrl_envs.rewards.schedule import AuxRewardConfig, parse_aux_reward
 from agentrl_envs.spaces import UnicodeText
@@ -29,7 +30,6 @@ from agentrl_envs.tasks import TaskSampler
 from agentrl_envs.tasks.base import Task
 from agentrl_envs.tasks.progress import Progress
 from agentrl_envs.tools import Tool, get_tool
-from agentrl_envs.tools.text import clip, printable
 
 __all__ = ["AUTORESET_ACTION", "SETTABLE_ATTRIBUTES", "ToolUseEnv"]
 

@@ -22,7 +22,7 @@ admits ``workers * (1 + queue_per_worker)`` calls at once and one client (a peer
 upload may be up to ``max_upload_bytes`` (read as it streams in; 413 past it, naming the setting);
 every other body stays within 8 MiB.
 
-Scale (:mod:`agentrl_envs.server_workers`): ``serve(workers=N)`` (``agentrl-envs serve --workers
+Scale (:mod:`agentrl_envs.simulator_server_processes`): ``serve(workers=N)`` (``agentrl-envs serve --workers
 N``) runs N server processes, one port each, and the ``http`` backend given all their URLs keeps
 each episode on one of them. Each process freezes what start-up allocated out of the cycle
 collector's reach and raises its thresholds, and gives freed memory back as episodes close
@@ -316,16 +316,16 @@ def serve(
         token: the bearer token (default ``$AGENTRL_SERVE_TOKEN``); required unless ``host`` is loopback.
         limits: worker pools and admission bounds.
         sql_deadline_s, python_timeout_s: service limits.
-        workers: server processes (see :mod:`agentrl_envs.server_workers`).
+        workers: server processes (see :mod:`agentrl_envs.simulator_server_processes`).
     """
-    from agentrl_envs import server_workers
+    from agentrl_envs import simulator_server_processes
 
     token = token if token is not None else os.environ.get(TOKEN_ENV) or None
     check_bind(host, token)
     if workers > 1:
-        sockets = server_workers.bind(host, port, workers)
-        config = server_workers.WorkerConfig(profile, sql_deadline_s, python_timeout_s, token, limits)
-        return server_workers.supervise(sockets, config)
+        sockets = simulator_server_processes.bind(host, port, workers)
+        config = simulator_server_processes.WorkerConfig(profile, sql_deadline_s, python_timeout_s, token, limits)
+        return simulator_server_processes.supervise(sockets, config)
     app = SimulatorServer(profile, sql_deadline_s, python_timeout_s, token=token, limits=limits)
-    server_workers.run(app, host=host, port=port)
+    simulator_server_processes.run(app, host=host, port=port)
     return 0

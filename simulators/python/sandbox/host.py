@@ -32,10 +32,22 @@ import warnings
 import weakref
 from typing import Any
 
-from simulators.python.runner import PythonResult, RunLimits
 from simulators.python.sandbox._context import SETUP_FAILED
 from simulators.python.sandbox._monitor import Slot, supervise
 from simulators.python.sandbox._protocol import ProtocolError, frame, recv_json_with_fds, send_json
+from simulators.python.subprocess_runner import PythonResult, RunLimits
+
+__all__ = [
+    "DEFAULT_PREIMPORT",
+    "FULL",
+    "PROGRAM_ENV",
+    "REDUCED",
+    "UNSAFE",
+    "SandboxError",
+    "SandboxRunner",
+    "SandboxWarning",
+    "idle_processes",
+]
 
 FULL, REDUCED, UNSAFE = "FULL", "REDUCED", "UNSAFE"
 
