@@ -1,11 +1,12 @@
 """``agentrl-envs serve``: the simulator API over HTTP, optionally with a server-side fault profile.
 
 The stack is uvicorn (with uvloop and httptools when installed) running a plain ASGI callable:
-no web framework in between, because every request is a tiny JSON call and framework routing
-and validation would cost more than the work. uvicorn is maintained by the Encode team (also
-behind httpx and Starlette), is the reference ASGI server, and sets TCP_NODELAY on every
-connection (asyncio and uvloop transports both do), so small answers are not held back by
-Nagle's algorithm.
+no web framework in between, because every request is a tiny JSON call and Starlette's routing
+and request objects would add about a quarter to each one's CPU time (measured by
+``benchmarks/bench_router.py``; the numbers are at the top of :mod:`simulators.app`). uvicorn is
+maintained by the Encode team (also behind httpx and Starlette), is the reference ASGI server, and
+sets TCP_NODELAY on every connection (asyncio and uvloop transports both do), so small answers are
+not held back by Nagle's algorithm.
 
 Access: with a bearer token (``token=``, ``--token`` or ``$AGENTRL_SERVE_TOKEN``) every request but
 ``GET /health`` needs ``Authorization: Bearer <token>`` (401 otherwise). The token is optional on a
