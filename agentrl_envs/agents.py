@@ -16,7 +16,7 @@ import numpy as np
 
 from agentrl_envs.actions import format_call
 from agentrl_envs.candidates import overlap_score, overlap_tokens
-from agentrl_envs.env import ToolUseEnv
+from agentrl_envs.core import ToolUseEnv
 from agentrl_envs.errors import ConfigError
 from agentrl_envs.openai_agent import OpenAIChatAgent
 from agentrl_envs.tasks.domains import DOMAINS

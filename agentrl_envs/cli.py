@@ -320,7 +320,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from agentrl_envs.backends.http import TOKEN_ENV
     from agentrl_envs.faults import load_profile
-    from agentrl_envs.server import ServeLimits, check_bind, serve
+    from agentrl_envs.simulator_server import ServeLimits, check_bind, serve
 
     profile = load_profile(args.profile)
     if args.sql_deadline_s <= 0 or args.python_timeout_s <= 0:
@@ -332,17 +332,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     auth = "bearer token required" if token else "no token"
     if args.workers > 1:
-        from agentrl_envs import server_workers
+        from agentrl_envs import simulator_server_processes
 
-        sockets = server_workers.bind(args.host, args.port, args.workers)
+        sockets = simulator_server_processes.bind(args.host, args.port, args.workers)
         urls = ",".join(f"http://{args.host}:{s.getsockname()[1]}" for s in sockets)
         print(
             f"agentrl simulator on {urls} ({args.workers} worker processes: give clients all the URLs, e.g. "
             f"backend='{urls}'; profile {profile.name}, {auth}); OpenAPI at /openapi.json; Ctrl-C stops it",
             flush=True,
         )
-        config = server_workers.WorkerConfig(profile, args.sql_deadline_s, args.python_timeout_s, token, limits)
-        return server_workers.supervise(sockets, config)
+        config = simulator_server_processes.WorkerConfig(profile, args.sql_deadline_s, args.python_timeout_s, token, limits)
+        return simulator_server_processes.supervise(sockets, config)
     port = args.port
     try:
         with socket.create_server((args.host, port)) as probe:

@@ -17,7 +17,7 @@ import numpy as np
 from gymnasium import spaces
 
 from agentrl_envs.candidates import overlap_tokens, word_tokens
-from agentrl_envs.env import ToolUseEnv
+from agentrl_envs.core import ToolUseEnv
 from agentrl_envs.errors import ConfigError
 
 __all__ = ["CandidatesDiscrete", "hashed_features"]

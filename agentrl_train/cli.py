@@ -105,7 +105,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         auto=args.canary_auto,
     )
     token = token_from(args.token)
-    from agentrl_envs.server import check_bind
+    from agentrl_envs.simulator_server import check_bind
 
     check_bind(args.host, token)
     app = build_app(

@@ -440,7 +440,7 @@ def bench_python(reps: int) -> None:
             return lambda: runner.run("print(1)", workspace)
 
         def bootstrap_call() -> Callable[[], Any]:
-            from simulators.python.runner import _BOOTSTRAP
+            from simulators.python.subprocess_runner import _BOOTSTRAP
 
             workspace = core._backend.app._episodes[core._episode_id].workspace
             path = os.path.join(workspace, "bench_print1.py")

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agentrl_envs.testing import descendants, with_marker
 from simulators.python import RunLimits
 from simulators.python.sandbox import SandboxRunner
-from simulators.python.sandbox import runner as sandbox_runner
+from simulators.python.sandbox import host as sandbox_host
 from simulators.python.sandbox.shared import SharedSandbox
 
 LIMITS = RunLimits(
@@ -132,7 +132,7 @@ def rss_kb(pid: int) -> int:
 def leftover_processes(runner: SandboxRunner, marker: str, timeout: float = 30.0, others: int = 0) -> int:
     """Processes beyond the zygote's idle tree (plus ``others`` of runs still going on) and marked
     ones, after waiting for them to go."""
-    idle = sandbox_runner.idle_processes(bool(runner.layers.get("pidns")), runner.warm_slots) + others
+    idle = sandbox_host.idle_processes(bool(runner.layers.get("pidns")), runner.warm_slots) + others
     end = time.monotonic() + timeout
     while True:
         extra = max(0, len(descendants(runner.pid or 0)) - idle) + len(with_marker(marker))

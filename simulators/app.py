@@ -31,6 +31,18 @@ that episode (tool calls, files, DELETE, and a POST that would replace it) must 
 in-process surface and take no token.
 """
 
+# Why the routes are split by hand (match_route) and served by a plain ASGI callable, not by
+# Starlette (issue #15). Measured with `nice -n 19 .venv/bin/python benchmarks/bench_router.py` on
+# the project's shared 2-core machine (load average ~10; ratios from one run are what counts): on the
+# same routes and handlers, Starlette 1.10 with Request/Response endpoints serves 0.78x the requests
+# per core in process and 0.76x over uvicorn (+45 us of CPU a request; a SQL point lookup 153 -> 197
+# us), and its declared routes with raw ASGI endpoints (matching only) 0.93x and 0.95x (+12.5 us).
+# Every env step of the default `sim` backend goes through this router synchronously (handle_bytes),
+# and a point lookup through the whole env is at +0.27 ms of its +0.3 ms budget (README,
+# "Benchmarks"); Starlette's router is async only, and matching alone would replace only the few
+# lines of match_route. The tool routes are declared per simulator folder (simulators/tools.py) and
+# their OpenAPI entries are built from those declarations (simulators/openapi.py).
+
 from __future__ import annotations
 
 import base64
@@ -470,7 +482,7 @@ def match_route(method: str, path: str) -> tuple[str, tuple[str, ...]]:
     Names: ``openapi``, ``health``, ``put_database`` (fingerprint), ``open_episode``,
     ``close_episode`` (episode_id), ``put_file`` / ``get_file`` (episode_id, path) and ``tool``
     (episode_id, tool; the tool may be one the simulator does not have, answered 404). The server
-    (:mod:`agentrl_envs.server`) routes by this function too, so the API is parsed in one place.
+    (:mod:`agentrl_envs.simulator_server`) routes by this function too, so the API is parsed in one place.
     """
     parts = [p for p in path.split("/") if p]
     if parts == ["openapi.json"] and method == "GET":

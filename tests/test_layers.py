@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,8 +35,26 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("benchmarks", ("tests",)),
     ("examples", ("tests",)),
 )
-#: Deprecated aliases that re-export a moved module from its old path, kept for one release.
-ALIASES = {"agentrl_envs/rewards/report.py", "agentrl_envs/rewards/counterfactual.py"}
+#: Moved modules: old path -> new path, with a private name of each that the old path must still reach.
+#: The old path is a deprecated alias that re-exports the new module for one release; nothing in the
+#: repository may import it, and no doc may name it (CHANGELOG.md lists the moves).
+MOVED: dict[str, tuple[str, str]] = {
+    "agentrl_envs.rewards.report": ("agentrl_envs.analysis.report", "_Episode"),
+    "agentrl_envs.rewards.counterfactual": ("agentrl_envs.analysis.counterfactual", "_writable_dir"),
+    "agentrl_envs.env": ("agentrl_envs.core", "_default_max_steps"),
+    "agentrl_envs.envs": ("agentrl_envs.registered_envs", "ToolUseEnv"),
+    "agentrl_envs.server": ("agentrl_envs.simulator_server", "_lane_of"),
+    "agentrl_envs.server_workers": ("agentrl_envs.simulator_server_processes", "_worker_main"),
+    "agentrl_envs.tools.text": ("agentrl_envs.observation_text", "_ESCAPES"),
+    "simulators.python.runner": ("simulators.python.subprocess_runner", "_BOOTSTRAP"),
+    "simulators.python.sandbox.runner": ("simulators.python.sandbox.host", "_Zygote"),
+    "simulators.smtp.server": ("simulators.smtp.mailbox", "_ADDRESS"),
+}
+#: The alias files, which import their new module (an upward import, for the rewards ones) by design.
+ALIASES = {old.replace(".", "/") + ".py" for old in MOVED}
+#: Where code and docs live; the docs are checked for stale paths (CHANGELOG.md records history and is left out).
+CODE = ("agentrl_envs", "simulators", "agentrl_train", "benchmarks", "examples", "tests")
+DOCS = ("README.md", "CONTRIBUTING.md", "docs")
 
 
 def _module_name(path: Path, root: Path) -> str:
@@ -100,15 +119,56 @@ def test_the_check_sees_function_level_and_relative_imports(tmp_path: Path) -> N
     ]
 
 
-@pytest.mark.parametrize(("module", "private"), [("report", "_Episode"), ("counterfactual", "_writable_dir")])
-def test_old_paths_still_import_with_a_deprecation_warning(module: str, private: str) -> None:
-    from agentrl_envs.analysis import counterfactual, report
+@pytest.mark.parametrize("old", sorted(MOVED))
+def test_old_paths_still_import_with_a_deprecation_warning(old: str) -> None:
+    new, private = MOVED[old]
+    moved = importlib.import_module(new)
+    sys.modules.pop(old, None)
+    with pytest.warns(DeprecationWarning, match=new.replace(".", r"\.")):
+        alias = importlib.import_module(old)
+    public = getattr(moved, "__all__", None) or [n for n in vars(moved) if not n.startswith("_")]
+    assert getattr(alias, "__all__", public) == public
+    for name in public:
+        assert getattr(alias, name) is getattr(moved, name), name
+    assert getattr(alias, private) is getattr(moved, private)  # private names are forwarded too
 
-    moved = {"report": report, "counterfactual": counterfactual}[module]
-    sys.modules.pop(f"agentrl_envs.rewards.{module}", None)
-    with pytest.warns(DeprecationWarning, match=f"agentrl_envs.analysis.{module}"):
-        old = importlib.import_module(f"agentrl_envs.rewards.{module}")
-    assert old.__all__ == moved.__all__
-    for name in moved.__all__:
-        assert getattr(old, name) is getattr(moved, name)
-    assert getattr(old, private) is getattr(moved, private)  # private names are forwarded too
+
+def test_nothing_imports_an_old_path() -> None:
+    found = []
+    for top in CODE:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel in ALIASES or ".venv" in path.parts:
+                continue
+            for line, name in imports(path):
+                if any(name == old or name.startswith(old + ".") for old in MOVED):
+                    found.append(f"{rel}:{line} imports {name}")
+    assert not found, "import the new paths (tests/test_layers.py MOVED maps old to new):\n  " + "\n  ".join(found)
+
+
+def _stale(text: str) -> list[str]:
+    """Old module paths named in ``text``, dotted (``agentrl_envs.env``) or as files (``agentrl_envs/env.py``)."""
+    found = []
+    for old in MOVED:
+        dotted = re.compile(re.escape(old) + r"(?![A-Za-z0-9_])")
+        filename = re.compile(r"(?<![A-Za-z0-9_])" + re.escape(old.replace(".", "/")) + r"\.py")
+        found += [m.group(0) for pattern in (dotted, filename) for m in pattern.finditer(text)]
+    return found
+
+
+def test_no_doc_names_an_old_path() -> None:
+    docs = [ROOT / d for d in DOCS if (ROOT / d).is_file()] + sorted(
+        p for d in DOCS if (ROOT / d).is_dir() for p in (ROOT / d).rglob("*.md")
+    )
+    found = [f"{p.relative_to(ROOT)}: {hit}" for p in docs for hit in _stale(p.read_text())]
+    assert not found, "name the new module paths (tests/test_layers.py MOVED):\n  " + "\n  ".join(found)
+
+
+def test_the_stale_path_check_fires() -> None:
+    assert _stale("see agentrl_envs.env.ToolUseEnv and simulators/python/runner.py") == [
+        "agentrl_envs.env",
+        "simulators/python/runner.py",
+    ]
+    assert _stale("agentrl_envs.envs? no: agentrl_envs.registered_envs, agentrl_envs.core, tools/textual.py") == [
+        "agentrl_envs.envs"
+    ]

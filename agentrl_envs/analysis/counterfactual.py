@@ -85,7 +85,7 @@ def make_rm_data(env_id: str, episodes: int, out_dir: str | Path, seed: int = 0,
     import agentrl_envs
     from agentrl_envs.actions import parse_action
     from agentrl_envs.agents import OracleAgent
-    from agentrl_envs.tools.text import clip
+    from agentrl_envs.observation_text import clip
 
     if env_id not in agentrl_envs.ENV_IDS:
         raise ConfigError(f"unknown environment {str(env_id)[:80]!r}; available: {', '.join(agentrl_envs.ENV_IDS)}")

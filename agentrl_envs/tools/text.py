@@ -1,42 +1,26 @@
-"""Text helpers shared by the tools: safe, bounded rendering of values."""
+"""Deprecated alias of :mod:`agentrl_envs.observation_text` (kept for one release, then removed).
+
+The module is a text helper shared by the env core and the tools, not a tool, so it left the tools
+package. Import ``agentrl_envs.observation_text`` instead.
+"""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
-__all__ = ["cell", "clip", "printable"]
+from agentrl_envs import observation_text as _moved
+from agentrl_envs.observation_text import *  # noqa: F403  (the alias re-exports the public names)
+from agentrl_envs.observation_text import __all__ as __all__
 
-_ESCAPES = {"\r": "\\r", "\x1b": "\\x1b"}
-
-
-def printable(text: str) -> str:
-    """Escape every character outside the observation charset (control characters other than
-    newline and tab, lone surrogates, rare astral characters), so observations stay inside
-    :class:`~agentrl_envs.spaces.UnicodeText` whatever the services or the agent put in them."""
-    from agentrl_envs.spaces import charset_set
-
-    allowed = charset_set()
-    if allowed.issuperset(text):  # one C loop: this runs on every observation
-        return text
-    out = []
-    for ch in text:
-        if ch in allowed:
-            out.append(ch)
-        elif ord(ch) > 0xFFFF:
-            out.append(f"\\U{ord(ch):08x}")
-        else:
-            out.append(_ESCAPES.get(ch) or f"\\u{ord(ch):04x}")
-    return "".join(out)
+warnings.warn(
+    "agentrl_envs.tools.text moved to agentrl_envs.observation_text; import it from there "
+    "(the old path goes away in the next release)",
+    DeprecationWarning,
+    stacklevel=2,
+)
 
 
-def clip(text: str, limit: int) -> str:
-    if len(text) <= limit:
-        return text
-    return text[:limit] + f"\n[... {len(text) - limit} more characters not shown]"
-
-
-def cell(value: Any, limit: int = 200) -> str:
-    text = "NULL" if value is None else str(value)
-    if "," in text or '"' in text or "\n" in text:
-        text = '"' + text.replace('"', '""') + '"'
-    return clip(text, limit)
+def __getattr__(name: str) -> Any:
+    """Forward private names too, so code that reached into the old module keeps working for one release."""
+    return getattr(_moved, name)

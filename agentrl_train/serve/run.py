@@ -80,7 +80,7 @@ def serve(app: Any, host: str = "127.0.0.1", port: int = 8000, token: str | None
     """Run ``app`` under uvicorn until interrupted; refuses a non-loopback bind without a token."""
     import uvicorn
 
-    from agentrl_envs.server import check_bind
+    from agentrl_envs.simulator_server import check_bind
 
     check_bind(host, token)
     uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="on")

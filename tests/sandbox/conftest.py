@@ -13,7 +13,7 @@ import pytest
 
 from simulators.python import RunLimits
 from simulators.python.sandbox import FULL, SandboxRunner
-from simulators.python.sandbox import runner as sandbox_runner
+from simulators.python.sandbox import host as sandbox_host
 from tests.procs import descendants, with_marker
 
 # A generous wall limit: a program that is meant to finish must finish however busy the machine is
@@ -79,7 +79,7 @@ def dirs(tmp_path: Path) -> Dirs:
 def idle_tree_size(runner: SandboxRunner) -> int:
     """Processes under the zygote between runs: the pid-1 zygote (with a pid namespace) and the warm
     slots, a program each (and, with a pid namespace, the run's pid 1)."""
-    return sandbox_runner.idle_processes(bool(runner.layers.get("pidns")))
+    return sandbox_host.idle_processes(bool(runner.layers.get("pidns")))
 
 
 def wait_for(condition: Callable[[], object], what: str, timeout: float = WAIT_S) -> None:

@@ -20,7 +20,7 @@ import agentrl_envs  # noqa: F401 - registers the env ids
 from agentrl_envs.actions import format_call
 from simulators.python import RunLimits
 from simulators.python.sandbox import FULL
-from simulators.python.sandbox.runner import idle_processes
+from simulators.python.sandbox.host import idle_processes
 from simulators.python.sandbox.shared import SharedSandbox, live_services, service_slots
 from tests.procs import alive, descendants, with_marker
 

@@ -24,11 +24,11 @@ from agentrl_envs.backends.base import DatabaseSpec, EpisodeSetup, ToolRequest
 from agentrl_envs.backends.http import TOKEN_ENV, HTTPBackend
 from agentrl_envs.errors import ConfigError
 from agentrl_envs.faults import load_profile
-from agentrl_envs.server import ServeLimits, SimulatorServer, check_bind, serve
+from agentrl_envs.simulator_server import ServeLimits, SimulatorServer, check_bind, serve
 from agentrl_envs.tasks.domains.base import fingerprint
 from simulators import SimulatorApp
 from simulators.app import EPISODE_TOKEN_HEADER, template_fingerprint
-from simulators.python.runner import PythonResult
+from simulators.python.subprocess_runner import PythonResult
 
 TOKEN = "s3cret-token-for-tests-0123456789"
 TABLES: dict[str, Any] = {"t": {"columns": [["id", "INTEGER"], ["v", "TEXT"]], "rows": [[1, "a"], [2, "b"], [3, "c"]]}}

@@ -22,8 +22,8 @@ from agentrl_envs.backends import make_backend
 from agentrl_envs.backends.base import DatabaseSpec, EpisodeSetup, ToolRequest
 from agentrl_envs.backends.http import HTTPBackend, shard_of, split_urls
 from agentrl_envs.errors import ConfigError, PermanentError
-from agentrl_envs.server import ServeLimits, SimulatorServer
-from agentrl_envs.server_workers import bind
+from agentrl_envs.simulator_server import ServeLimits, SimulatorServer
+from agentrl_envs.simulator_server_processes import bind
 from simulators import SimulatorApp
 from simulators.app import MAX_REQUEST_BYTES, template_fingerprint
 from simulators.memory import CloseCounter, release_memory

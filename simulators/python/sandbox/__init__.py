@@ -7,7 +7,7 @@ workspace. ``SandboxRunner.tier`` says how much of that this machine allows: ``"
 only; refused unless ``allow_unsafe=True``). See docs/sandbox.md.
 """
 
-from simulators.python.sandbox.runner import (
+from simulators.python.sandbox.host import (
     DEFAULT_PREIMPORT,
     FULL,
     REDUCED,

@@ -19,8 +19,8 @@ import threading
 import weakref
 from typing import Any
 
-from simulators.python.runner import PythonResult, RunLimits
-from simulators.python.sandbox.runner import SandboxError, SandboxRunner
+from simulators.python.sandbox.host import SandboxError, SandboxRunner
+from simulators.python.subprocess_runner import PythonResult, RunLimits
 
 __all__ = ["SharedSandbox", "live_services", "service_slots"]
 

@@ -1,0 +1,514 @@
+"""The env core shared by every agentrl environment.
+
+One text action per step (a tool call), one text observation back. The core parses the action,
+sends the call across the :class:`~agentrl_envs.backends.Backend` seam, renders the result, asks
+:class:`~agentrl_envs.tasks.progress.Progress` what it achieved and sums the reward components.
+It does not know whether the backend is simulated or real.
+"""
+
+from __future__ import annotations
+
+import numbers
+import time
+import uuid
+from pathlib import Path
+from typing import Any, ClassVar
+
+import gymnasium as gym
+
+from agentrl_envs.actions import ToolCall, format_call, parse_action
+from agentrl_envs.backends import Backend, EpisodeSetup, ToolRequest, make_backend
+from agentrl_envs.errors import ActionError, ConfigError, EpisodeError
+from agentrl_envs.faults import ErrorProfile, load_profile
+from agentrl_envs.faults.injector import FaultInjectingBackend
+from agentrl_envs.faults.stats import FaultStats, classify, penalized
+from agentrl_envs.observation_text import clip, printable
+from agentrl_envs.rewards import RewardConfig, zero_components
+from agentrl_envs.rewards.schedule import AuxRewardConfig, parse_aux_reward
+from agentrl_envs.spaces import UnicodeText
+from agentrl_envs.tasks import TaskSampler
+from agentrl_envs.tasks.base import Task
+from agentrl_envs.tasks.progress import Progress
+from agentrl_envs.tools import Tool, get_tool
+
+__all__ = ["AUTORESET_ACTION", "SETTABLE_ATTRIBUTES", "ToolUseEnv"]
+
+ACTION_MAX_CHARS = 200_000
+OBSERVATION_MAX_CHARS = 16_000
+
+#: What :meth:`ToolUseEnv.oracle_action` returns once the episode has ended: under Gymnasium's
+#: NEXT_STEP autoreset the next step of that sub-env is a reset step whose action is ignored, so
+#: ``vec_env.call("oracle_action")`` needs an answer there (raising would kill an async worker).
+AUTORESET_ACTION = format_call("finish", {"answer": ""})
+
+#: Attributes that may change after the env is made (``vec_env.set_attr(name, value)``,
+#: ``env.set_wrapper_attr(name, value)``); each value is validated like the ``gym.make`` keyword.
+SETTABLE_ATTRIBUTES = ("training_step", "aux_reward", "candidates")
+
+# Public attributes fixed at construction, and the gym.make keyword that sets each one.
+_FIXED_ATTRIBUTES = {
+    "split": "split",
+    "domain": "domain",
+    "error_profile": "error_profile",
+    "profile": "error_profile",
+    "realtime": "realtime",
+    "mail_domains": "mail_domains",
+    "python_sandbox": "python_sandbox",
+    "allow_unsafe_sandbox": "allow_unsafe_sandbox",
+    "backend_spec": "backend",
+    "max_steps_arg": "max_steps",
+    "time_budget_s": "time_budget_s",
+    "render_mode": "render_mode",
+    "long_horizon": "long_horizon",
+    "rewards": "format_penalty",
+    "aux": "aux_reward",
+    "python_timeout_s": "python_timeout_s",
+    "sql_deadline_s": "sql_deadline_s",
+    "tools": "",
+    "action_space": "",
+    "observation_space": "",
+}
+# Public attributes Gymnasium itself sets on an env after construction.
+_GYMNASIUM_ATTRIBUTES = frozenset({"spec", "np_random"})
+
+
+class ToolUseEnv(gym.Env[str, str]):
+    """Base class of the agentrl envs; subclasses set ``kind`` and ``tool_names`` and an env card."""
+
+    metadata = {"render_modes": ["ansi"], "render_fps": 4}  # noqa: RUF012 - Gymnasium's own convention
+    kind: ClassVar[str] = "pipeline"
+    tool_names: ClassVar[tuple[str, ...]] = ("sql", "python", "smtp", "finish")
+
+    def __init__(
+        self,
+        split: str = "train",
+        domain: str | None = None,
+        error_profile: str | Path | ErrorProfile = "none",
+        backend: Any = "sim",
+        max_steps: int | None = None,
+        time_budget_s: float | None = None,
+        candidates: int = 0,
+        candidates_difficulty: str = "easy",
+        render_mode: str | None = None,
+        aux_reward: Any = None,
+        long_horizon: bool = False,
+        format_penalty: float = -0.1,
+        python_timeout_s: float = 5.0,
+        sql_deadline_s: float = 2.0,
+        realtime: bool = False,
+        mail_domains: tuple[str, ...] | list[str] | str | None = "company",
+        python_sandbox: bool = True,
+        allow_unsafe_sandbox: bool = False,
+    ) -> None:
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ConfigError(f"render_mode={render_mode!r}: use 'ansi' or None")
+        if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
+            raise ConfigError(f"max_steps={max_steps!r}: use a positive int or None for the default")
+        if time_budget_s is not None and not time_budget_s > 0:
+            raise ConfigError(f"time_budget_s={time_budget_s!r}: use a positive number of virtual seconds or None")
+        if not isinstance(candidates, int) or isinstance(candidates, bool) or candidates < 0:
+            raise ConfigError(f"candidates={candidates!r}: use 0 (off) or a positive int K")
+        if candidates_difficulty not in ("easy", "hard"):
+            raise ConfigError(f"candidates_difficulty={candidates_difficulty!r}: use 'easy' (default) or 'hard'")
+        if not python_timeout_s > 0 or not sql_deadline_s > 0:
+            raise ConfigError("python_timeout_s and sql_deadline_s must be positive")
+        self.split = split
+        self.domain = domain
+        self.error_profile = error_profile
+        self.profile = load_profile(error_profile)
+        self.realtime = bool(realtime)
+        if (
+            mail_domains is not None
+            and mail_domains != "company"
+            and not (isinstance(mail_domains, (list, tuple)) and all(isinstance(d, str) and d for d in mail_domains))
+        ):
+            raise ConfigError(f"mail_domains={mail_domains!r}: use 'company', a list of domains, or None for any")
+        self.mail_domains = mail_domains
+        self.python_sandbox = bool(python_sandbox)
+        self.allow_unsafe_sandbox = bool(allow_unsafe_sandbox)
+        self._sandbox_tier: str | None = None
+        self._backend_facts: dict[str, Any] = {}  # what the backend says about its services (numpy)
+        self.backend_spec = backend
+        self.max_steps_arg = max_steps
+        self.time_budget_s = time_budget_s
+        self.candidates = candidates
+        self.candidates_difficulty = candidates_difficulty
+        self.render_mode = render_mode
+        self.long_horizon = long_horizon
+        self.rewards = RewardConfig(format_penalty=format_penalty)
+        self._aux_config = parse_aux_reward(aux_reward)
+        self._training_step = 0
+        self.python_timeout_s = python_timeout_s
+        self.sql_deadline_s = sql_deadline_s
+        self.tools: dict[str, Tool] = {name: get_tool(name) for name in self.tool_names}
+        self.action_space = UnicodeText(ACTION_MAX_CHARS)
+        self.observation_space = UnicodeText(OBSERVATION_MAX_CHARS)
+        self._sampler = TaskSampler(self.kind, split, domain, long_horizon)  # validates split/domain
+        self._backend: Backend | None = None
+        self._fault_stats = FaultStats()
+        self._task: Task | None = None
+        self._episode_id: str | None = None
+        self._progress: Progress | None = None
+        self._transcript: list[str] = []
+        self._prev_tool: str | None = None
+        self._clear_episode()
+        self._frozen = True  # from here on, __setattr__ validates or refuses public attributes
+
+    # -- gymnasium API ---------------------------------------------------------------------------
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """Start an episode. ``options={"task_seed": n}`` picks a task directly (same n, same task)."""
+        super().reset(seed=seed)
+        self._close_episode()
+        options = options or {}
+        task_seed = options.get("task_seed")
+        if task_seed is None:
+            task_seed = int(self.np_random.integers(0, 2**31 - 1))
+        elif not isinstance(task_seed, int) or isinstance(task_seed, bool) or task_seed < 0:
+            raise ConfigError(f"options['task_seed']={task_seed!r}: use a non-negative int")
+        task = self._sampler.sample(task_seed)
+        fault_seed = int(self.np_random.integers(0, 2**31 - 1))
+        backend = self._get_backend()
+        episode_id = "ep-" + uuid.uuid4().hex[:20]
+        sender = f"agent@{_mail_domain(task)}"
+        domains = (_mail_domain(task),) if self.mail_domains == "company" else self.mail_domains
+        setup = EpisodeSetup(
+            episode_id,
+            task.database,
+            task.files,
+            sender=sender,
+            seed=fault_seed,
+            mail_domains=tuple(domains) if domains is not None else None,
+        )
+        backend.open_episode(setup)
+        self._fault_stats = FaultStats()
+        self._task, self._episode_id = task, episode_id
+        self._progress = Progress(task)
+        self._steps = 0
+        self._virtual_time = 0.0
+        self._prev_tool = None
+        self._done = False
+        self._max_steps = self.max_steps_arg or _default_max_steps(task)
+        self._transcript = [f"[task {task.task_id}]\n{task.instruction}"]
+        info = self._info(tool=None, result={})
+        info["instruction"] = task.instruction
+        info["tools"] = [tool.schema(self._backend_facts) for tool in self.tools.values()]
+        info["system_prompt"] = self.system_prompt()
+        info["max_steps"] = self._max_steps
+        self._add_candidates(info, task.instruction)
+        return self._observe(task.instruction), info
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if not isinstance(action, str):
+            raise TypeError(f"an action must be a str, got {type(action).__name__}")
+        if self._task is None or self._progress is None:
+            raise EpisodeError("call reset() before step()")
+        if self._done:
+            raise EpisodeError("the episode has ended; call reset() to start a new one")
+        self._steps += 1
+        self._virtual_time += self.profile.think_time_s
+        components = zero_components()
+        terminated = False
+        tool_name: str | None = None
+        fault: dict[str, Any] | None = None
+        call_format = "none"
+        try:
+            call = parse_action(action, self.tools)
+        except ActionError as exc:
+            components["format"] = self.rewards.format_penalty
+            observation = f"action error [{exc.code}]: {exc.message}"
+            result: dict[str, Any] = {"tool": None, "ok": False, "status": 400, "error_type": exc.code, "error": exc.message}
+        else:
+            tool_name, call_format = call.name, call.form
+            if call.name == "finish":
+                self._progress.finish(call.arguments["answer"])
+                observation = "Episode finished."
+                result = {"tool": "finish", "ok": True, "status": 200, "error_type": None, "error": None}
+                terminated = True
+            else:
+                observation, result, fault, moved = self._call_tool(call)
+                components["aux"] = self._aux(call.name, moved)
+                if penalized(fault):
+                    assert fault is not None
+                    components["fault"] = self.profile.penalty(fault["type"])
+        truncated = not terminated and (
+            self._steps >= self._max_steps or (self.time_budget_s is not None and self._virtual_time >= self.time_budget_s)
+        )
+        info = self._info(tool=tool_name, result=result)
+        # {} rather than None when there is no fault: vector envs merge infos key by key and
+        # cannot merge None in one sub-env with a dict in another.
+        info["fault"] = fault or {}
+        info["call_format"] = call_format
+        if terminated or truncated:
+            self._done = True
+            info["fault_stats"] = self._fault_stats.summary()
+            task_components = self._progress.components()
+            success = terminated and all(task_components.values())
+            components["task"] = self.rewards.success if success else 0.0
+            info["task_components"] = task_components
+            info["partial_credit"] = sum(task_components.values()) / max(1, len(task_components))
+            info["success"] = success
+            if truncated:
+                observation += (
+                    f"\n[episode truncated: {'step limit' if self._steps >= self._max_steps else 'time budget'} reached]"
+                )
+        else:
+            self._add_candidates(info, observation)
+        info["reward_components"] = components
+        if tool_name is not None:
+            self._prev_tool = tool_name
+        self._transcript.append(f"> {printable(clip(action, 2000))}\n{observation}")
+        return self._observe(observation), float(sum(components.values())), terminated, truncated, info
+
+    def render(self) -> str | None:
+        """With ``render_mode="ansi"``: the transcript so far, actions prefixed with ``>``."""
+        if self.render_mode != "ansi":
+            return None
+        return printable("\n\n".join(self._transcript)) + "\n"
+
+    def close(self) -> None:
+        self._close_episode()
+        if self._backend is not None:
+            self._backend.close()
+            self._backend = None
+        self._sampler.close()
+
+    # -- oracle and candidates -------------------------------------------------------------------
+
+    def oracle_action(self) -> str:
+        """The gold plan's next action from the current state (used by :class:`OracleAgent`).
+
+        Once the episode has ended it returns :data:`AUTORESET_ACTION` (a ``finish`` call): in a
+        vector env under NEXT_STEP autoreset that sub-env's next step is a reset step and ignores
+        its action, so ``vec_env.call("oracle_action")`` works on every step, sync or async.
+
+        Raises:
+            EpisodeError: before the first ``reset()``.
+        """
+        if self._task is None or self._progress is None:
+            raise EpisodeError("no episode in progress; call reset() first")
+        if self._done:
+            return AUTORESET_ACTION
+        name, arguments = self._progress.next_gold_call()
+        return format_call(name, arguments)
+
+    def system_prompt(self) -> str:
+        """The system prompt of ``info["system_prompt"]``; it agrees with the Qwen/Hermes chat template."""
+        names = ", ".join(self.tools)
+        return (
+            "You are an agent that solves tasks by calling tools. Each turn, make exactly one tool call: "
+            "return a JSON object with the function name and arguments within <tool_call></tool_call> XML tags:\n"
+            '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>\n'
+            "Several calls in one turn are refused: make one call, read its result, then make the next.\n"
+            f"Available tools: {names}. Call finish when you are done."
+        )
+
+    @property
+    def task(self) -> Task | None:
+        """The current episode's task (None before the first reset)."""
+        return self._task
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _aux(self, tool: str, moved: list[int]) -> float:
+        """Dense reward for newly completing this tool's part of sub-tasks (see rewards.schedule)."""
+        if not moved or self._task is None:
+            return 0.0
+        base = self.aux.terms.get(tool, 0.0) * len(moved) / len(self._task.subtasks)
+        return base * self.aux_weight
+
+    @property
+    def aux_weight(self) -> float:
+        """The aux reward's current schedule weight (from ``training_step``)."""
+        return self._aux_config.schedule.weight(self._training_step)
+
+    @property
+    def aux(self) -> AuxRewardConfig:
+        """The parsed aux reward configuration (change it through ``aux_reward``)."""
+        return self._aux_config
+
+    @property
+    def aux_reward(self) -> AuxRewardConfig:
+        """The aux reward; settable with any ``aux_reward=`` form of ``gym.make`` (validated)."""
+        return self._aux_config
+
+    @aux_reward.setter
+    def aux_reward(self, spec: Any) -> None:
+        self._aux_config = parse_aux_reward(spec)
+
+    @property
+    def training_step(self) -> int:
+        """The trainer's step, driving the aux reward's schedule (``vec_env.set_attr("training_step", n)``)."""
+        return self._training_step
+
+    @training_step.setter
+    def training_step(self, step: Any) -> None:
+        if not isinstance(step, numbers.Integral) or isinstance(step, bool) or step < 0:
+            raise ConfigError(f"training_step={step!r}: use a non-negative int")
+        self._training_step = int(step)
+
+    def set_training_step(self, step: int) -> None:
+        """Set the trainer's step (``vec_env.call("set_training_step", n)``)."""
+        self.training_step = step
+
+    # -- attribute guard -------------------------------------------------------------------------
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Settable attributes are validated (candidates here, the others by their property
+        # setters); the rest of the public configuration is read when the env is made, so a new
+        # value would silently do nothing: refuse it, and refuse names the env does not have.
+        if name.startswith("_") or not self.__dict__.get("_frozen", False) or name in _GYMNASIUM_ATTRIBUTES:
+            super().__setattr__(name, value)
+            return
+        if name == "candidates":
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"candidates={value!r}: use 0 (off) or a positive int K")
+            super().__setattr__(name, int(value))
+            return
+        if name in SETTABLE_ATTRIBUTES:
+            super().__setattr__(name, value)
+            return
+        if name in _FIXED_ATTRIBUTES:
+            keyword = _FIXED_ATTRIBUTES[name]
+            how = f"make a new env: gym.make(id, {keyword}=...)" if keyword else "make a new env"
+            raise ConfigError(f"{name} is fixed when the env is made; {how}")
+        if hasattr(type(self), name):
+            raise ConfigError(f"{name} is read-only; the attributes that can change are {', '.join(SETTABLE_ATTRIBUTES)}")
+        raise ConfigError(_unknown_attribute(self, name))
+
+    def set_wrapper_attr(self, name: str, value: Any, *, force: bool = True) -> bool:
+        """Set an attribute of the env, as ``vec_env.set_attr`` does; unknown names are refused.
+
+        Gymnasium would otherwise put an unknown name (a typo) on the outermost wrapper, where
+        nothing reads it.
+
+        Raises:
+            ConfigError: for a name the env does not have, a fixed attribute or a bad value.
+        """
+        if not name.startswith("_") and name not in SETTABLE_ATTRIBUTES and not hasattr(self, name):
+            raise ConfigError(_unknown_attribute(self, name))
+        setattr(self, name, value)
+        return True
+
+    def _call_tool(self, call: ToolCall) -> tuple[str, dict[str, Any], dict[str, Any] | None, list[int]]:
+        assert self._episode_id is not None and self._progress is not None
+        request = ToolRequest(self._episode_id, call.name, call.arguments, at_s=self._virtual_time)
+        response = self._get_backend().handle(request)
+        self._virtual_time += response.latency_s
+        if self.realtime and response.latency_s > 0:
+            time.sleep(response.latency_s)
+        moved = self._progress.observe(call.name, call.arguments, response)
+        tier = response.result.get("sandbox_tier") if response.ok else None  # the service that runs programs says
+        if isinstance(tier, str):
+            self._sandbox_tier = tier[:16]
+        fault = classify(response)
+        summary = self.tools[call.name].summarize(response)
+        self._fault_stats.record(call.name, bool(summary["ok"]), fault)
+        return self.tools[call.name].render(response), summary, fault, moved
+
+    def _info(self, tool: str | None, result: dict[str, Any] | None) -> dict[str, Any]:
+        assert self._task is not None and self._progress is not None
+        return {
+            "task_id": self._task.task_id,
+            "domain": self._task.domain,
+            "split": self._task.split,
+            "step": self._steps,
+            "reward_components": zero_components(),
+            "tool": tool,
+            "tool_result": result,
+            "fault": {},
+            "virtual_time_s": self._virtual_time,
+            "subtask_index": self._progress.subtask_index(),
+            "subtask_boundary": tool is not None and self._prev_tool is not None and tool != self._prev_tool,
+            "sandbox_tier": self._sandbox_tier or "unknown",
+            "call_format": "none",
+        }
+
+    def _add_candidates(self, info: dict[str, Any], observation: str) -> None:
+        if self.candidates:
+            from agentrl_envs.candidates import make_candidates
+
+            assert self._task is not None and self._progress is not None
+            info["candidates"] = make_candidates(
+                self._task,
+                self._progress,
+                self.oracle_action(),
+                self.candidates,
+                self.np_random,
+                tuple(self.tools),
+                difficulty=self.candidates_difficulty,
+                context=f"{self._task.instruction}\n{observation}",
+            )
+
+    def _observe(self, text: str) -> str:
+        return clip(printable(text), OBSERVATION_MAX_CHARS - 100)
+
+    def _get_backend(self) -> Backend:
+        if self._backend is None:
+            backend = make_backend(
+                self.backend_spec,
+                sql_deadline_s=self.sql_deadline_s,
+                python_timeout_s=self.python_timeout_s,
+                python_sandbox=self.python_sandbox,
+                allow_unsafe_sandbox=self.allow_unsafe_sandbox,
+            )
+            self._sandbox_tier = getattr(backend, "sandbox_tier", None)
+            self._backend_facts = {"numpy": bool(getattr(backend, "numpy_available", False))}
+            self._backend = FaultInjectingBackend(backend, self.profile) if self.profile.injects else backend
+        return self._backend
+
+    def _clear_episode(self) -> None:
+        self._task = None
+        self._episode_id = None
+        self._progress = None
+        self._steps = 0
+        self._max_steps = 0
+        self._virtual_time = 0.0
+        self._prev_tool = None
+        self._done = False
+        self._transcript = []
+
+    def _close_episode(self) -> None:
+        if self._episode_id is not None and self._backend is not None:
+            self._backend.close_episode(self._episode_id)
+        self._clear_episode()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The configuration pickles; the backend and an episode in flight do not (they live in
+        # services). An unpickled env starts fresh at its next reset().
+        state = dict(self.__dict__)
+        state["_backend"] = None
+        state["_sampler"] = None
+        for key in ("_task", "_episode_id", "_progress"):
+            state[key] = None
+        state["_done"] = False
+        state["_transcript"] = []
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._sampler = TaskSampler(self.kind, self.split, self.domain, self.long_horizon)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _unknown_attribute(env: ToolUseEnv, name: str) -> str:
+    return (
+        f"{type(env).__name__} has no attribute {name[:80]!r}; the ones that can change after gym.make are "
+        f"{', '.join(SETTABLE_ATTRIBUTES)}"
+    )
+
+
+def _default_max_steps(task: Task) -> int:
+    gold_calls = sum(len(s.steps) for s in task.subtasks) + 1
+    return max(10, 3 * gold_calls + 4)
+
+
+def _mail_domain(task: Task) -> str:
+    from agentrl_envs.tasks.domains import DOMAINS
+
+    return DOMAINS[task.domain].mail_domain

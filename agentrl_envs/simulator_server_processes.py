@@ -1,0 +1,179 @@
+"""``agentrl-envs serve --workers N``: several server processes, and the process-level tuning of each.
+
+One Python process serves on one core at a time (the GIL), so N processes serve N cores. Episodes
+live in the process that opened them, so the processes share nothing: each listens on its own port
+(``port .. port + N - 1``, or free ones for port 0), and a client spreads episodes over them by id,
+as the ``http`` backend does when given all the URLs (``backend="http://h:p1,http://h:p2"``,
+:func:`agentrl_envs.backends.http.shard_of`). A call sent to another process than its episode's is
+answered 404 ``unknown_episode``, never served from the wrong state.
+
+The supervisor (the ``serve`` process) binds every socket itself, so no port can be taken between
+the printout and the start, and hands each worker its socket; the workers are fresh interpreters
+(``python -m agentrl_envs.simulator_server_processes``) that read their settings, token included, from a pipe,
+never from the command line. Ctrl-C or SIGTERM stops them all; a worker that dies stops the others
+and the supervisor exits with status 1, since the episodes it held are gone.
+
+Each process, once started (:func:`run`): everything start-up allocated (modules, the app, uvicorn)
+is moved out of the cycle collector's reach (``gc.freeze``) and the collection thresholds are raised
+(``GC_THRESHOLDS``), so a collection scans the episodes' few objects, not the whole heap.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from agentrl_envs.errors import ConfigError
+from agentrl_envs.faults import ErrorProfile
+
+__all__ = ["GC_THRESHOLDS", "WorkerConfig", "bind", "run", "supervise", "tune_gc"]
+
+#: ``gc.set_threshold`` of a server process: young collections every 10,000 net allocations
+#: instead of 700 (each request allocates and frees hundreds of objects), older ones rarer too.
+GC_THRESHOLDS = (10_000, 20, 20)
+MAX_WORKERS = 64
+#: seconds between checks that every worker is still alive
+POLL_S = 0.2
+STOP_WAIT_S = 10.0
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """What every worker process is started with (sent to it pickled, through a pipe)."""
+
+    profile: ErrorProfile | None
+    sql_deadline_s: float
+    python_timeout_s: float
+    token: str | None
+    limits: Any  # ServeLimits | None (not imported here: agentrl_envs.simulator_server imports this module)
+
+
+def tune_gc() -> None:
+    """Freeze what is allocated so far out of the cycle collector's scans and raise its thresholds."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
+def run(app: Any, *, host: str | None = None, port: int | None = None, sock: socket.socket | None = None) -> None:
+    """Serve ``app`` with uvicorn on ``host:port`` or on a bound ``sock`` until stopped, GC tuned."""
+    import uvicorn
+
+    if sock is not None:
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+    else:
+        config = uvicorn.Config(
+            app, host=host or "127.0.0.1", port=port or 0, log_level="warning", access_log=False, lifespan="on"
+        )
+    config.load()  # imports the loop and protocol modules, so the freeze below covers them
+    server = uvicorn.Server(config)
+    tune_gc()
+    server.run(sockets=[sock] if sock is not None else None)
+
+
+def bind(host: str, port: int, workers: int) -> list[socket.socket]:
+    """Listening sockets for ``workers`` processes: ports ``port + i`` (free ones if ``port`` is 0).
+
+    Raises:
+        ConfigError: ``workers`` is out of range or a port cannot be bound.
+    """
+    if not isinstance(workers, int) or isinstance(workers, bool) or not 1 <= workers <= MAX_WORKERS:
+        raise ConfigError(f"workers={workers!r}: use a whole number from 1 to {MAX_WORKERS} (one per core is a good start)")
+    if port and port + workers - 1 > 65535:
+        raise ConfigError(f"ports {port}..{port + workers - 1} run past 65535: use a lower --port or fewer --workers")
+    sockets: list[socket.socket] = []
+    try:
+        for i in range(workers):
+            want = port + i if port else 0
+            try:
+                sockets.append(socket.create_server((host, want)))
+            except OSError as exc:
+                raise ConfigError(f"cannot listen on {host}:{want} (worker {i}): {exc.strerror or exc}") from None
+    except ConfigError:
+        for s in sockets:
+            s.close()
+        raise
+    return sockets
+
+
+def supervise(sockets: list[socket.socket], config: WorkerConfig) -> int:
+    """Start one worker process per socket and wait; answer the exit status.
+
+    0 when stopped by Ctrl-C or SIGTERM (the workers are stopped first), 1 when a worker died.
+    """
+    procs: list[subprocess.Popen[bytes]] = []
+    stopping = False
+
+    def stop(signum: int, _frame: Any) -> None:
+        nonlocal stopping
+        stopping = True
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        payload = pickle.dumps(config)
+        for index, sock in enumerate(sockets):
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "agentrl_envs.simulator_server_processes", str(sock.fileno()), str(index)],
+                stdin=subprocess.PIPE,
+                pass_fds=(sock.fileno(),),
+            )
+            assert proc.stdin is not None
+            proc.stdin.write(payload)
+            proc.stdin.close()
+            procs.append(proc)
+        for sock in sockets:
+            sock.close()  # the workers hold their own copies
+        while not stopping:
+            dead = [(i, p.returncode) for i, p in enumerate(procs) if p.poll() is not None]
+            if dead:
+                print(f"agentrl serve: worker {dead[0][0]} exited with status {dead[0][1]}; stopping the others", file=sys.stderr)
+                return 1
+            time.sleep(POLL_S)
+        return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        _stop_all(procs)
+        for sock in sockets:
+            sock.close()
+
+
+def _stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_WAIT_S
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _worker_main(argv: list[str]) -> int:
+    """A worker process: ``python -m agentrl_envs.simulator_server_processes FD INDEX`` with a pickled config on stdin."""
+    from agentrl_envs.simulator_server import SimulatorServer
+
+    fd, _index = int(argv[0]), int(argv[1])
+    config: WorkerConfig = pickle.loads(sys.stdin.buffer.read())
+    sock = socket.socket(fileno=fd)
+    app = SimulatorServer(
+        config.profile, config.sql_deadline_s, config.python_timeout_s, token=config.token, limits=config.limits
+    )
+    # Ctrl-C reaches the whole process group; uvicorn handles SIGINT and SIGTERM itself.
+    run(app, sock=sock)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(_worker_main(sys.argv[1:]))
