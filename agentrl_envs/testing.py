@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
@@ -95,24 +95,40 @@ def simulator_server(profile: str = "none") -> Iterator[tuple[str, subprocess.Po
 
 
 @contextlib.contextmanager
-def serve_in_thread(app: Callable[..., Any], port: int) -> Iterator[str]:
-    """uvicorn on 127.0.0.1:port in a daemon thread; yields the base URL, stops the server after."""
+def serve_in_thread(app: Callable[..., Any], port: int, *, lifespan: Literal["auto", "on", "off"] = "off") -> Iterator[str]:
+    """uvicorn on 127.0.0.1:port in a daemon thread; yields the base URL, stops the server after.
+
+    Args:
+        app: an ASGI app.
+        port: a free loopback port (:func:`free_port`).
+        lifespan: uvicorn's lifespan mode: ``"on"`` for an app that starts and stops work of its own in
+            its lifespan handlers (``agentrl-train serve``'s reload watcher); ``"off"`` skips them.
+
+    Raises:
+        RuntimeError: uvicorn did not start (the port was taken, or the app's startup failed: uvicorn
+            logged why).
+    """
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan=lifespan))
+
+    def run() -> None:
+        with contextlib.suppress(SystemExit):  # uvicorn exits when it cannot start; the RuntimeError below says so
+            server.run()
+
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
     try:
-        for _ in range(2000):  # a hang bound, not a speed check
+        for _ in range(6000):  # x 10 ms: a hang bound for a busy machine, not a speed check
             if server.started or not thread.is_alive():
                 break
             time.sleep(0.01)
         if not server.started:
-            raise RuntimeError(f"uvicorn did not start on 127.0.0.1:{port}")
+            raise RuntimeError(f"uvicorn did not start on 127.0.0.1:{port}; its log above says why")
         yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
-        thread.join(timeout=30)
+        thread.join(timeout=60)
 
 
 def _stat_fields(pid: int) -> list[str] | None:

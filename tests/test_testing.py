@@ -1,14 +1,19 @@
-"""The process helpers of agentrl_envs.testing, on processes this test starts itself."""
+"""The helpers of agentrl_envs.testing: the /proc scans on processes these tests start, and uvicorn in a thread."""
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from typing import Any, Literal
 
-from agentrl_envs.testing import SANDBOX_MARKER, alive, descendants, sandbox_zygotes
+import httpx
+import pytest
+
+from agentrl_envs.testing import SANDBOX_MARKER, alive, descendants, free_port, sandbox_zygotes, serve_in_thread
 
 # Both the child and its fork wait for stdin to close, so closing it ends them both.
 FORKING_CHILD = "import os, sys; os.fork(); sys.stdin.read()"
@@ -52,3 +57,40 @@ def test_sandbox_zygotes_of_a_process_that_is_gone_or_never_was_is_empty() -> No
     proc.wait(timeout=60)
     assert sandbox_zygotes(proc.pid) == []
     assert sandbox_zygotes(-1) == [] and sandbox_zygotes(0) == []
+
+
+class _LifespanApp:
+    """An ASGI app that records the lifespan events it gets and answers every request with 204."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+    async def __call__(self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                event = await receive()
+                self.events.append(event["type"])
+                await send({"type": event["type"] + ".complete"})
+                if event["type"] == "lifespan.shutdown":
+                    return
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+
+@pytest.mark.parametrize("lifespan", ["on", "off"])
+def test_serve_in_thread_runs_the_lifespan_handlers_only_when_asked(lifespan: Literal["on", "off"]) -> None:
+    app = _LifespanApp()
+    with serve_in_thread(app, free_port(), lifespan=lifespan) as url:
+        assert httpx.get(url + "/anything").status_code == 204
+        assert app.events == (["lifespan.startup"] if lifespan == "on" else [])
+    assert app.events == (["lifespan.startup", "lifespan.shutdown"] if lifespan == "on" else [])
+
+
+def test_serve_in_thread_says_so_when_uvicorn_cannot_start() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(RuntimeError, match=f"uvicorn did not start on 127.0.0.1:{port}"):
+            with serve_in_thread(_LifespanApp(), port):
+                pass
