@@ -12,7 +12,7 @@ had, reported as damage (``recovery.quarantined``, then ``CorruptRecordError``):
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +53,7 @@ class PausingMap:
 
 
 @pytest.fixture
-def writer(tmp_path: Path) -> Any:
+def writer(tmp_path: Path) -> Iterator[ReplayBuffer]:
     """A writer that has wrapped: the oldest live record sits right at the write position."""
     with ReplayBuffer.create(tmp_path / "ring", capacity_bytes=64 << 10) as buf:
         for seq in range(200):
@@ -165,6 +165,25 @@ def test_a_gap_the_rounds_cannot_settle_is_not_reported(writer: ReplayBuffer, mo
         seqs = [e.seq for e in index.kept]
         assert pausing.fired and o1 in seqs and o2 not in seqs and o3 in seqs  # the pass saw the gap...
         assert len(index.lost) == 0  # ...which nothing confirmed
+    finally:
+        mm.close()
+        file.close()
+
+
+def test_scan_of_a_range_finds_the_entries_inside_it(writer: ReplayBuffer) -> None:
+    from agentrl_envs.data import _ring
+
+    file, mm, capacity, salt = _open.open_file(writer.path, True, None, "process", False)
+    try:
+        seed = crc_extend(0, salt)
+        whole = _ring.scan(mm, HEADER_PAGE, capacity, seed)
+        assert sorted(e.seq for e in whole) == writer.seqs()
+        a, b, c = whole[3], whole[4], whole[5]
+        assert _ring.scan(mm, HEADER_PAGE, capacity, seed, start=a.off, stop=c.off) == [a, b]
+        assert _ring.scan(mm, HEADER_PAGE, capacity, seed, start=b.off, stop=b.off + HEADER_SIZE) == [b]  # its header is inside
+        assert _ring.scan(mm, HEADER_PAGE, capacity, seed, start=b.off, stop=b.off + HEADER_SIZE - 8) == []  # not all of it
+        assert _ring.scan(mm, HEADER_PAGE, capacity, seed, start=b.off + 8, stop=c.end) == [c]
+        assert _ring.scan(mm, HEADER_PAGE, capacity, seed, start=whole[-1].off, stop=capacity + 4096) == [whole[-1]]
     finally:
         mm.close()
         file.close()
