@@ -8,7 +8,8 @@ or torch; ``import agentrl_envs`` does not import this module.
 - :func:`serve_in_thread`: any ASGI app under uvicorn in a daemon thread;
 - :func:`alive`, :func:`descendants`, :func:`with_marker`: process inspection through ``/proc``.
   Pids printed inside a sandboxed run belong to its own pid namespace, so callers find the processes
-  a run started by a marker in their command line instead.
+  a run started by a marker in their command line instead;
+- :func:`sandbox_zygotes`: the Python sandbox's zygotes a process started.
 """
 
 from __future__ import annotations
@@ -21,11 +22,26 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
-__all__ = ["alive", "descendants", "free_port", "serve_in_thread", "simulator_server", "wait_http", "with_marker"]
+__all__ = [
+    "SANDBOX_MARKER",
+    "alive",
+    "descendants",
+    "free_port",
+    "sandbox_zygotes",
+    "serve_in_thread",
+    "simulator_server",
+    "wait_http",
+    "with_marker",
+]
+
+#: In the command line of every sandbox zygote: the boot code (``_BOOT`` in
+#: simulators/python/sandbox/runner.py) loads the sandbox package under this name. Spelled out here
+#: so that this module imports nothing of the simulators.
+SANDBOX_MARKER = "_agentrl_sandbox"
 
 
 def free_port() -> int:
@@ -79,24 +95,40 @@ def simulator_server(profile: str = "none") -> Iterator[tuple[str, subprocess.Po
 
 
 @contextlib.contextmanager
-def serve_in_thread(app: Callable[..., Any], port: int) -> Iterator[str]:
-    """uvicorn on 127.0.0.1:port in a daemon thread; yields the base URL, stops the server after."""
+def serve_in_thread(app: Callable[..., Any], port: int, *, lifespan: Literal["auto", "on", "off"] = "off") -> Iterator[str]:
+    """uvicorn on 127.0.0.1:port in a daemon thread; yields the base URL, stops the server after.
+
+    Args:
+        app: an ASGI app.
+        port: a free loopback port (:func:`free_port`).
+        lifespan: uvicorn's lifespan mode: ``"on"`` for an app that starts and stops work of its own in
+            its lifespan handlers (``agentrl-train serve``'s reload watcher); ``"off"`` skips them.
+
+    Raises:
+        RuntimeError: uvicorn did not start (the port was taken, or the app's startup failed: uvicorn
+            logged why).
+    """
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan=lifespan))
+
+    def run() -> None:
+        with contextlib.suppress(SystemExit):  # uvicorn exits when it cannot start; the RuntimeError below says so
+            server.run()
+
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
     try:
-        for _ in range(2000):  # a hang bound, not a speed check
+        for _ in range(6000):  # x 10 ms: a hang bound for a busy machine, not a speed check
             if server.started or not thread.is_alive():
                 break
             time.sleep(0.01)
         if not server.started:
-            raise RuntimeError(f"uvicorn did not start on 127.0.0.1:{port}")
+            raise RuntimeError(f"uvicorn did not start on 127.0.0.1:{port}; its log above says why")
         yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
-        thread.join(timeout=30)
+        thread.join(timeout=60)
 
 
 def _stat_fields(pid: int) -> list[str] | None:
@@ -129,15 +161,32 @@ def descendants(root: int) -> list[int]:
     return found
 
 
+def _cmdline(pid: int) -> bytes:
+    """The raw command line of ``pid`` (NUL-separated), or b"" if it is gone."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
 def with_marker(marker: str) -> list[int]:
     """Live processes whose command line contains ``marker``."""
-    found = []
+    needle = marker.encode()
+    return [int(e) for e in os.listdir("/proc") if e.isdigit() and needle in _cmdline(int(e)) and alive(int(e))]
+
+
+def sandbox_zygotes(pid: int) -> list[int]:
+    """The sandbox zygotes process ``pid`` started: its live children whose command line holds :data:`SANDBOX_MARKER`.
+
+    Only children count: the zygote's own forks (warm slots, runs) inherit its command line, and
+    :func:`descendants` of a zygote lists them.
+    """
+    needle = SANDBOX_MARKER.encode()
+    kids = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if marker.encode() in f.read() and alive(int(entry)):
-                        found.append(int(entry))
-            except OSError:
-                continue
-    return found
+            fields = _stat_fields(int(entry))
+            if fields is not None and fields[0] not in ("Z", "X") and fields[1] == str(pid):
+                kids.append(int(entry))
+    return sorted(k for k in kids if needle in _cmdline(k))

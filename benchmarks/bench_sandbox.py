@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agentrl_envs.testing import descendants
+from agentrl_envs.testing import descendants, sandbox_zygotes
 from simulators.python import PythonRunner
 from simulators.python.sandbox import SandboxRunner
 from simulators.python.sandbox.shared import SharedSandbox
@@ -106,16 +106,8 @@ def many_envs(count: int, ws: str) -> None:
 
 def _sandbox_tree(pid: int) -> list[int]:
     """The sandbox processes below ``pid``: its zygotes and everything under them."""
-    found = []
-    for kid in descendants(pid):
-        try:
-            with open(f"/proc/{kid}/cmdline", "rb") as f:
-                if b"_agentrl_sandbox" in f.read():
-                    found.append(kid)
-        except OSError:
-            continue
-    zygote_kids = {k for z in found for k in descendants(z)}
-    return sorted(set(found) | zygote_kids)
+    zygotes = sandbox_zygotes(pid)
+    return sorted({*zygotes, *(kid for z in zygotes for kid in descendants(z))})
 
 
 def gym_envs(count: int, vector: int) -> None:

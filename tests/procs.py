@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from agentrl_envs.testing import alive, descendants, with_marker
+from agentrl_envs.testing import alive, descendants, sandbox_zygotes, with_marker
 
-__all__ = ["alive", "descendants", "with_marker"]
+__all__ = ["alive", "descendants", "sandbox_zygotes", "with_marker"]

@@ -164,7 +164,12 @@ def recover(path: Path, mm: mmap.mmap, salt: int, cap: int, readonly: bool, hint
 
     ``salt`` is the CRC seed of the file's salt, ``hint`` the writer's last hint (None: none valid).
     """
-    plan = ring.plan(ring.scan(mm, HEADER_PAGE, cap, salt), cap, hint[0] if hint else None)
+    hint_next_seq = hint[0] if hint else None
+    if readonly:  # a writer may be appending while we scan
+        plan, settled = reader_scan(mm, salt, cap, hint_next_seq)
+    else:  # we hold the lock: nothing changes under the scan
+        plan, settled = ring.plan(ring.scan(mm, HEADER_PAGE, cap, salt), cap, hint_next_seq), True
+    gaps = plan.gaps if settled else []  # unsettled: a writer's appends in progress, not damage
     kept = list(plan.kept)
     lost = SeqRanges()
     for entry in kept:
@@ -172,9 +177,9 @@ def recover(path: Path, mm: mmap.mmap, salt: int, cap: int, readonly: bool, hint
             lost.add(entry.seq, entry.width, "was damaged on disk and quarantined by an earlier open")
     new_lost = SeqRanges()
     sidecar = path.with_name(path.name + ".quarantine")
-    notes = open_sidecar(sidecar) if plan.gaps and not readonly else None  # refused before anything changes
+    notes = open_sidecar(sidecar) if gaps and not readonly else None  # refused before anything changes
     try:
-        for gap in plan.gaps:
+        for gap in gaps:
             new_lost.add(gap.first_seq, gap.count, "")
             reason = "was damaged on disk (checksum mismatch) and quarantined when the buffer was opened"
             if notes is not None:
@@ -216,17 +221,55 @@ def _torn_positions(mm: mmap.mmap, cap: int, tail: int, live_offsets: set[int]) 
     return out
 
 
-#: Why a reader's rescan lists a seq as lost: its bytes are not in the file. A writer wrapping at the
-#: same moment makes the same gap, so a reader reports it as damaged only while it is newer than the
-#: oldest live record (older, it was evicted).
+#: Why a reader's rescan lists a seq as lost: its bytes are not in the file (a gap that
+#: :func:`reader_scan` confirmed). Once it is older than the oldest live record it was evicted since,
+#: and the reader says so, as the writer does when it evicts a tombstone.
 READER_GAP = "is missing from the file (damaged); a writer's open will quarantine it"
+#: How many times :func:`reader_scan` re-reads the gaps of a ring that a writer keeps changing
+SETTLE_ROUNDS = 8
+
+
+def reader_scan(mm: mmap.mmap, salt: int, cap: int, hint_next_seq: int | None = None) -> tuple[ring.Plan, bool]:
+    """Scan and plan the ring as a reader, whose writer may be appending meanwhile; returns (plan, settled).
+
+    One pass is not a snapshot, so it can show a gap that the file never had: it read a record that
+    the writer evicted (zeroed) later in the pass, then found the next ones already zeroed; or it
+    passed a position before the writer published a record there, then read a newer record further
+    on. The writer's order rules out both once, after the pass, each gap's bytes are read again and
+    the two entries around it are still in the file: a record that was live then lies between them
+    and is found. So each round re-reads the gaps and re-checks their neighbours, and the plan is
+    ``settled`` when a round finds nothing new and loses no neighbour: every gap left is damage. A
+    writer that keeps changing the gaps for :data:`SETTLE_ROUNDS` rounds leaves them unsettled.
+    """
+    entries = ring.scan(mm, HEADER_PAGE, cap, salt)
+    plan = ring.plan(entries, cap, hint_next_seq)
+    for _ in range(SETTLE_ROUNDS):
+        if not plan.gaps:
+            return plan, True
+        by_seq = {e.seq: e for e in plan.kept}
+        by_end = {e.seq + e.width: e for e in plan.kept}
+        known = set(entries)
+        regions = [region for g in plan.gaps for region in g.regions]
+        found = [e for off, n in regions for e in ring.scan(mm, HEADER_PAGE, cap, salt, start=off, stop=off + n)]
+        new = [e for e in found if e not in known]
+        around = [e for g in plan.gaps for e in (by_end[g.first_seq], by_seq[g.first_seq + g.count])]
+        gone = {e for e in around if ring.parse_header(mm, e.off, salt, HEADER_PAGE, cap) != e}
+        if not new and not gone:
+            return plan, True
+        entries = sorted([e for e in entries if e not in gone] + new, key=lambda e: e.off)
+        plan = ring.plan(entries, cap, hint_next_seq)
+    return plan, not plan.gaps
 
 
 def scan_index(mm: mmap.mmap, salt: int, cap: int) -> Index:
-    """A reader's full rescan of the ring (it changes nothing; a writer's open quarantines the gaps)."""
-    plan = ring.plan(ring.scan(mm, HEADER_PAGE, cap, salt), cap, None)
+    """A reader's full rescan of the ring (it changes nothing; a writer's open quarantines the gaps).
+
+    Gaps that :func:`reader_scan` could not settle are not reported: a writer was changing them, and
+    the next rescan looks again.
+    """
+    plan, settled = reader_scan(mm, salt, cap)
     lost = SeqRanges()
-    for g in plan.gaps:
+    for g in plan.gaps if settled else ():
         lost.add(g.first_seq, g.count, READER_GAP)
     return Index(list(plan.kept), lost, plan.tail, plan.next_seq)
 

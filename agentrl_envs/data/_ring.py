@@ -119,16 +119,20 @@ def payload_ok(buf: object, base: int, entry: Entry, salt: int) -> bool:
     return crc_extend(salt, buf[start : start + entry.length]) == entry.crc  # type: ignore[index]
 
 
-def scan(buf: object, base: int, capacity: int, salt: int, verify: bool = True) -> list[Entry]:
+def scan(
+    buf: object, base: int, capacity: int, salt: int, verify: bool = True, start: int = 0, stop: int | None = None
+) -> list[Entry]:
     """Every valid entry of the data region ``buf[base : base + capacity]``, in offset order.
 
     Jumps from magic to magic with ``find`` (C speed), so garbage costs one pass; a valid entry's
-    payload is skipped. With ``verify`` a record whose payload fails its CRC is left out.
+    payload is skipped. With ``verify`` a record whose payload fails its CRC is left out. ``start``
+    and ``stop`` (data-region offsets) limit the scan to the entries whose header lies inside ``[start, stop)``.
     """
     find = buf.find  # type: ignore[attr-defined]
     entries: list[Entry] = []
-    last = base + capacity - HEADER_SIZE  # the last position a header can start
-    pos = base
+    stop = capacity if stop is None else min(stop, capacity)
+    last = base + stop - HEADER_SIZE  # the last position a header can start
+    pos = base + max(0, start)
     while pos <= last:
         hit = find(RECORD_MAGIC, pos, last + len(RECORD_MAGIC))
         if hit < 0:

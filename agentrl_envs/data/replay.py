@@ -11,7 +11,9 @@ Guarantees (the crash tests in ``tests/data/test_crash.py`` check them with ``ki
 * A record whose ``append`` returned survives the writer process being killed at any instant, until
   newer records evict it. ``durability="fsync"`` extends that to power loss, at a cost per append.
 * No torn record is ever returned: the payload is written before the header that publishes it, both
-  carry CRC32C checksums, and readers re-check the header after copying.
+  carry CRC32C checksums, and readers re-check the header after copying. A reader that scans the
+  ring while the writer appends calls a gap damage only once re-reading confirms it
+  (``_open.reader_scan``).
 * Reopening recovers by scanning the ring: a torn tail is discarded (``recovery.torn_tail``); records
   lost to mid-log corruption are counted (``recovery.quarantined``), their bytes copied to
   ``<path>.quarantine`` (never through a symlink) and a tombstone left so that ``get`` says so and

@@ -22,9 +22,11 @@ import pytest
 from agentrl_envs.data import RecordNotFoundError, ReplayBuffer
 from agentrl_envs.data.replay import CRASH_PHASES
 from tests.data._writer import MAX_OBS, make_traj, span
+from tests.procs import alive
 
 WRITER = Path(__file__).with_name("_writer.py")
 MAX_SPAN = 32 + MAX_OBS + 4096  # a generous bound on one record's span in these tests
+WRAP_APPENDS = 3_000  # ~140 laps of a 96 KiB ring; about 1.5 s of appends on an idle core
 
 
 class WriterServer:
@@ -154,26 +156,32 @@ def test_random_kill9(server: WriterServer, tmp_path: Path, durability: str) -> 
 
 
 def test_reader_races_a_wrapping_writer(server: WriterServer, tmp_path: Path) -> None:
-    """A reader in this process follows a writer process that wraps the ring many times over."""
+    """A reader in this process follows a writer process through WRAP_APPENDS appends (~140 laps of the ring).
+
+    The work is a count, not a time: the reader reads while the writer is alive, then once more.
+    """
     path, log = tmp_path / "ring", tmp_path / "log"
     ReplayBuffer.create(path, capacity_bytes=96 << 10).close()
-    pid = server.start(path=str(path), log=str(log), phase=None, count=None)
+    pid = server.start(path=str(path), log=str(log), phase=None, count=WRAP_APPENDS)
     rng = random.Random(7)
     read = evicted = 0
     try:
-        with ReplayBuffer.open(path, readonly=True) as reader:
-            deadline = time.monotonic() + 1.5
-            while time.monotonic() < deadline:
+        with ReplayBuffer.open(path, readonly=True) as reader:  # the open's scan races the writer too
+            writing = True
+            while writing:
+                writing = alive(pid)  # a zombie counts as done: the server reaps it in wait()
                 live = reader.seqs()
-                if not live:
-                    continue
-                for seq in [live[0], live[-1], rng.choice(live)]:  # the oldest is the one being overwritten
+                for seq in [live[0], live[-1], rng.choice(live)] if live else []:  # the oldest is being overwritten
                     try:
                         assert reader.get(seq) == make_traj(seq)
                         read += 1
                     except RecordNotFoundError:
                         evicted += 1
+            final = reader.seqs()
+            assert final[-1] == WRAP_APPENDS - 1, (final, read, evicted)
+            assert all(reader.get(seq) == make_traj(seq) for seq in final)
     finally:
-        os.kill(pid, signal.SIGKILL)
-        server.wait()
-    assert read > 100 and committed(log)[-1][0] > 200, (read, evicted)
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+        status = server.wait()
+    assert status == 0 and len(committed(log)) == WRAP_APPENDS, (status, read, evicted)

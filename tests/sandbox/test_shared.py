@@ -22,34 +22,9 @@ from simulators.python import RunLimits
 from simulators.python.sandbox import FULL
 from simulators.python.sandbox.host import idle_processes
 from simulators.python.sandbox.shared import SharedSandbox, live_services, service_slots
-from tests.procs import alive, descendants, with_marker
+from tests.procs import alive, descendants, sandbox_zygotes, with_marker
 
 from .conftest import SUITE_LIMITS, WAIT_S, need, wait_for
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for kid in descendants(pid):
-        try:
-            with open(f"/proc/{kid}/stat") as f:
-                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                    found.append(kid)
-        except (OSError, ValueError, IndexError):
-            continue
-    return found
-
-
-def _zygotes_of(pid: int) -> list[int]:
-    """Sandbox zygotes started by process ``pid`` (its children running the sandbox's boot code)."""
-    found = []
-    for kid in _children(pid):
-        try:
-            with open(f"/proc/{kid}/cmdline", "rb") as f:
-                if b"_agentrl_sandbox" in f.read():
-                    found.append(kid)
-        except OSError:
-            continue
-    return found
 
 
 def _python(code: str) -> str:
@@ -58,13 +33,13 @@ def _python(code: str) -> str:
 
 def test_64_envs_in_one_process_share_one_service() -> None:
     before = live_services()
-    others = set(_zygotes_of(os.getpid()))  # other tests' own runners, not shared services
+    others = set(sandbox_zygotes(os.getpid()))  # other tests' own runners, not shared services
     envs = [gym.make("AgentRL/Python-v0") for _ in range(64)]
     try:
         for i, env in enumerate(envs):
             env.reset(seed=i % 4)  # the sandbox is the point here, not 64 task generations
         assert live_services() == before + 1
-        zygotes = sorted(set(_zygotes_of(os.getpid())) - others)
+        zygotes = sorted(set(sandbox_zygotes(os.getpid())) - others)
         assert len(zygotes) == 1, zygotes
         for env in (envs[0], envs[31], envs[63]):
             obs, *_ = env.step(_python("print(6 * 7)"))
@@ -92,7 +67,7 @@ def test_a_16_env_async_vector_env_runs_with_one_service_per_worker() -> None:
             assert text.startswith("python ok") and str(i * 3) in text, (i, text)
         workers = [proc.pid for proc in vec.unwrapped.processes]  # type: ignore[attr-defined]
         assert len(workers) == 16
-        assert [len(_zygotes_of(pid)) for pid in workers] == [1] * 16  # one service per worker, shared by its envs
+        assert [len(sandbox_zygotes(pid)) for pid in workers] == [1] * 16  # one service per worker, shared by its envs
     finally:
         vec.close()
 

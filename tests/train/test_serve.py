@@ -11,7 +11,6 @@ own adapter name so the tests do not see each other's versions:
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -25,7 +24,7 @@ import torch
 
 import agentrl_envs  # noqa: F401
 from agentrl_envs.agents import OpenAIChatAgent
-from tests.integration.servers import free_port
+from agentrl_envs.testing import free_port, serve_in_thread
 
 # A hang detector, not a speed check: on an idle machine the module takes about a minute, but on the
 # shared 2-core machine at load 30 the 100-swap test alone ran past the default 300 s.
@@ -81,26 +80,6 @@ def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
-@contextlib.contextmanager
-def _serve(app: Any) -> Iterator[str]:
-    import uvicorn
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        for _ in range(3000):  # a hang bound, not a speed check
-            if server.started or not thread.is_alive():
-                break
-            time.sleep(0.01)
-        assert server.started, "uvicorn did not start"
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=60)
-
-
 @pytest.fixture(scope="module")
 def server(adapters: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Any, list[str]]]:
     from agentrl_train.serve.canary import CanaryRules
@@ -118,7 +97,7 @@ def server(adapters: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) 
         log=logs.append,
     )
     app.watch_dir = watch
-    with _serve(app) as url:
+    with serve_in_thread(app, free_port(), lifespan="on") as url:  # "on": the app's --watch poller
         yield url, app, logs
     app.engine.close()
 
