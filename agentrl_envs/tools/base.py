@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 
 # typing_extensions (a dependency of pydantic): pydantic needs its TypedDict on Python < 3.12.
 from typing_extensions import NotRequired, Required, TypedDict
@@ -159,11 +159,11 @@ def render_error(tool: str, response: ToolResponse) -> str:
 # the tool's ``parameters`` (still the one source; ``_arguments_type``), so the checking is the
 # library's and only the wording of its errors is ours (``_explain``, the hand-written checker's
 # messages word for word). Measured with ``nice -n 19 .venv/bin/python benchmarks/bench_arguments.py``
-# (2026-12-01, the shared 2-core machine at load ~9; CPU per call, median of 9 rounds, the oracle's
-# calls of every registered tool): hand-written 6.2 us valid / 7.4 us invalid; pydantic 3.5 / 10.8
-# (0.56x / 1.46x; the adapter alone 1.6 / 3.8); jsonschema's compiled Draft202012Validator 38 / 58
-# (6.1x / 7.9x, 68 us for an smtp call), against 143 us of CPU for a whole SQL point-lookup step.
-# jsonschema would spend a tenth of that step's +0.3 ms budget; pydantic is faster than the old code.
+# (2026-12-01, the shared 2-core machine at load ~8; CPU per call, median of 9 rounds, the oracle's
+# calls of every registered tool): hand-written 5.8 us valid / 7.0 us invalid; pydantic 3.0 / 11.8
+# (0.52x / 1.69x; the adapter alone 1.4 / 2.6); jsonschema's compiled Draft202012Validator 35 / 60
+# (6.1x / 8.6x, 68 us for an smtp call), against 125 us of CPU for a whole SQL point-lookup step:
+# jsonschema would take a tenth of that step's +0.3 ms budget; pydantic costs less than the old code.
 def check_arguments(tool: str, parameters: dict[str, Any], arguments: dict[str, Any]) -> dict[str, Any]:
     """Check a call's ``arguments`` against the tool's JSON-schema ``parameters``; return them unchanged.
 
@@ -179,9 +179,13 @@ def check_arguments(tool: str, parameters: dict[str, Any], arguments: dict[str, 
     """
     if not isinstance(arguments, dict):
         raise ActionError("bad_arguments", f"{tool}: the arguments must be a JSON object, got {type(arguments).__name__}")
-    errors = _arguments_checker(tool, parameters)(arguments)
-    if errors is not None:
-        raise ActionError("bad_arguments", _explain(tool, parameters, arguments, errors))
+    if len(arguments) > len(parameters.get("properties", ())):
+        # More names than the schema has, so some are unknown: said without pydantic, which would build
+        # one error per extra name (a hostile call of 20,000 names: ~0.2 s).
+        raise ActionError("bad_arguments", _explain(tool, parameters, arguments, None))
+    error = _arguments_checker(tool, parameters)(arguments)
+    if error is not None:
+        raise ActionError("bad_arguments", _explain(tool, parameters, arguments, error))
     for key, value in arguments.items():
         if _has_surrogate(value):
             raise ActionError("bad_arguments", _surrogate_message(tool, key))
@@ -189,11 +193,11 @@ def check_arguments(tool: str, parameters: dict[str, Any], arguments: dict[str, 
 
 
 # One compiled checker per schema object (held alongside, so an id is never reused for another schema).
-_CHECKERS: dict[int, tuple[dict[str, Any], Callable[[dict[str, Any]], list[Any] | None]]] = {}
+_CHECKERS: dict[int, tuple[dict[str, Any], Callable[[dict[str, Any]], Any]]] = {}
 
 
-def _arguments_checker(tool: str, parameters: dict[str, Any]) -> Callable[[dict[str, Any]], list[Any] | None]:
-    """A function returning None for valid arguments, else pydantic's error list (built on first use)."""
+def _arguments_checker(tool: str, parameters: dict[str, Any]) -> Callable[[dict[str, Any]], Any]:
+    """A function returning None for valid arguments, else pydantic's ValidationError (built on first use)."""
     entry = _CHECKERS.get(id(parameters))
     if entry is None or entry[0] is not parameters:
         # pydantic is imported here, not at module level, so that `import agentrl_envs` stays light.
@@ -204,11 +208,11 @@ def _arguments_checker(tool: str, parameters: dict[str, Any]) -> Callable[[dict[
         cls.__pydantic_config__ = ConfigDict(extra="forbid", strict=True)
         validate = TypeAdapter(cls).validate_python
 
-        def check(arguments: dict[str, Any]) -> list[Any] | None:
+        def check(arguments: dict[str, Any]) -> ValidationError | None:
             try:
                 validate(arguments)
             except ValidationError as exc:
-                return exc.errors(include_url=False)
+                return exc
             return None
 
         entry = (parameters, check)
@@ -243,8 +247,12 @@ def _property_type(tool: str, key: str, spec: Any) -> Any:
             options.append(Literal[tuple(enum)])
         elif kind == "array":
             items = spec.get("items")
+            from pydantic import Field
+
             list_of: Any = list  # subscripted with a type built at run time
-            options.append(list_of[_property_type(tool, f"{key}[]", items)] if items is not None else list[Any])
+            item_type = _property_type(tool, f"{key}[]", items) if items is not None else Any
+            # fail_fast: a hostile list of 60,000 wrong items stops at the first (else 60,000 errors, ~0.3 s).
+            options.append(Annotated[list_of[item_type], Field(fail_fast=True)])
         elif kind in _SCALARS:
             options.append(_SCALARS[kind])
         else:
@@ -254,7 +262,7 @@ def _property_type(tool: str, key: str, spec: Any) -> Any:
     return options[0] if len(options) == 1 else Union[tuple(options)]  # noqa: UP007 - a Union built at run time
 
 
-def _explain(tool: str, parameters: dict[str, Any], arguments: dict[str, Any], errors: list[Any]) -> str:
+def _explain(tool: str, parameters: dict[str, Any], arguments: dict[str, Any], error: Any) -> str:
     """The agent-facing message of a failed check, in the order: unknown, missing, then each argument."""
     props: dict[str, Any] = parameters.get("properties", {})
     unknown = sorted((k for k in arguments if k not in props), key=str)
@@ -264,6 +272,8 @@ def _explain(tool: str, parameters: dict[str, Any], arguments: dict[str, Any], e
     missing = [r for r in parameters.get("required", []) if r not in arguments]
     if missing:
         return f"{tool}: missing required argument(s) {missing}"
+    # Only here are pydantic's errors read: unknown names and missing ones can be any number of errors.
+    errors = error.errors(include_url=False, include_context=False, include_input=False)
     failed = {e["loc"][0] for e in errors if e.get("loc")}
     for key, value in arguments.items():
         if _has_surrogate(value):

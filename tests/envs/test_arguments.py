@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentrl_envs.errors import ActionError, ConfigError
-from agentrl_envs.tools import TOOLS, Tool
+from agentrl_envs.tools import TOOLS, Tool, base
 from agentrl_envs.tools.base import check_arguments
 
 MAIL = {"to": "ops@example.com", "subject": "s", "body": "b"}
@@ -151,6 +151,25 @@ def test_every_type_of_the_subset_is_strict(arguments: dict[str, Any], error: st
 def test_a_schema_outside_the_subset_is_a_config_error(parameters: dict[str, Any], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         check_arguments("broken", parameters, {})
+
+
+# -- hostile sizes: the work is bounded by the schema, not by the call (counted, not timed) -------------
+
+
+def test_a_huge_list_of_wrong_items_makes_one_error_not_one_per_item() -> None:
+    arguments = {**MAIL, "to": [1] * 50_000, "cc": [2] * 50_000}
+    error = base._arguments_checker("smtp", TOOLS["smtp"].parameters)(arguments)
+    assert error is not None and error.error_count() <= 4  # "to": one per branch of its union; "cc": one
+    assert message("smtp", arguments) == "smtp: argument 'to' must be a string or a list of strings, got list"
+
+
+def test_more_names_than_the_schema_has_are_refused_before_pydantic(monkeypatch: pytest.MonkeyPatch) -> None:
+    def not_called(tool: str, parameters: dict[str, Any]) -> Any:
+        raise AssertionError("pydantic was asked to build one error per unknown name")
+
+    monkeypatch.setattr(base, "_arguments_checker", not_called)
+    arguments = {"query": "SELECT 1", **{f"k{i}": i for i in range(20_000)}}
+    assert message("sql", arguments) == "sql: unknown argument(s) 'k0', 'k1', 'k10', 'k100', 'k1000'; expected ['query']"
 
 
 # -- verdicts against jsonschema (an independent implementation of the same schemas) -----------------
