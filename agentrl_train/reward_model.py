@@ -295,6 +295,11 @@ def build_rm(model: str, *, device: str = "auto", tiny_spec: Any = None, log: An
     from agentrl_train.policy import load_base, pick_device
 
     dev = pick_device(device)
+    if dev.type == "cpu":
+        # One intra-op thread, as the trainer: spinning OpenMP threads stall whenever anything else
+        # takes a core (seen: the default stage plan's reward model, 150 steps, had not finished after
+        # 31 minutes beside other jobs on 2 cores, its two threads waiting in OpenMP barriers).
+        torch.set_num_threads(1)
     lm, tok = load_base(model, dev, tiny_spec=tiny_spec, log=log)
     return RewardModel(lm, tok, **settings)
 

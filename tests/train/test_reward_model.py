@@ -250,3 +250,16 @@ def test_cli_rm_eval_json(trained: dict[str, Any], rm_data: Path, capsys: pytest
     assert table["test/all"]["accuracy"] == pytest.approx(trained["eval_a"]["test/all"]["accuracy"])
     assert main(["rm-eval", "--rm", str(rm_data), "--data", str(rm_data)]) == 2
     assert "no rm.json" in capsys.readouterr().err
+
+
+def test_build_rm_computes_on_one_cpu_thread() -> None:
+    """As the trainer: torch's default of one OpenMP thread per core stalls beside any other job."""
+    from agentrl_train.reward_model import build_rm
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        build_rm("tiny", device="cpu", tiny_spec=SPEC, **QUIET)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
