@@ -1,5 +1,6 @@
 """DDP pieces: the wrapper over the trainable set, its rebuild on a stage switch, the start check,
-the sync-batch arithmetic, a killed rank, and the resource map's CLI."""
+the all-reduce wait's timing, ranks that drop the group right after a backward, the sync-batch
+arithmetic, a killed rank, and the resource map's CLI."""
 
 from __future__ import annotations
 
