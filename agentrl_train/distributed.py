@@ -5,7 +5,11 @@ run is a single process and every hook is a no-op. Gradients of the trainable pa
 value head) go through :class:`torch.nn.parallel.DistributedDataParallel` (:func:`wrap_trainable`),
 summed (not averaged) across ranks once per optimizer step; because the loop normalizes each loss by
 the *global* count of valid units, that sum is the gradient of the whole batch whatever its split
-across ranks and micro-batches.
+across ranks and micro-batches. The sum is DDP's own C++ all-reduce (an average) of losses scaled by
+the world size (:meth:`Trainable.backward`). No Python runs on gloo's threads: no Python comm hook,
+and a backward that parks no Python object in the works it launches; otherwise a rank whose process
+group was dropped right after a backward deadlocked (``~ProcessGroupGloo`` joins those threads while
+holding the GIL that they wait for).
 
 A rank that dies makes the collectives of the others fail (gloo: at once when the peer's socket
 closes, else after ``AGENTRL_DIST_TIMEOUT_S``, default 300); :func:`setup` turns that into a
@@ -43,7 +47,9 @@ class Dist:
         self.rank, self.world = rank, world
         self.device = device or torch.device("cpu")  #: where collective tensors live (cuda under nccl)
         self.is_main = rank == 0
-        self.comm_s = 0.0  #: seconds this rank spent in collectives (launch to completion), all kinds
+        #: seconds this rank spent in collectives: statistics and checks from launch to completion, and
+        #: DDP's gradient all-reduce as the time its backward waited on it (:meth:`Trainable.backward`)
+        self.comm_s = 0.0
 
     @property
     def active(self) -> bool:
@@ -133,8 +139,11 @@ class Trainable:
     became trainable later are never all-reduced and the ranks drift apart without an error.
     """
 
-    def __init__(self, module: torch.nn.Module, names: tuple[str, ...], ddp: torch.nn.Module | None) -> None:
-        self.module, self.names, self.ddp = module, names, ddp
+    def __init__(
+        self, module: torch.nn.Module, names: tuple[str, ...], ddp: torch.nn.Module | None, dist: Dist | None = None
+    ) -> None:
+        self.module, self.names, self.ddp, self.dist = module, names, ddp, dist
+        self._timed_iteration = -1  # the last DDP iteration whose all-reduce wait went into dist.comm_s
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return (self.ddp or self.module)(*args, **kwargs)
@@ -145,6 +154,60 @@ class Trainable:
             return contextlib.nullcontext()
         return self.ddp.no_sync()  # type: ignore[operator]
 
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward a micro-batch's loss; under DDP the gradients come out summed across ranks.
+
+        Call it inside :meth:`no_sync`'s context. DDP's built-in (C++) all-reduce averages, so the loss
+        is scaled by the world size first (for a power-of-two world the scaling and the average are
+        exact: the gradients are bit for bit the sum). On the syncing micro-batch, the time the backward
+        waited on the all-reduce goes into ``dist.comm_s``.
+        """
+        if self.ddp is None or self.dist is None:
+            loss.backward()
+            return
+        _backward_keeping_python_off_gloo(loss * self.dist.world)
+        if self.ddp.require_backward_grad_sync:  # type: ignore[union-attr]
+            self.dist.comm_s += self._allreduce_wait_s()
+
+    def _allreduce_wait_s(self) -> float:
+        """Seconds from the last gradient being ready to the all-reduce's completion, by DDP's own timer.
+
+        DDP's reducer stamps when the backward's compute ended and when its all-reduce finished (a CPU
+        clock under gloo, checked here: a rank that arrives late makes the other wait that long; CUDA
+        events on a GPU, not measured here) (``backward_comm_time`` runs from the first bucket's launch, so it also
+        holds the part that overlapped the compute; that part is ``backward_compute_comm_overlap_time``).
+        The difference is the wait on the other ranks and the wire. The logger copies the stamps into
+        its data only when asked (DDP asks at the next synced forward), so this asks right away.
+        """
+        ddp: Any = self.ddp
+        ddp.logger.set_runtime_stats_and_log()
+        data = ddp._get_ddp_logging_data()
+        if data.get("iteration", -1) == self._timed_iteration or "backward_comm_time" not in data:
+            return 0.0  # no fresh stamps (a backward that launched no bucket)
+        self._timed_iteration = data["iteration"]
+        wait_ns = data["backward_comm_time"] - data.get("backward_compute_comm_overlap_time", 0)
+        return max(wait_ns, 0) / 1e9
+
+
+def _backward_keeping_python_off_gloo(loss: torch.Tensor) -> None:
+    """``loss.backward()`` without the Python object torch parks in thread-local state meanwhile.
+
+    torch 2.13's ``backward`` stores a ``contextvars.Context`` in C++ thread-local state while the
+    engine runs (it carries torch.compile settings to device threads; this loop compiles nothing).
+    Every gloo work that DDP launches from the backward captures that state, so gloo's run-loop
+    thread, which frees the work once it is done, must take the GIL to drop it. A thread that holds
+    the GIL and joins that loop meanwhile (``~ProcessGroupGloo`` when the last reference to the group
+    goes right after a backward) then waits forever: seen as a rank hung at exit (gdb: the run loop in
+    ``~AsyncWork`` -> ``~ThreadLocalState`` -> ``take_gil``). The engine itself, called here directly
+    with the gradient ``backward`` would pass, stores nothing.
+    """
+    engine = getattr(torch.autograd.Variable, "_execution_engine", None)
+    if engine is None:  # a torch without the handle: the plain backward (test_ddp's drop test would hang)
+        loss.backward()
+        return
+    grad = torch.ones_like(loss, memory_format=torch.preserve_format)
+    engine.run_backward((loss,), (grad,), False, False, (), True, True)  # keep_graph, create_graph, inputs, ...
+
 
 def trainable_names(module: torch.nn.Module) -> tuple[str, ...]:
     return tuple(n for n, p in module.named_parameters() if p.requires_grad)
@@ -154,8 +217,9 @@ def wrap_trainable(module: torch.nn.Module, dist: Dist, current: Trainable | Non
     """``module`` (whose forward is a micro-batch's loss) under DDP over its trainable parameters only.
 
     Frozen parameters and buffers are left out of DDP entirely (not broadcast, not bucketed), so the
-    wrapper costs nothing for the base model. Gradients are summed across ranks (a comm hook), not
-    averaged: the loss is already divided by the global count. Returns ``current`` unchanged when its
+    wrapper costs nothing for the base model. Gradients are summed across ranks, not averaged (the
+    loss is already divided by the global count): :meth:`Trainable.backward` scales the loss by the
+    world size under DDP's averaging all-reduce. Returns ``current`` unchanged when its
     trainable set is still the module's; call this before each update (the loop does) so that a
     changed adapter gets a new wrapper.
     """
@@ -176,22 +240,11 @@ def wrap_trainable(module: torch.nn.Module, dist: Dist, current: Trainable | Non
         device_ids=None,
         init_sync=False,  # the start check compares the weights instead of silently copying rank 0's
     )
-    ddp.register_comm_hook(dist, _sum_allreduce_hook)
-    return Trainable(module, names, ddp)
-
-
-def _sum_allreduce_hook(dist, bucket):  # no annotations: DDP rejects any but its own (and this module defers them)
-    """DDP's all-reduce without the division by the world size; times it into ``dist.comm_s``."""
-    import torch.distributed as td
-
-    t0 = time.perf_counter()
-    fut = td.all_reduce(bucket.buffer(), async_op=True).get_future()  # type: ignore[union-attr]
-
-    def done(f: Any) -> torch.Tensor:
-        dist.comm_s += time.perf_counter() - t0
-        return f.value()[0]
-
-    return fut.then(done)
+    # No comm hook: DDP's own C++ all-reduce (Trainable.backward scales the loss so its average is the
+    # sum). A Python hook's callback runs on gloo's run-loop thread, which ~ProcessGroupGloo joins while
+    # holding the GIL that callback needs (see _backward_keeping_python_off_gloo for the other way in).
+    ddp._set_ddp_runtime_logging_sample_rate(1)  # stamp every synced backward (default: 10, then 1 in 100)
+    return Trainable(module, names, ddp, dist)
 
 
 @contextlib.contextmanager

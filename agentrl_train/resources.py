@@ -12,8 +12,10 @@ the stages of one run folder accumulate), and :func:`table` renders them as the 
 - ``tokens``, ``env_steps``, ``io_bytes``: what the phase processed; the table shows them per second.
   IO is the bytes this process wrote (``wchar`` of ``/proc/self/io``: checkpoints, logs) plus the
   replay records appended (an mmap, which ``wchar`` does not see); env worker processes are not counted.
-- ``comm_s``: time in collectives (DDP's gradient all-reduce from launch to completion, statistics,
-  barriers); its share of the phase is the time spent waiting on the other ranks and the wire.
+- ``comm_s``: time in collectives: statistics and barriers from launch to completion, and DDP's
+  gradient all-reduce as the time the backward waited on it after its last gradient was ready (DDP's
+  own timer; the part that overlaps the compute is not counted); its share of the phase is the time
+  spent waiting on the other ranks and the wire.
 """
 
 from __future__ import annotations

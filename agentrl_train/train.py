@@ -146,7 +146,7 @@ def accumulate(
     for m_i, mb in enumerate(group):
         with trainable.no_sync(last=m_i == len(group) - 1):
             loss = trainable([samples[j] for j in mb], ent_coef, critic_w, n_units, n_samples, stats)
-            loss.backward()
+            trainable.backward(loss)  # summed across ranks on the last micro-batch
 
 
 def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, Any]:

@@ -8,6 +8,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from agentrl_train.distributed import wrap_trainable
+
 
 class TwoAdapters(nn.Module):
     """A frozen base and two 'adapters'; the loss of a batch is its forward (like train.PPOLoss)."""
@@ -38,10 +40,10 @@ def _init(rank: int, world: int, port: int) -> None:
 def _finish() -> None:
     """Leave the rank without Python's teardown (after a barrier: every collective is done).
 
-    Dropping the last reference to the gloo process group right after a DDP backward can deadlock
-    on a loaded machine: the destructor joins gloo's run-loop thread while holding the GIL, and that
-    thread still needs the GIL to release the comm hook's Python callback (seen in CI: the rank hung
-    in ``~ProcessGroupGloo``, and pytest could not exit).
+    A forked rank need not run the parent's teardown. (This once also dodged a deadlock: dropping
+    the last reference to the gloo group right after a DDP backward hung the rank in
+    ``~ProcessGroupGloo``; the product fixes that, and ``test_ranks_exit_when_the_group_is_dropped_
+    right_after_a_ddp_backward`` exits normally to show it.)
     """
     import os
     import sys
@@ -57,7 +59,7 @@ def _finish() -> None:
 def _step(tr: object, model: TwoAdapters, x: torch.Tensor) -> None:
     model.zero_grad(set_to_none=True)
     loss = tr(x)  # type: ignore[operator]
-    loss.backward()
+    tr.backward(loss)  # type: ignore[attr-defined]
     with torch.no_grad():
         for _, p in model.trainable_parameters():
             p -= 0.1 * p.grad
@@ -65,7 +67,6 @@ def _step(tr: object, model: TwoAdapters, x: torch.Tensor) -> None:
 
 def _stage_switch(dist: object, rank: int, rebuild: bool) -> dict[str, object]:
     """Train adapter a one step, switch the trainable set to b, train one more step; report b's drift."""
-    from agentrl_train.distributed import wrap_trainable
 
     model = TwoAdapters()
     dist.check_same_weights(model)  # type: ignore[attr-defined]
@@ -82,6 +83,25 @@ def _stage_switch(dist: object, rank: int, rebuild: bool) -> dict[str, object]:
         rebuilt, tr = tr2 is not tr, tr2
     _step(tr, model, x)
     return {"same": same, "rebuilt": rebuilt, "diff_a": diff_a, "diff_b": dist.max_weight_diff(model)}  # type: ignore[attr-defined]
+
+
+def _comm_timing(dist: object, rank: int) -> dict[str, float]:
+    """What a local (no_sync) and a syncing backward add to ``dist.comm_s`` (rank 1 arrives late)."""
+    import time
+
+    model = TwoAdapters()
+    tr = wrap_trainable(model, dist)  # type: ignore[arg-type]
+    x = torch.full((3, 4), float(rank + 1))
+    t0 = dist.comm_s  # type: ignore[attr-defined]
+    with tr.no_sync(last=False):
+        tr.backward(tr(x))
+    t1 = dist.comm_s  # type: ignore[attr-defined]
+    loss = tr(x)
+    if rank == 1:
+        time.sleep(0.2)  # so that rank 0's all-reduce has something to wait for
+    with tr.no_sync(last=True):
+        tr.backward(loss)
+    return {"no_sync_s": t1 - t0, "synced_s": dist.comm_s - t1}  # type: ignore[attr-defined]
 
 
 def _mismatch(dist: object, rank: int) -> str:
@@ -108,6 +128,7 @@ def scenarios(rank: int, world: int, port: int, out: str) -> None:
     _init(rank, world, port)
     dist = Dist(rank, world)
     result = {
+        "timing": _comm_timing(dist, rank),
         "kept": _stage_switch(dist, rank, rebuild=False),
         "rebuilt": _stage_switch(dist, rank, rebuild=True),
         "mismatch": _mismatch(dist, rank),
@@ -134,3 +155,34 @@ def ppo_grads(rank: int, world: int, port: int, policy: object, cfg: object, sam
     if rank == 0:
         torch.save({"grads": grads, "comm_s": dist.comm_s}, out)
     _finish()
+
+
+def drop_after_backward(rank: int, world: int, port: int, rounds: int) -> None:
+    """``rounds`` times: a process group, a DDP backward through ``wrap_trainable``, the group destroyed and
+    the wrapper dropped at once (its reducer holds the last reference: ``~ProcessGroupGloo`` runs right
+    there, holding the GIL); then a normal exit, without :func:`_finish`. Before the fix a rank hung in
+    that destructor within a few rounds (gloo's run loop waiting for the GIL to free a finished work)."""
+    import datetime
+
+    import torch.distributed as td
+
+    from agentrl_train.distributed import Dist, wrap_trainable
+
+    torch.set_num_threads(1)
+    store = td.TCPStore("127.0.0.1", port, world, rank == 0, timeout=datetime.timedelta(seconds=300))
+    for i in range(rounds):
+        td.init_process_group("gloo", store=td.PrefixStore(f"round{i}/", store), rank=rank, world_size=world)
+        model = TwoAdapters()
+        tr = wrap_trainable(model, Dist(rank, world))
+        tr.backward(tr(torch.full((3, 4), float(rank + 1))))
+        grad = model.a.weight.grad.clone()  # type: ignore[union-attr]
+        td.destroy_process_group()
+        del tr
+        print(f"round {i} grad {float(grad.abs().sum()):.6g}", flush=True)
+    print("exited cleanly", flush=True)
+
+
+if __name__ == "__main__":
+    import sys
+
+    drop_after_backward(*(int(a) for a in sys.argv[1:5]))

@@ -1,5 +1,6 @@
 """DDP pieces: the wrapper over the trainable set, its rebuild on a stage switch, the start check,
-the sync-batch arithmetic, a killed rank, and the resource map's CLI."""
+the all-reduce wait's timing, ranks that drop the group right after a backward, the sync-batch
+arithmetic, a killed rank, and the resource map's CLI."""
 
 from __future__ import annotations
 
@@ -47,6 +48,14 @@ def test_switching_the_trainable_set_under_one_wrapper_desyncs_and_a_rebuild_doe
     assert r["rebuilt"] and r["diff_b"] == 0.0  # a new wrapper keeps them identical
 
 
+def test_the_all_reduce_wait_is_timed_on_the_syncing_backward_only(two_ranks: list[dict]) -> None:
+    # DDP's own timer (no Python hook): a local backward waits on nobody; the syncing one waits on the
+    # all-reduce (rank 1 came late, so rank 0 waited; only > 0 is asserted, never how long)
+    for rank in (0, 1):
+        t = two_ranks[rank]["timing"]
+        assert t["no_sync_s"] == 0.0 and t["synced_s"] > 0.0, t
+
+
 def test_start_check_catches_weights_that_differ_with_the_same_sum(two_ranks: list[dict]) -> None:
     for rank in (0, 1):
         msg = two_ranks[rank]["mismatch"]
@@ -79,6 +88,53 @@ def test_ddp_gradients_equal_one_process_gradients(small_policy: tuple, tmp_path
     for k in want:  # summed across ranks, not averaged (an averaging DDP gives half of each gradient)
         assert torch.allclose(got["grads"][k], want[k], atol=1e-6, rtol=1e-5), k
     assert any(float(g.abs().max()) > 1e-4 for g in want.values())
+
+
+def test_ranks_exit_when_the_group_is_dropped_right_after_a_ddp_backward(tmp_path: Path) -> None:
+    # The trainer's path, without the test workers' barrier + os._exit: each of 2 gloo ranks (plain
+    # subprocesses) runs rounds of "DDP backward through wrap_trainable, then destroy the group and drop the
+    # wrapper at once", then exits normally. With the old Python comm hook (and torch's backward parking a
+    # Python object in the works it launches) a rank hung in ~ProcessGroupGloo within 3 rounds in 7 of 7
+    # tries on the loaded 2-core machine. The timeout is a hang detector, not a timing assert.
+    import torch
+
+    rounds = 8
+    port = _free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    root = Path(__file__).resolve().parents[2]
+    cmd = [sys.executable, "-m", "tests.train._ddp_workers"]
+    procs = [
+        subprocess.Popen(
+            [*cmd, str(r), "2", str(port), str(rounds)],
+            cwd=root,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=600)[0])
+    except subprocess.TimeoutExpired:
+        pytest.fail("a rank hung after dropping its process group right after a DDP backward (~ProcessGroupGloo deadlock)")
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0 and out.rstrip().endswith("exited cleanly"), out[-3000:]
+    # every round's gradient is the sum over both ranks (rank r's batch is r + 1 everywhere), not the average
+    model = workers.TwoAdapters()
+    for r in (0, 1):
+        model(torch.full((3, 4), float(r + 1))).backward()
+    want = f"grad {float(model.a.weight.grad.abs().sum()):.6g}"
+    for out in outs:
+        lines = [line for line in out.splitlines() if line.startswith("round ")]
+        assert len(lines) == rounds and all(line.endswith(want) for line in lines), (want, out[-2000:])
 
 
 def test_wrap_trainable_seam_on_one_process() -> None:
