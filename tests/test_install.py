@@ -32,6 +32,18 @@ print('INSTALL-OK')
 """
 
 
+#: The folders whose packages ship (setup.py finds every package under them).
+SHIPPED = ("agentrl_envs", "agentrl_train", "simulators")
+
+
+def test_every_code_folder_is_a_package() -> None:
+    """setup.py ships what ``find_packages`` finds: a folder of code without ``__init__.py`` would be left out."""
+    folders = {p.parent for root in SHIPPED for p in (ROOT / root).rglob("*.py") if "__pycache__" not in p.parts}
+    assert len(folders) >= 15, folders  # the walk found the tree
+    missing = sorted(str(d.relative_to(ROOT)) for d in folders if not (d / "__init__.py").is_file())
+    assert not missing, f"add an __init__.py to {missing}, or setup.py's find_packages leaves them out of an install"
+
+
 @pytest.mark.slow
 def test_non_editable_install_from_another_directory(tmp_path: Path) -> None:
     env_dir = tmp_path / "venv"
