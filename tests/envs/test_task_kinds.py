@@ -36,7 +36,7 @@ def _forget(package: str) -> None:
 def test_the_http_kind_comes_from_its_module() -> None:
     assert set(TOOL_KINDS) == {"http"}
     kind = TOOL_KINDS["http"]
-    assert get_tool(kind.name).name == "http"  # a tool's kind is named after a registered tool
+    assert all(get_tool(name).name == name for name in TOOL_KINDS)  # every kind is named after a registered tool
     assert kind.templates is HTTP_TEMPLATES and TEMPLATES["http"] is HTTP_TEMPLATES and kind.prepare is with_tickets
     # The kinds and their seed codes are those tasks were drawn with before the seam (same tasks per seed).
     assert KINDS == ("sql", "python", "smtp", "pipeline", "http", "workplace")
