@@ -1,7 +1,7 @@
 """What a simulated tool declares: its route, its handler and the schemas of its OpenAPI entry.
 
 Each ``simulators/<tool>/route.py`` defines one :class:`ToolRoute`; :data:`simulators.tools.TOOL_ROUTES`
-lists them. :class:`~simulators.app.SimulatorApp` dispatches ``POST /v1/episodes/{id}/<tool>`` to
+finds them (no registration line). :class:`~simulators.app.SimulatorApp` dispatches ``POST /v1/episodes/{id}/<tool>`` to
 the declared handler and :mod:`simulators.openapi` writes each tool's path and result schema from
 the declaration, so neither is written per tool.
 """

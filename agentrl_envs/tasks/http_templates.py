@@ -15,10 +15,10 @@ import numpy as np
 
 from agentrl_envs.tasks.base import APISpec, SubTask
 from agentrl_envs.tasks.domains.base import Domain
-from agentrl_envs.tasks.templates import Context, Retry, Template, fmt
+from agentrl_envs.tasks.templates import Context, Retry, TaskKind, Template, fmt
 from simulators.http.service import PRIORITIES, STATUSES
 
-__all__ = ["HTTP_TEMPLATES", "HTTP_WRITES", "TICKETS", "with_tickets"]
+__all__ = ["HTTP_TEMPLATES", "HTTP_WRITES", "TASK_KIND", "TICKETS", "with_tickets"]
 
 #: Tickets in an http task's data.
 TICKETS = 36
@@ -174,3 +174,18 @@ def http_reassign(c: Context) -> SubTask:
 HTTP_TEMPLATES: tuple[Template, ...] = (http_lookup, http_ticket_count, http_create_ticket, http_close_ticket, http_reassign)
 #: The templates that change the service's state (no final answer): the http part of ``Workplace-v0``.
 HTTP_WRITES: tuple[Template, ...] = (http_create_ticket, http_close_ticket, http_reassign)
+
+#: The ``http`` kind of task (``AgentRL/HTTP-v0``), found by :func:`~agentrl_envs.tasks.templates.discover_kinds`.
+TASK_KIND = TaskKind(
+    name="http",
+    templates=HTTP_TEMPLATES,
+    code=5,
+    title="HTTP",
+    database=True,  # the company service is built from the episode's database
+    prepare=with_tickets,
+    notes=(
+        "\nThe company's internal REST service (CRM and ticketing) is reached with the http tool; "
+        "GET /openapi.json describes its resources, fields and filters.",
+    ),
+    done='\nWhen the change is made, call finish with {"answer": "done"}.',
+)

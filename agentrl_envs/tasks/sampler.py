@@ -26,7 +26,7 @@ from agentrl_envs.errors import ConfigError
 from agentrl_envs.tasks.base import FrozenDict, GoldRunner, SubTask, Task, freeze_tables
 from agentrl_envs.tasks.domains import DOMAINS, HELDOUT_DOMAINS, TRAIN_DOMAINS, Domain
 from agentrl_envs.tasks.domains.base import fingerprint
-from agentrl_envs.tasks.templates import TEMPLATES, WORKPLACE_PLAN, Context, Retry
+from agentrl_envs.tasks.templates import TEMPLATES, TOOL_KINDS, WORKPLACE_PLAN, Context, Retry, TaskKind
 
 __all__ = ["KINDS", "LONG_HORIZON_SUBTASKS", "SPLITS", "TASK_CACHE_SIZE", "TaskSampler", "clear_task_cache"]
 
@@ -36,11 +36,22 @@ LONG_HORIZON_SUBTASKS = 5
 DATA_VARIANTS = 8
 _DATA_BASE = {"train": 0, "test": 100, "heldout": 200}
 _SPLIT_CODE = {"train": 11, "test": 23, "heldout": 37}
-_KIND_CODE = {"sql": 1, "python": 2, "smtp": 3, "pipeline": 4, "http": 5, "workplace": 6}
-#: Kinds whose data holds the company service's tickets table (:func:`~agentrl_envs.tasks.http_templates.with_tickets`).
-_TICKET_KINDS = ("http", "workplace")
-#: Kinds whose episodes get the database (for the sql tool, or the http tool's company service).
-_DATABASE_KINDS = ("sql", "pipeline", "http", "workplace")
+#: The built-in kinds' numbers in a task's seed stream; a tool's kind brings its own (:class:`TaskKind`).
+_BUILTIN_CODE = {"sql": 1, "python": 2, "smtp": 3, "pipeline": 4, "workplace": 6}
+_KIND_CODE = {**_BUILTIN_CODE, **{name: kind.code for name, kind in TOOL_KINDS.items()}}
+if len(set(_KIND_CODE.values())) != len(_KIND_CODE):
+    raise ConfigError(f"task kinds share a seed code ({_KIND_CODE}): give each TaskKind in tasks/*_templates.py its own code")
+#: ``<title>`` of a task id, ``<title>/<domain>/<split>/<seed>``.
+_TITLE = {
+    "sql": "SQL",
+    "python": "Python",
+    "smtp": "SMTP",
+    "pipeline": "SQLPythonSMTP",
+    "workplace": "Workplace",
+    **{name: kind.title for name, kind in TOOL_KINDS.items()},
+}
+#: Kinds whose episodes get the database (for the sql tool, or a tool's service built from it).
+_DATABASE_KINDS = ("sql", "pipeline", "workplace", *(name for name, kind in TOOL_KINDS.items() if kind.database))
 #: Tasks kept per process (a few kB each; the data sets they point to are shared).
 TASK_CACHE_SIZE = 4096
 
@@ -50,12 +61,10 @@ _TASKS_LOCK = threading.Lock()
 
 
 @functools.lru_cache(maxsize=64)
-def _dataset(domain: str, data_seed: int, tickets: bool = False) -> DatabaseSpec:
+def _dataset(domain: str, data_seed: int, kind: TaskKind | None = None) -> DatabaseSpec:
     tables = DOMAINS[domain].generate(data_seed)
-    if tickets:
-        from agentrl_envs.tasks.http_templates import with_tickets
-
-        tables = with_tickets(DOMAINS[domain], tables, data_seed)
+    if kind is not None and kind.prepare is not None:
+        tables = kind.prepare(DOMAINS[domain], tables, data_seed)
     return DatabaseSpec(fingerprint(domain, data_seed, tables), freeze_tables(tables))
 
 
@@ -114,7 +123,8 @@ class TaskSampler:
         rng = np.random.default_rng([int(seed), _SPLIT_CODE[self.split], _KIND_CODE[self.kind], int(self.long_horizon)])
         domain = DOMAINS[self.domains[int(rng.integers(len(self.domains)))]]
         data_seed = _DATA_BASE[self.split] + int(rng.integers(DATA_VARIANTS))
-        database = _dataset(domain.name, data_seed, self.kind in _TICKET_KINDS)
+        tool_kind = _tool_kind(self.kind)
+        database = _dataset(domain.name, data_seed, tool_kind if tool_kind is not None and tool_kind.prepare else None)
         ctx = Context(domain, database.tables, database, rng, self.runner, self.split)
         templates = list(TEMPLATES[self.kind])
         if self.long_horizon:
@@ -129,14 +139,7 @@ class TaskSampler:
             files[f"data/{domain.fact}.csv"] = self.runner.csv_of(database, f"SELECT * FROM {domain.fact} ORDER BY id")
         for sub in subtasks:
             files.update(dict(sub.files))
-        name = {
-            "sql": "SQL",
-            "python": "Python",
-            "smtp": "SMTP",
-            "pipeline": "SQLPythonSMTP",
-            "http": "HTTP",
-            "workplace": "Workplace",
-        }[self.kind]
+        name = _TITLE[self.kind]
         long = "-long" if self.long_horizon else ""
         return Task(
             task_id=f"{name}{long}/{domain.name}/{self.split}/{seed}",
@@ -198,15 +201,13 @@ class TaskSampler:
             for s in Domain.staff(database.tables):
                 where = "" if s.role == "director" else f" of {s.unit}"
                 lines.append(f"- {s.name}, {s.role}{where}: {s.email}")
-        if self.kind in ("http", "workplace"):
-            lines.append(
-                "\nThe company's internal REST service (CRM and ticketing) is reached with the http tool; "
-                "GET /openapi.json describes its resources, fields and filters."
-            )
+        tool_kind = _tool_kind(self.kind)
+        if tool_kind is not None:
+            lines += tool_kind.notes
         if _answer_required(self.kind, subtasks):
             lines.append('\nWhen you know the answer, call finish with {"answer": "<the answer>"}.')
-        elif self.kind == "http":
-            lines.append('\nWhen the change is made, call finish with {"answer": "done"}.')
+        elif self.kind in TOOL_KINDS:
+            lines.append(TOOL_KINDS[self.kind].done)
         elif self.kind == "workplace":
             lines.append('\nWhen every task is done, call finish with {"answer": "done"}.')
         else:
@@ -217,6 +218,11 @@ class TaskSampler:
         self.runner.close()
 
 
+def _tool_kind(kind: str) -> TaskKind | None:
+    """The tool's kind whose data and instruction notes a task of ``kind`` gets (``workplace`` mixes in ``http``'s)."""
+    return TOOL_KINDS.get("http" if kind == "workplace" else kind)
+
+
 def _answer_required(kind: str, subtasks: tuple[SubTask, ...]) -> bool:
-    """Whether the final answer is checked: always for sql and python tasks; for http ones that ask a question."""
-    return kind in ("sql", "python") or (kind == "http" and any(s.answer is not None for s in subtasks))
+    """Whether the final answer is checked: always for sql and python tasks; for a tool's kind, when a sub-task asks a question."""
+    return kind in ("sql", "python") or (kind in TOOL_KINDS and any(s.answer is not None for s in subtasks))

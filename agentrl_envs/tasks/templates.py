@@ -4,14 +4,19 @@ A template draws its parameters from the episode's generator, refuses draws outs
 (``Retry``), runs its gold plan through :class:`GoldRunner` and returns a :class:`SubTask`.
 Five templates per env kind: ``sql.*`` (answer with finish), ``python.*`` (compute from a CSV
 file, answer with finish), ``smtp.*`` (send the right email), ``pipeline.*`` (query, compute in
-Python from the saved CSV, email the result); ``http.*`` live in :mod:`~agentrl_envs.tasks.http_templates`.
+Python from the saved CSV, email the result). A tool's own kind lives in its module
+``agentrl_envs/tasks/<tool>_templates.py`` as a :class:`TaskKind` (``http.*`` in
+:mod:`~agentrl_envs.tasks.http_templates`), found by :func:`discover_kinds`.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib
+import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,7 +26,7 @@ from agentrl_envs.tasks.base import CSV_PLACEHOLDER, EmailSpec, GoldRunner, SubT
 from agentrl_envs.tasks.domains.base import MONTHS, Domain, Staff
 from agentrl_envs.tasks.scoring import extract_numbers
 
-__all__ = ["TEMPLATES", "WORKPLACE_PLAN", "Context", "Retry"]
+__all__ = ["TEMPLATES", "TOOL_KINDS", "WORKPLACE_PLAN", "Context", "Retry", "TaskKind", "discover_kinds"]
 
 TRAIN_SHARE = 7  # of 10 parameter buckets go to train; the rest to test
 
@@ -598,16 +603,75 @@ def pipeline_mean_count(c: Context) -> SubTask:
 
 Template = Callable[[Context], SubTask]
 
+
+@dataclass(frozen=True)
+class TaskKind:
+    """The tasks of one tool, contributed by its own module ``agentrl_envs/tasks/<tool>_templates.py``.
+
+    That module defines ``TASK_KIND``; :func:`discover_kinds` finds it, so a tool's tasks need no
+    registration line here or in the sampler.
+
+    Attributes:
+        name: the kind, which is the tool's name (``http``).
+        templates: its templates, drawn as the built-in kinds' are.
+        code: its number in a task's seed stream (:class:`~agentrl_envs.tasks.sampler.TaskSampler`):
+            unique, and fixed once tasks of the kind exist (another code draws other tasks).
+        title: its part of a task id, ``<title>/<domain>/<split>/<seed>``.
+        database: whether its episodes get the database (the sql tool's, or a service built from it).
+        prepare: ``prepare(domain, tables, data_seed)``: the kind's data, when it adds tables to the
+            domain's (a function of the data seed only: the data set is shared and cached).
+        notes: paragraphs of the instruction, after the workspace files and the staff directory.
+        done: the instruction's last line when no final answer is checked.
+    """
+
+    name: str
+    templates: tuple[Template, ...]
+    code: int
+    title: str
+    database: bool = False
+    prepare: Callable[[Domain, dict[str, dict[str, Any]], int], dict[str, dict[str, Any]]] | None = None
+    notes: tuple[str, ...] = ()
+    done: str = '\nWhen the task is done, call finish with {"answer": "done"}.'
+
+
+def discover_kinds(package: str = "agentrl_envs.tasks") -> dict[str, TaskKind]:
+    """``{name: kind}`` of every ``<package>.<tool>_templates`` module's ``TASK_KIND``, sorted by module name.
+
+    Args:
+        package: the package searched (a test may point it at its own).
+
+    Raises:
+        TypeError: a ``*_templates`` module defines no ``TASK_KIND``, or one named after another tool.
+    """
+    folder = Path(__file__).parent if package == __package__ else Path(importlib.import_module(package).__file__ or "").parent
+    kinds: dict[str, TaskKind] = {}
+    for info in sorted(pkgutil.iter_modules([str(folder)]), key=lambda m: m.name):
+        if info.ispkg or not info.name.endswith("_templates"):
+            continue
+        tool = info.name.removesuffix("_templates")
+        module = importlib.import_module(f"{package}.{info.name}")
+        kind = getattr(module, "TASK_KIND", None)
+        if not isinstance(kind, TaskKind) or kind.name != tool:
+            raise TypeError(
+                f"{module.__name__} must define TASK_KIND = TaskKind(name={tool!r}, ...), the tasks of the {tool!r} "
+                f"tool; it defines {type(kind).__name__} {getattr(kind, 'name', '')!r}"
+            )
+        kinds[kind.name] = kind
+    return kinds
+
+
 TEMPLATES: dict[str, tuple[Template, ...]] = {
     "sql": (sql_count, sql_month_total, sql_top_entity, sql_average, sql_distinct_over),
     "python": (python_median, python_stdev, python_share, python_growth, python_top5),
     "smtp": (smtp_manager, smtp_manager_cc, smtp_analysts, smtp_attachment, smtp_two_units),
     "pipeline": (pipeline_median, pipeline_growth, pipeline_share, pipeline_stdev, pipeline_mean_count),
 }
+#: The kinds the tools' own modules contribute (``http``), after the built-in ones.
+TOOL_KINDS: dict[str, TaskKind] = discover_kinds()
+TEMPLATES.update({name: kind.templates for name, kind in TOOL_KINDS.items()})
 
-from agentrl_envs.tasks.http_templates import HTTP_TEMPLATES, HTTP_WRITES  # noqa: E402 - it builds on Context and Retry above
+from agentrl_envs.tasks.http_templates import HTTP_WRITES  # noqa: E402 - it builds on Context and Retry above
 
-TEMPLATES["http"] = HTTP_TEMPLATES
 #: ``AgentRL/Workplace-v0``: two pipeline sub-tasks and two ticket changes, in an order drawn per task.
 WORKPLACE_PLAN: tuple[tuple[Template, ...], ...] = (TEMPLATES["pipeline"], HTTP_WRITES, TEMPLATES["pipeline"], HTTP_WRITES)
 TEMPLATES["workplace"] = TEMPLATES["pipeline"] + HTTP_WRITES
