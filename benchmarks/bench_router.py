@@ -55,18 +55,14 @@ _ROOT = Path(__file__).resolve().parent.parent
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
+from bench_serve_scale import TABLES  # noqa: E402  (the same 1,000-row orders table as the serve-scale run)
+
 from agentrl_envs.simulator_server_processes import tune_gc  # noqa: E402
 from agentrl_envs.testing import free_port, wait_http  # noqa: E402
 from agentrl_envs.text_table import format_table  # noqa: E402
 from simulators.app import EPISODE_TOKEN_HEADER, SimulatorApp, template_fingerprint  # noqa: E402
 from simulators.routes import Reply, err, ok  # noqa: E402
 
-TABLES = {
-    "orders": {
-        "columns": [["id", "INTEGER"], ["region", "TEXT"], ["amount", "REAL"]],
-        "rows": [[i, ("north", "south", "east", "west")[i % 4], float(i % 97)] for i in range(1, 1001)],
-    }
-}
 FP = template_fingerprint("router", TABLES)
 EPISODES = 64
 ASGIApp = Callable[[dict[str, Any], Any, Any], Awaitable[None]]

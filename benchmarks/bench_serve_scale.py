@@ -45,7 +45,7 @@ if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
 from agentrl_envs.backends.http import shard_of  # noqa: E402
-from simulators.app import template_fingerprint  # noqa: E402
+from simulators.app import EPISODE_TOKEN_HEADER, template_fingerprint  # noqa: E402
 
 TABLES = {
     "orders": {
@@ -54,7 +54,7 @@ TABLES = {
     }
 }
 FP = template_fingerprint("scale", TABLES)
-TOKEN_HEADER = "X-AgentRL-Episode-Token"
+TOKEN_HEADER = EPISODE_TOKEN_HEADER
 P99_TARGET_MS = 50.0
 RSS_TARGET = 1.20
 
