@@ -47,14 +47,24 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def load_base(model: str, device: torch.device, *, tiny_spec: Any = None, log: Any = print) -> tuple[nn.Module, Any]:
+def load_base(
+    model: str, device: torch.device, *, tiny_spec: Any = None, log: Any = print, threads: int | None = None
+) -> tuple[nn.Module, Any]:
     """The base causal LM and its tokenizer: ``tiny`` (built and cached locally) or a local folder.
+
+    ``threads`` (on CPU): torch's intra-op threads for what computes with it; ``None`` leaves them as
+    they are. The trainer, the reward model and the server pass 1 (or the user's ``--threads``): a
+    tiny model gains little from more, and spinning OpenMP threads stall whenever anything else takes
+    a core (seen: the default stage plan's reward model, 150 steps, had not finished after 31 minutes
+    beside other jobs on 2 cores with one thread per core; under 5 minutes on one thread).
 
     Raises:
         ConfigError: the folder does not exist or holds no causal LM, or its tokenizer has no chat template.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if threads is not None and device.type == "cpu":
+        torch.set_num_threads(max(1, threads))
     if model == "tiny":
         from agentrl_train.tiny import TinySpec, build_tiny
 

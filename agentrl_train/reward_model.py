@@ -294,13 +294,7 @@ def build_rm(model: str, *, device: str = "auto", tiny_spec: Any = None, log: An
     """A fresh reward model on ``model`` (``tiny`` or a local Hugging Face folder)."""
     from agentrl_train.policy import load_base, pick_device
 
-    dev = pick_device(device)
-    if dev.type == "cpu":
-        # One intra-op thread, as the trainer: spinning OpenMP threads stall whenever anything else
-        # takes a core (seen: the default stage plan's reward model, 150 steps, had not finished after
-        # 31 minutes beside other jobs on 2 cores, its two threads waiting in OpenMP barriers).
-        torch.set_num_threads(1)
-    lm, tok = load_base(model, dev, tiny_spec=tiny_spec, log=log)
+    lm, tok = load_base(model, pick_device(device), tiny_spec=tiny_spec, log=log, threads=1)  # one CPU thread, as the trainer
     return RewardModel(lm, tok, **settings)
 
 

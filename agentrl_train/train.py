@@ -36,12 +36,8 @@ def build_policy(cfg: TrainConfig, log: Any = print) -> Policy:
 
     m = cfg.model
     device = pick_device(m.device)
-    if device.type == "cpu":
-        # One intra-op thread: a tiny model gains little from more, and spinning OpenMP threads stall
-        # whenever the env workers (or anything else) take a core.
-        torch.set_num_threads(m.threads or 1)
     spec = TinySpec(pretrain_steps=m.tiny_pretrain_steps, corpus_episodes=m.tiny_corpus_episodes)
-    lm, tok = load_base(m.model, device, tiny_spec=spec, log=log)
+    lm, tok = load_base(m.model, device, tiny_spec=spec, log=log, threads=m.threads or 1)
     torch.manual_seed(cfg.run.seed)
     policy = Policy(lm, tok, m.adapter, lora_targets(lm, m.lora_preset, m.lora_ranks, m.lora_alpha_ratio), m.lora_dropout)
     policy.critic_detach = cfg.ppo.critic_grad == "head"

@@ -97,9 +97,7 @@ class Engine:
         from agentrl_train.policy import load_base, pick_device
 
         dev = pick_device(device)
-        if dev.type == "cpu":
-            torch.set_num_threads(max(1, threads))
-        self.lm, self.tokenizer = load_base(model, dev, tiny_spec=tiny_spec, log=log)
+        self.lm, self.tokenizer = load_base(model, dev, tiny_spec=tiny_spec, log=log, threads=threads)
         self.device = dev
         self.base_path = str(getattr(self.lm.config, "_name_or_path", "") or model)
         self.model_name = model
