@@ -16,7 +16,7 @@ The same work through each suite:
 
 - reset: agentrl ``env.reset(seed)`` of every env id (seeds seen before: the task cache), against
   each peer's make + init (skyrl-gym ``make("text2sql")`` + ``init``, gem
-  ``make("game:GuessTheNumber-v0")`` + ``reset``) and the raw private database copy
+  ``make("game:GuessTheNumber-v0-easy")`` + ``reset``) and the raw private database copy
   (``sqlite3.deserialize``). Target: agentrl <= the lighter peer.
 - SQL point lookup (``WHERE id = 17`` on a 600-row table) and a 10,000-row aggregate: agentrl
   ``env.step`` on AgentRL/SQL-v0 and skyrl-gym's text2sql ``env.step("<sql>...</sql>")`` on the
@@ -95,7 +95,7 @@ def setup(cmd):
         from gem.tools.python_code_tool import PythonCodeTool
         seeds = iter(range(10**9))
         def make_init():
-            env = gem.make("game:GuessTheNumber-v0")
+            env = gem.make("game:GuessTheNumber-v0-easy")  # gem 0.1.0 ids carry a difficulty
             env.reset(seed=next(seeds))
             return env
         make_init()
