@@ -303,6 +303,8 @@ def _has_surrogate(value: Any) -> bool:
         return False
     if isinstance(value, list):
         return any(_has_surrogate(v) for v in value)
+    if isinstance(value, dict):  # the http tool's body and query: names and values alike
+        return any(_has_surrogate(k) or _has_surrogate(v) for k, v in value.items())
     return False
 
 

@@ -343,6 +343,20 @@ def test_lone_surrogate_arguments_are_refused(value: object) -> None:
         parse_action(format_call(name, args))
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        {"method": "POST", "path": "/v1/tickets", "body": {"title": "a\ud800b"}},
+        {"method": "POST", "path": "/v1/tickets", "body": {"ti\udc00tle": "x"}},
+        {"method": "POST", "path": "/v1/tickets", "body": {"tags": [{"name": ["\udfff"]}]}},
+        {"method": "GET", "path": "/v1/tickets", "query": {"q\ud800": "x"}},
+    ],
+)
+def test_lone_surrogates_inside_http_body_and_query_are_refused(args: dict[str, Any]) -> None:
+    with pytest.raises(ActionError, match="surrogate"):
+        parse_action(format_call("http", args))
+
+
 # -- call conventions (OpenAI, Llama 3, Hermes) ----------------------------------------------------
 
 
