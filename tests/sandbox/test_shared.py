@@ -23,7 +23,7 @@ from simulators.python import RunLimits
 from simulators.python.sandbox import FULL
 from simulators.python.sandbox.host import idle_processes
 from simulators.python.sandbox.service import DIR_ENV, IDLE_ENV, SCOPE_ENV, SERVICE_MARKER, ServiceLease
-from simulators.python.sandbox.shared import SharedSandbox, live_services, service_slots
+from simulators.python.sandbox.shared import SharedSandbox, live_services, resolve_scope, service_slots
 from tests.procs import alive, descendants, sandbox_zygotes, with_marker
 
 from .conftest import SUITE_LIMITS, WAIT_S, need, wait_for
@@ -52,7 +52,8 @@ def _services_in(path: str) -> list[int]:
     return [pid for pid in with_marker(SERVICE_MARKER) if path.encode() in open(f"/proc/{pid}/cmdline", "rb").read()]
 
 
-def test_64_envs_in_one_process_share_the_machine_service(machine_dir: str) -> None:
+def test_64_envs_in_one_process_share_the_machine_service(machine_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SCOPE_ENV, "machine")
     others = set(sandbox_zygotes(os.getpid()))
     envs = [gym.make("AgentRL/Python-v0") for _ in range(64)]
     try:
@@ -77,7 +78,7 @@ def test_64_envs_in_one_process_share_the_machine_service(machine_dir: str) -> N
 
 
 def test_64_envs_in_one_process_share_one_service(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(SCOPE_ENV, "process")
+    monkeypatch.delenv(SCOPE_ENV, raising=False)  # the default: the process's own service, in a main process
     before = live_services()
     others = set(sandbox_zygotes(os.getpid()))  # other tests' own runners, not shared services
     envs = [gym.make("AgentRL/Python-v0") for _ in range(64)]
@@ -105,7 +106,8 @@ def test_64_envs_in_one_process_share_one_service(monkeypatch: pytest.MonkeyPatc
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_an_async_vector_env_runs_with_one_machine_service(machine_dir: str, context: str) -> None:
-    """4 workers (16 in benchmarks/bench_sandbox.py), forked or spawned: one service for all of them."""
+    """4 workers (16 in benchmarks/bench_sandbox.py), forked or spawned: one service for all of them,
+    by default (scope "auto" is the machine's service in a multiprocessing child)."""
     num = 4
     # a generous SQL deadline: task generation in the workers on 2 busy cores must not time out
     vec = gym.make_vec(
@@ -129,6 +131,17 @@ def test_an_async_vector_env_runs_with_one_machine_service(machine_dir: str, con
     finally:
         vec.close()
     wait_for(lambda: not alive(services[0]), "the service to stop once the workers are gone")
+
+
+def test_the_scope_is_the_process_in_a_main_process_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(SCOPE_ENV, raising=False)
+    assert (resolve_scope(), resolve_scope("auto"), resolve_scope("machine")) == ("process", "process", "machine")
+    monkeypatch.setenv(SCOPE_ENV, "machine")
+    assert (resolve_scope(), resolve_scope("process")) == ("machine", "process")
+    for bad in ("Machine", "everywhere", " process"):
+        monkeypatch.setenv(SCOPE_ENV, bad)
+        with pytest.raises(ValueError, match="use 'auto', 'machine' or 'process'"):
+            SharedSandbox()
 
 
 @pytest.fixture

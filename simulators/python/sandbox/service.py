@@ -57,7 +57,8 @@ from simulators.python.subprocess_runner import PythonResult, RunLimits
 
 __all__ = ["SCOPE_ENV", "SERVICE_MARKER", "ServiceLease", "service_dir", "service_slots"]
 
-#: ``machine`` (the default: one service per user and machine) or ``process`` (one per process)
+#: ``auto`` (the default: ``machine`` in a multiprocessing child, else ``process``), ``machine`` (one
+#: service per user and machine) or ``process`` (one per process); see :class:`SharedSandbox`
 SCOPE_ENV = "AGENTRL_SANDBOX_SCOPE"
 DIR_ENV = "AGENTRL_SANDBOX_DIR"
 IDLE_ENV = "AGENTRL_SANDBOX_IDLE_S"

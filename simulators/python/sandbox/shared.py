@@ -8,15 +8,17 @@ limits, and the last lease to close shuts it down. Runs of different leases neve
 but the zygote, which holds no run's data: each run still gets its own pid, mount and IPC
 namespaces, Landlock domain (its own workspace only) and seccomp filter.
 
-With ``scope="machine"`` (the default; ``AGENTRL_SANDBOX_SCOPE=process`` changes it) a lease goes
-one step further: it runs through this user's one service on the machine
-(:mod:`~simulators.python.sandbox.service`), so the workers of an async vector env (forked,
-forkserver or spawned) and any other process of the user share one zygote too. With
-``scope="process"`` each process has its own service, in process, as described above.
+With ``scope="machine"`` a lease goes one step further: it runs through this user's one service
+on the machine (:mod:`~simulators.python.sandbox.service`), so the workers of an async vector env
+(forked, forkserver or spawned) and any other process of the user share one zygote too. The
+default, ``"auto"``, is ``"machine"`` in a multiprocessing child (a vector env's worker) and
+``"process"`` elsewhere, where the in-process service is as shared and skips the socket hop;
+``AGENTRL_SANDBOX_SCOPE`` sets it for every lease of a process and its children.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import threading
 import weakref
@@ -26,10 +28,21 @@ from simulators.python.sandbox.host import SandboxError, SandboxRunner
 from simulators.python.sandbox.service import SCOPE_ENV, ServiceLease, service_slots
 from simulators.python.subprocess_runner import PythonResult, RunLimits
 
-__all__ = ["SCOPES", "SharedSandbox", "live_services", "service_slots"]
+__all__ = ["SCOPES", "SharedSandbox", "live_services", "resolve_scope", "service_slots"]
 
-#: where a lease's service lives: this user's one per machine, or this process's own
-SCOPES = ("machine", "process")
+#: where a lease's service lives: this user's one per machine, this process's own, or ``auto``
+#: (the machine's in a multiprocessing child, such as an async vector env's worker; else the process's)
+SCOPES = ("auto", "machine", "process")
+
+
+def resolve_scope(scope: str | None = None) -> str:
+    """``"machine"`` or ``"process"`` for ``scope`` (None: ``$AGENTRL_SANDBOX_SCOPE``, else ``"auto"``)."""
+    chosen = scope or os.environ.get(SCOPE_ENV) or "auto"
+    if chosen not in SCOPES:
+        raise ValueError(f"sandbox scope {chosen!r} (argument or {SCOPE_ENV}): use 'auto', 'machine' or 'process'")
+    if chosen == "auto":
+        return "machine" if multiprocessing.parent_process() is not None else "process"
+    return chosen
 
 
 class _Service:
@@ -79,8 +92,9 @@ class SharedSandbox:
         numpy, workspace_bytes, workspace_files: as for :class:`SandboxRunner` (leases with
             different values get different services).
         scope: ``"machine"``: this user's one service on the machine, reached over a Unix socket
-            (a :class:`ServiceLease`); ``"process"``: this process's own, in process. None: the
-            ``AGENTRL_SANDBOX_SCOPE`` environment variable, else ``"machine"``.
+            (a :class:`ServiceLease`); ``"process"``: this process's own, in process; ``"auto"``:
+            the machine's in a multiprocessing child, else the process's. None: the
+            ``AGENTRL_SANDBOX_SCOPE`` environment variable, else ``"auto"``.
     """
 
     def __init__(
@@ -94,9 +108,7 @@ class SharedSandbox:
         scope: str | None = None,
     ) -> None:
         self.limits = limits or RunLimits()
-        self.scope = scope or os.environ.get(SCOPE_ENV) or "machine"
-        if self.scope not in SCOPES:
-            raise ValueError(f"scope={self.scope!r} (or {SCOPE_ENV}): use 'machine' or 'process'")
+        self.scope = resolve_scope(scope)
         self._service: _Service | None = None
         self._remote: ServiceLease | None = None
         if self.scope == "machine":
