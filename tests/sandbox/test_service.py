@@ -1,7 +1,7 @@
 """The machine's sandbox service (issue #16, item 3): one per user, shared by processes.
 
-Runs of two client processes cannot see or touch each other's workspace or run; hostile cases of
-the adversarial suite through a cross-process lease, while another process's run goes on in the
+Runs of two client processes cannot see or touch each other's workspace or run; the adversarial
+suite (all but two CPU-rlimit cases) through a cross-process lease, while another process's run goes on in the
 same service; hostile peers on the socket (garbage, huge and cut frames, another uid, another pid
 namespace, a hang-up mid-run) lose only their own connection; the service stops when its last
 lease is gone, and a lease whose service died starts a new one.
@@ -183,23 +183,18 @@ print('FOUND', found)
 
 # -- the adversarial suite through a cross-process lease ------------------------------------------
 
-#: the cases about reaching beyond the run (files, processes, signals, sockets, the host) and the
-#: ones that strain the service (bombs, floods, timeouts); the whole suite runs in test_adversarial.py
-MACHINE_CASES = (
-    "cpu_spin sleep memory_bomb fork_bomb double_forked_daemon background_child_outlives_program kill_pid_1 "
-    "kill_everything kill_host_by_pid exec_shell endless_print forged_result_frame write_outside_absolute "
-    "write_outside_dotdot symlink_out read_secret hardlink_secret rename_into_outside file_count_bomb "
-    "proc_host_environ proc_host_mem environment_secrets loopback_connect unix_socket socketpair_ok "
-    "ctypes_setns ctypes_ptrace_attach_parent"
-).split()
+#: every case but these two: CPU rlimits are the program's own, set the same way whichever process
+#: supervises it, and they take 3-5 s each (test_adversarial.py runs them, own and shared)
+NOT_HERE = ("cpu_rlimit", "cpu_rlimit_sigxcpu_ignored")
 _BY_ID = {c.id: c for c in CASES}
+MACHINE_CASES = [name for name in _BY_ID if name not in NOT_HERE]
 
 
-def test_the_machine_cases_exist() -> None:
-    assert [name for name in MACHINE_CASES if name not in _BY_ID] == []
+def test_the_machine_cases_are_the_suite_but_two() -> None:
+    assert [name for name in NOT_HERE if name not in _BY_ID] == [] and len(MACHINE_CASES) == len(CASES) - 2 >= 50
 
 
-@pytest.mark.parametrize("case", [pytest.param(_BY_ID[n], id=n, marks=_BY_ID[n].marks) for n in MACHINE_CASES if n in _BY_ID])
+@pytest.mark.parametrize("case", [pytest.param(_BY_ID[n], id=n, marks=_BY_ID[n].marks) for n in MACHINE_CASES])
 def test_hostile_program_through_the_machine_service(
     lease: ServiceLease,
     other: OtherProcess,

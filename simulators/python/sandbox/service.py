@@ -51,7 +51,7 @@ import warnings
 import weakref
 from typing import Any
 
-from simulators.python.sandbox._protocol import ProtocolError, recv_json_with_fds, send_json
+from simulators.python.sandbox._protocol import MAX_FRAME, ProtocolError, frame, recv_json_with_fds, send_json
 from simulators.python.sandbox.host import FULL, SandboxError, SandboxRunner, SandboxWarning
 from simulators.python.subprocess_runner import PythonResult, RunLimits
 
@@ -229,7 +229,11 @@ class _Server:
                 finally:
                     for fd in fds:
                         os.close(fd)
-                send_json(conn, reply)
+                data = json.dumps(reply, separators=(",", ":")).encode()
+                if len(data) > MAX_FRAME:  # only with an output_bytes limit far above the default
+                    error = f"the run's result is {len(data)} bytes, over the {MAX_FRAME}-byte frame: lower limits.output_bytes"
+                    data = json.dumps({"ok": False, "error": error}).encode()
+                conn.sendall(frame(data))
         except OSError:
             pass  # the client went away (mid-run too: its result is dropped)
         finally:
