@@ -29,7 +29,7 @@ import pytest
 from simulators.python import RunLimits
 from simulators.python.sandbox import FULL
 from simulators.python.sandbox._protocol import recv_json_with_fds, send_json
-from simulators.python.sandbox.host import idle_processes
+from simulators.python.sandbox.host import SandboxError, idle_processes
 from simulators.python.sandbox.service import DIR_ENV, IDLE_ENV, SCOPE_ENV, ServiceLease
 from tests.procs import alive, descendants, with_marker
 
@@ -474,3 +474,28 @@ def test_a_lease_whose_service_died_starts_a_new_one(own_service: str, tmp_path:
         wait_for(lambda: not with_marker(marker), "the dead service's run to be gone")
         again = a.run("print(3)", str(tmp_path))
         assert again.stdout == "3\n" and a.service_pid not in (first, second), again
+
+
+def test_a_socket_directory_others_may_enter_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _private_dir()
+    try:
+        os.chmod(path, 0o755)
+        monkeypatch.setenv(DIR_ENV, path)
+        with pytest.raises(SandboxError, match="not a private directory"):
+            ServiceLease()
+        if os.getuid() == 0:  # a directory another user made for us
+            os.chmod(path, 0o700)
+            os.chown(path, 65534, 65534)
+            with pytest.raises(SandboxError, match="owner 65534"):
+                ServiceLease()
+        assert os.listdir(path) == []  # refused before anything was started or written
+    finally:
+        shutil.rmtree(path)
+
+
+@pytest.mark.parametrize("raw", ["soon", "-1", "1e9", "nan"])
+def test_a_bad_idle_setting_is_refused(own_service: str, monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    monkeypatch.setenv(IDLE_ENV, raw)
+    with pytest.raises(ValueError, match=IDLE_ENV):
+        ServiceLease()
+    assert [p for p in os.listdir(own_service) if p.endswith(".sock")] == []

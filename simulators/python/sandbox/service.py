@@ -329,8 +329,7 @@ def _connect(path: str) -> tuple[socket.socket, dict[str, Any]] | None:
     try:
         sock.settimeout(_HELLO_TIMEOUT_S)
         sock.connect(path)
-        if _peer(sock)[1] != os.getuid():
-            raise SandboxError(f"{path} is served by another user: remove it, or set {DIR_ENV}")
+        owner = _peer(sock)[1]
         hello, _fds = recv_json_with_fds(sock, 0)
     except (FileNotFoundError, ConnectionRefusedError, ConnectionResetError, EOFError):
         sock.close()
@@ -338,6 +337,9 @@ def _connect(path: str) -> tuple[socket.socket, dict[str, Any]] | None:
     except (OSError, ProtocolError, ValueError) as exc:
         sock.close()
         raise SandboxError(f"the sandbox service at {path} did not answer: {type(exc).__name__}: {exc}") from None
+    if owner != os.getuid():
+        sock.close()
+        raise SandboxError(f"{path} is served by uid {owner}, not this user: remove it, or set {DIR_ENV}")
     if not hello.get("ok") or hello.get("v") != _VERSION:
         sock.close()
         raise SandboxError(f"the sandbox service at {path} refused this process: {hello.get('error', hello)}")
