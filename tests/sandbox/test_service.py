@@ -285,6 +285,7 @@ def _still_serves(lease: ServiceLease, ws: Path) -> None:
         pytest.param(struct.pack(">I", 4) + b"\xff\xfe\x00\x01", id="not_utf8"),
         pytest.param(struct.pack(">I", 8) + b'{"a": [', id="cut_frame_then_hang_up"),
         pytest.param(b"\x00\x00", id="cut_length_then_hang_up"),
+        pytest.param(struct.pack(">I", 200_000) + b"[" * 100_000 + b"]" * 100_000, id="nested_past_the_recursion_limit"),
         pytest.param(struct.pack(">I", 100) + b'{"op": "run"}' + bytes(87) + b"trailing", id="two_frames"),
     ],
 )

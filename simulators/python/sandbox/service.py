@@ -179,7 +179,11 @@ class _Server:
                 conn, _ = self.listener.accept()
             except OSError:
                 continue
-            pid, uid = _peer(conn)
+            try:
+                pid, uid = _peer(conn)
+            except OSError:
+                conn.close()
+                continue
             if uid != os.getuid() or not _same_pid_namespace(pid):
                 self._refuse(conn, f"the sandbox service serves uid {os.getuid()} in its own pid namespace only")
                 continue
@@ -221,11 +225,13 @@ class _Server:
                     request, fds = recv_json_with_fds(conn, 1)
                 except EOFError:
                     return
-                except (ProtocolError, ValueError) as exc:  # the framing is lost: answer and hang up
+                except (ProtocolError, ValueError, RecursionError) as exc:  # the framing is lost: answer and hang up
                     send_json(conn, {"ok": False, "error": f"bad frame: {type(exc).__name__}: {exc}"})
                     return
                 try:
                     reply = self._answer(request, fds)
+                except Exception as exc:  # a bug of ours: this request fails, the service and its other clients go on
+                    reply = {"ok": False, "error": f"the sandbox service failed on this request: {type(exc).__name__}: {exc}"}
                 finally:
                     for fd in fds:
                         os.close(fd)
