@@ -151,7 +151,7 @@ def gym_envs(count: int, vector: int) -> None:
     print(f"  {count} envs in this process (one shared service)      {len(tree):8d} {pss_mib(tree):9.0f}")
     for env in envs:
         env.close()
-    for scope in ("process", "auto"):  # "auto", the default, is the machine's service in the workers
+    for scope in ("process", "auto", "process", "auto"):  # "auto", the default: the machine's service in the workers
         os.environ[SCOPE_ENV] = scope  # the workers inherit it
         vec = gym.make_vec("AgentRL/Python-v0", num_envs=vector, vectorization_mode="async", sql_deadline_s=60.0)
         vec.reset(seed=0)
@@ -163,8 +163,15 @@ def gym_envs(count: int, vector: int) -> None:
         else:
             with ServiceLease() as probe:
                 tree, label = _service_tree(probe.service_pid), "one machine service"
-        print(f"  {vector}-env async vector env, {label:32s} {len(tree):6d} {pss_mib(tree):9.0f}")
-        print(f"    + its {len(workers)} worker processes: {pss_mib(workers):.0f} MiB PSS")
+        count, pss, workers_pss = len(tree), pss_mib(tree), pss_mib(workers)
+        t = time.perf_counter()
+        for _ in range(10):  # every worker's env runs print(1) at once: 16 runs at a time in one service
+            vec.step([action] * vector)
+        step_ms = 1e3 * (time.perf_counter() - t) / 10
+        print(f"  {vector}-env async vector env, {label:32s} {count:6d} {pss:9.0f}")
+        print(
+            f"    + its {len(workers)} worker processes: {workers_pss:.0f} MiB PSS; a vector step of print(1): {step_ms:.0f} ms"
+        )
         vec.close()
     del os.environ[SCOPE_ENV]
 
