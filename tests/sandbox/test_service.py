@@ -500,3 +500,36 @@ def test_a_bad_idle_setting_is_refused(own_service: str, monkeypatch: pytest.Mon
     with pytest.raises(ValueError, match=IDLE_ENV):
         ServiceLease()
     assert [p for p in os.listdir(own_service) if p.endswith(".sock")] == []
+
+
+def _connections(lease: ServiceLease) -> set[int]:
+    """Socket inodes of the lease's idle connections."""
+    return {os.fstat(sock.fileno()).st_ino for sock in lease._state["idle"]}
+
+
+def test_a_forked_copy_of_a_lease_opens_its_own_connection(lease: ServiceLease, tmp_path: Path) -> None:
+    _still_serves(lease, tmp_path)
+    parents = _connections(lease)
+    assert parents
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no pytest from here on, only os._exit
+        code = 1
+        try:
+            os.close(read)
+            res = lease.run("print(5)", str(tmp_path))
+            os.write(write, json.dumps([res.exit_code, res.stdout, lease.service_pid, sorted(_connections(lease))]).encode())
+            lease.close()  # closes the child's copies only
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        data = f.read()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, data
+    exit_code, stdout, service, childs = json.loads(data)
+    assert (exit_code, stdout, service) == (0, "5\n", lease.service_pid)
+    assert childs and not set(childs) & parents  # a connection of its own, none of the parent's
+    _still_serves(lease, tmp_path)
+    assert parents <= _connections(lease)  # the parent's connections still work

@@ -414,6 +414,18 @@ def _open(settings: dict[str, Any]) -> tuple[socket.socket, dict[str, Any]]:
     raise SandboxError(f"no sandbox service answered at {path} after {_CONNECT_TRIES} starts; see {path[:-5]}.log")
 
 
+_leases: weakref.WeakSet[ServiceLease] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child may have copied a lease's lock while another thread held it: fresh locks."""
+    for lease in list(_leases):
+        lease._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _close_all(state: dict[str, Any]) -> None:
     for sock in state["idle"]:
         sock.close()
@@ -454,6 +466,7 @@ class ServiceLease:
         sock, hello = _open(self.settings)
         self._state["idle"].append(sock)
         self._finalizer = weakref.finalize(self, _close_all, self._state)
+        _leases.add(self)
         self._hello(hello)
         if self.tier != FULL:
             warnings.warn(f"Python sandbox at tier {self.tier}: missing {', '.join(self.missing)}", SandboxWarning, stacklevel=2)
