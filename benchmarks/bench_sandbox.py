@@ -184,7 +184,9 @@ def main() -> None:
     args = parser.parse_args()
     n = args.n
     ws = tempfile.mkdtemp(prefix="bench-sandbox-")
-    os.environ.setdefault(DIR_ENV, tempfile.mkdtemp(prefix="sbxsvc-"))  # this run's machine services only
+    own_dir = DIR_ENV not in os.environ
+    if own_dir:
+        os.environ[DIR_ENV] = tempfile.mkdtemp(prefix="sbxsvc-")  # this run's machine services only
 
     print(f"# bench_sandbox: {platform.platform()}, {os.cpu_count()} cpus, python {platform.python_version()}, n={n}")
     print(f"# load average before: {os.getloadavg()[0]:.2f}")
@@ -265,6 +267,9 @@ def main() -> None:
         gym_envs(args.envs, args.vector)
     print(f"# load average after: {os.getloadavg()[0]:.2f}")
     shutil.rmtree(ws, ignore_errors=True)
+    if own_dir:
+        time.sleep(6)  # the last service stops AGENTRL_SANDBOX_IDLE_S (5 s by default) after its last lease
+        shutil.rmtree(os.environ[DIR_ENV], ignore_errors=True)
 
 
 if __name__ == "__main__":

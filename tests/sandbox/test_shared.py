@@ -8,7 +8,9 @@ cannot see or touch each other's workspace or run (across processes: tests/sandb
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -36,8 +38,6 @@ def _python(code: str) -> str:
 @pytest.fixture
 def machine_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """A private directory for this test's machine services, which stop as soon as they are idle."""
-    import tempfile
-
     path = tempfile.mkdtemp(prefix="sbxsvc-")  # short: a Unix socket path has at most 107 bytes
     monkeypatch.setenv(DIR_ENV, path)
     monkeypatch.setenv(IDLE_ENV, "0")
@@ -45,6 +45,7 @@ def machine_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     yield path
     for pid in _services_in(path):  # a failed test's service: gone before the next test
         os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _services_in(path: str) -> list[int]:

@@ -193,7 +193,12 @@ class _Server:
 
     def _stop_if_idle(self) -> bool:
         """Stop unless a starter holds the lock or a client is at the door."""
-        with open(self.lock, "a") as lock:
+        try:
+            lock = open(self.lock, "a")
+        except OSError:  # the directory is gone: nobody can find this service any more
+            self.listener.close()
+            return True
+        with lock:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
