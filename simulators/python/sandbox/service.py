@@ -1,9 +1,10 @@
 """One sandbox service per user and machine, shared by every process of that user (issue #16, item 3).
 
-A :class:`~simulators.python.sandbox.shared.SharedSandbox` gives one service per process; an async
-vector env has a process per sub-env, so 16 workers started 16 services (96 processes, ~690 MiB).
-A :class:`ServiceLease` instead talks to one service process per user, machine and settings, which
-every process of that user reaches at a well-known Unix socket:
+A :class:`~simulators.python.sandbox.shared.SharedSandbox` with ``scope="process"`` gives one
+service per process; an async vector env has a process per sub-env, so 16 workers started 16
+services (96 processes, ~690 MiB). A :class:`ServiceLease` (behind ``scope="machine"``, which the
+default ``"auto"`` picks in a multiprocessing child) instead talks to one service process per user,
+machine and settings, which every process of that user reaches at a well-known Unix socket:
 
     lease (any process) ──AF_UNIX──> service (python, one per settings)
                                       └─ SandboxRunner: zygote + one warm slot per core
