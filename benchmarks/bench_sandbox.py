@@ -5,8 +5,9 @@ tier this machine allows, next to a cold ``python -I -S -c 'print(1)'`` and to t
 :class:`PythonRunner` (a fresh interpreter under ``unshare``, no seccomp/Landlock); then
 throughput with two client threads, and where a run's time goes (the monitor's timestamps); then
 the sandbox processes and memory of ``--envs`` simulators in one process, each with a private
-runner (as before the shared service) and with leases on the process's one shared service; then
-the same count of gym envs in one process, and a ``--vector``-env async vector env.
+runner (as before the shared service), with leases on the process's one shared service and on the
+machine's one service (and a run's p50 through each); then the same count of gym envs in one
+process, and a ``--vector``-env async vector env with a service per worker and with the machine's one.
 
 Run: ``python benchmarks/bench_sandbox.py [--n 500] [--envs 64] [--vector 16]``. Prints; never asserts.
 """
@@ -31,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agentrl_envs.testing import descendants, sandbox_zygotes
 from simulators.python import PythonRunner
 from simulators.python.sandbox import SandboxRunner
+from simulators.python.sandbox.service import DIR_ENV, SCOPE_ENV, ServiceLease
 from simulators.python.sandbox.shared import SharedSandbox
 
 PROGRAM = "print(1)"
@@ -85,12 +87,19 @@ def pss_mib(pids: list[int]) -> float:
     return total_kb / 1024
 
 
+def _service_tree(service_pid: int) -> list[int]:
+    """The machine service's processes: itself, its zygote and everything under it."""
+    return [service_pid, *descendants(service_pid)]
+
+
 def many_envs(count: int, ws: str) -> None:
-    """Sandbox processes and memory of ``count`` simulators: private runners vs one shared service."""
+    """Sandbox processes and memory of ``count`` simulators: private runners, the process's one
+    service, the machine's one service; then a run's p50 through each kind of lease."""
     print(f"{count} simulators in one process: {'':14s} {'processes':>10s} {'PSS MiB':>9s} {'start s':>8s}")
     for label, make in (
         ("private runner each (before)", lambda: SandboxRunner()),
-        ("one shared service (after)", lambda: SharedSandbox()),
+        ("one shared service in process", lambda: SharedSandbox(scope="process")),
+        ("the machine's one service", lambda: SharedSandbox(scope="machine")),
     ):
         t = time.perf_counter()
         runners = [make() for _ in range(count)]
@@ -98,10 +107,23 @@ def many_envs(count: int, ws: str) -> None:
             r.run(PROGRAM, ws)
         started = time.perf_counter() - t
         time.sleep(0.5)  # warm slots refilled
-        pids = descendants(os.getpid())
+        remote = getattr(runners[0], "remote", None)
+        pids = _service_tree(remote.service_pid) if remote is not None else descendants(os.getpid())
         print(f"  {label:40s} {len(pids):10d} {pss_mib(pids):9.0f} {started:8.1f}")
         for r in runners:
             r.close()
+    process, machine = SharedSandbox(scope="process"), SharedSandbox(scope="machine")
+    series: dict[str, list[float]] = {"process": [], "machine": []}
+    for _ in range(10):  # interleaved slices: load from elsewhere hits both alike
+        for name, lease in (("process", process), ("machine", machine)):
+            series[name] += timed(lambda lease=lease: lease.run(PROGRAM, ws), 20)[0]  # type: ignore[misc]
+    p50 = {name: percentiles(values)[0] for name, values in series.items()}
+    print(
+        f"  print(1) p50: in-process lease {1e3 * p50['process']:.2f} ms, machine service lease {1e3 * p50['machine']:.2f} ms "
+        f"({p50['machine'] / p50['process']:.2f}x; the Unix socket hop)"
+    )
+    process.close()
+    machine.close()
 
 
 def _sandbox_tree(pid: int) -> list[int]:
@@ -111,7 +133,8 @@ def _sandbox_tree(pid: int) -> list[int]:
 
 
 def gym_envs(count: int, vector: int) -> None:
-    """``count`` gym envs in this process (one step of Python each), then a ``vector``-env async vector env."""
+    """``count`` gym envs in this process (one step of Python each), then a ``vector``-env async
+    vector env, with a service per worker process and with the machine's one service."""
     import gymnasium as gym
 
     import agentrl_envs  # noqa: F401 - registers the env ids
@@ -119,25 +142,38 @@ def gym_envs(count: int, vector: int) -> None:
 
     action = format_call("python", {"code": PROGRAM})
     print(f"gym envs (AgentRL/Python-v0, one Python step each): {'':3s} {'sandbox processes':>18s} {'PSS MiB':>9s}")
-    before = len(_sandbox_tree(os.getpid()))
     envs = [gym.make("AgentRL/Python-v0") for _ in range(count)]
     for i, env in enumerate(envs):
         env.reset(seed=i % 4)
         env.step(action)
     time.sleep(0.5)
-    tree = _sandbox_tree(os.getpid())
-    print(f"  {count} envs in this process (one shared service)   {len(tree) - before:10d} {pss_mib(tree):9.0f}")
+    tree = _sandbox_tree(os.getpid())  # scope "auto" in a main process: the process's own service
+    print(f"  {count} envs in this process (one shared service)      {len(tree):8d} {pss_mib(tree):9.0f}")
     for env in envs:
         env.close()
-    vec = gym.make_vec("AgentRL/Python-v0", num_envs=vector, vectorization_mode="async", sql_deadline_s=60.0)
-    vec.reset(seed=0)
-    vec.step([action] * vector)
-    time.sleep(0.5)
-    workers = [proc.pid for proc in vec.unwrapped.processes]  # type: ignore[attr-defined]
-    tree = [p for w in workers for p in _sandbox_tree(w)]
-    print(f"  {vector}-env async vector env (one service per worker) {len(tree):8d} {pss_mib(tree):9.0f}")
-    print(f"    + its {len(workers)} worker processes: {pss_mib(workers):.0f} MiB PSS")
-    vec.close()
+    for scope in ("process", "auto", "process", "auto"):  # "auto", the default: the machine's service in the workers
+        os.environ[SCOPE_ENV] = scope  # the workers inherit it
+        vec = gym.make_vec("AgentRL/Python-v0", num_envs=vector, vectorization_mode="async", sql_deadline_s=60.0)
+        vec.reset(seed=0)
+        vec.step([action] * vector)
+        time.sleep(0.5)
+        workers = [proc.pid for proc in vec.unwrapped.processes]  # type: ignore[attr-defined]
+        if scope == "process":
+            tree, label = [p for w in workers for p in _sandbox_tree(w)], "one service per worker (before)"
+        else:
+            with ServiceLease() as probe:
+                tree, label = _service_tree(probe.service_pid), "one machine service"
+        count, pss, workers_pss = len(tree), pss_mib(tree), pss_mib(workers)
+        t = time.perf_counter()
+        for _ in range(10):  # every worker's env runs print(1) at once: 16 runs at a time in one service
+            vec.step([action] * vector)
+        step_ms = 1e3 * (time.perf_counter() - t) / 10
+        print(f"  {vector}-env async vector env, {label:32s} {count:6d} {pss:9.0f}")
+        print(
+            f"    + its {len(workers)} worker processes: {workers_pss:.0f} MiB PSS; a vector step of print(1): {step_ms:.0f} ms"
+        )
+        vec.close()
+    del os.environ[SCOPE_ENV]
 
 
 def main() -> None:
@@ -148,6 +184,9 @@ def main() -> None:
     args = parser.parse_args()
     n = args.n
     ws = tempfile.mkdtemp(prefix="bench-sandbox-")
+    own_dir = DIR_ENV not in os.environ
+    if own_dir:
+        os.environ[DIR_ENV] = tempfile.mkdtemp(prefix="sbxsvc-")  # this run's machine services only
 
     print(f"# bench_sandbox: {platform.platform()}, {os.cpu_count()} cpus, python {platform.python_version()}, n={n}")
     print(f"# load average before: {os.getloadavg()[0]:.2f}")
@@ -228,6 +267,9 @@ def main() -> None:
         gym_envs(args.envs, args.vector)
     print(f"# load average after: {os.getloadavg()[0]:.2f}")
     shutil.rmtree(ws, ignore_errors=True)
+    if own_dir:
+        time.sleep(6)  # the last service stops AGENTRL_SANDBOX_IDLE_S (5 s by default) after its last lease
+        shutil.rmtree(os.environ[DIR_ENV], ignore_errors=True)
 
 
 if __name__ == "__main__":

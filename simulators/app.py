@@ -177,7 +177,7 @@ class SimulatorApp:
         self.max_upload_bytes = max_upload_bytes
         self.templates = TemplateCache()
         self.runner: PythonRunner | SharedSandbox
-        if python_sandbox:  # a lease on this process's one sandbox service, shared by every simulator in it
+        if python_sandbox:  # a lease on the one sandbox service of the machine (or process: SharedSandbox scope)
             self.runner = SharedSandbox(python_limits, allow_unsafe=allow_unsafe_sandbox)
         else:
             self.runner = PythonRunner(python_limits)

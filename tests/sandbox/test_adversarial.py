@@ -465,7 +465,7 @@ class Neighbour:
 def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SharedSandbox, Neighbour]]:
     """Lease A (for the cases) and a neighbour's run on lease B, both on one shared service."""
     settings = {"workspace_bytes": 16 << 20, "workspace_files": 512}  # the session runner's caps
-    a, b = SharedSandbox(SUITE_LIMITS, **settings), SharedSandbox(SUITE_LIMITS, **settings)  # type: ignore[arg-type]
+    a, b = (SharedSandbox(SUITE_LIMITS, scope="process", **settings) for _ in "ab")  # type: ignore[arg-type]
     try:
         if a.tier != FULL:
             need(a.runner, *a.missing)

@@ -1,13 +1,16 @@
-"""One sandbox service per process, shared by every env in it (issue #16, item 3).
+"""One sandbox service shared by every env of a process, or of the machine (issue #16, item 3).
 
-64 envs in one process run through one zygote; an async vector env's workers each use one; and
-runs of two envs sharing a service cannot see or touch each other's workspace or run.
+64 envs in one process run through one zygote (in process, or the machine's service); an async
+vector env's workers all use the machine's one service; and runs of two envs sharing a service
+cannot see or touch each other's workspace or run (across processes: tests/sandbox/test_service.py).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -21,7 +24,8 @@ from agentrl_envs.actions import format_call
 from simulators.python import RunLimits
 from simulators.python.sandbox import FULL
 from simulators.python.sandbox.host import idle_processes
-from simulators.python.sandbox.shared import SharedSandbox, live_services, service_slots
+from simulators.python.sandbox.service import DIR_ENV, IDLE_ENV, SCOPE_ENV, SERVICE_MARKER, ServiceLease
+from simulators.python.sandbox.shared import SharedSandbox, live_services, resolve_scope, service_slots
 from tests.procs import alive, descendants, sandbox_zygotes, with_marker
 
 from .conftest import SUITE_LIMITS, WAIT_S, need, wait_for
@@ -31,7 +35,51 @@ def _python(code: str) -> str:
     return format_call("python", {"code": code})
 
 
-def test_64_envs_in_one_process_share_one_service() -> None:
+@pytest.fixture
+def machine_dir(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A private directory for this test's machine services, which stop as soon as they are idle."""
+    path = tempfile.mkdtemp(prefix="sbxsvc-")  # short: a Unix socket path has at most 107 bytes
+    monkeypatch.setenv(DIR_ENV, path)
+    monkeypatch.setenv(IDLE_ENV, "0")
+    monkeypatch.delenv(SCOPE_ENV, raising=False)
+    yield path
+    for pid in _services_in(path):  # a failed test's service: gone before the next test
+        os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _services_in(path: str) -> list[int]:
+    """Live service processes whose socket is in ``path``."""
+    return [pid for pid in with_marker(SERVICE_MARKER) if path.encode() in open(f"/proc/{pid}/cmdline", "rb").read()]
+
+
+def test_64_envs_in_one_process_share_the_machine_service(machine_dir: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(SCOPE_ENV, "machine")
+    others = set(sandbox_zygotes(os.getpid()))
+    envs = [gym.make("AgentRL/Python-v0") for _ in range(64)]
+    try:
+        for i, env in enumerate(envs):
+            env.reset(seed=i % 4)
+        for env in (envs[0], envs[63]):
+            obs, *_ = env.step(_python("print(6 * 7)"))
+            assert obs.startswith("python ok") and "42" in obs, obs
+        assert set(sandbox_zygotes(os.getpid())) == others  # no zygote of this process's own
+        services = _services_in(machine_dir)
+        assert len(services) == 1, services
+        zygotes = sandbox_zygotes(services[0])
+        assert len(zygotes) == 1, zygotes
+        with ServiceLease() as lease:
+            assert lease.service_pid == services[0]
+            expected = idle_processes(bool(lease.layers.get("pidns")), lease.slots)
+        wait_for(lambda: len(descendants(zygotes[0])) <= expected, f"the service to be back to {expected} processes")
+    finally:
+        for env in envs:
+            env.close()
+    wait_for(lambda: not alive(services[0]) and not alive(zygotes[0]), "the last lease to shut the service down")
+
+
+def test_64_envs_in_one_process_share_one_service(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(SCOPE_ENV, raising=False)  # the default: the process's own service, in a main process
     before = live_services()
     others = set(sandbox_zygotes(os.getpid()))  # other tests' own runners, not shared services
     envs = [gym.make("AgentRL/Python-v0") for _ in range(64)]
@@ -57,24 +105,49 @@ def test_64_envs_in_one_process_share_one_service() -> None:
     wait_for(lambda: not alive(zygotes[0]), "the last lease to shut the service down")
 
 
-def test_a_16_env_async_vector_env_runs_with_one_service_per_worker() -> None:
-    # a generous SQL deadline: task generation in 16 workers on 2 busy cores must not time out
-    vec = gym.make_vec("AgentRL/Python-v0", num_envs=16, vectorization_mode="async", sql_deadline_s=60.0)
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_an_async_vector_env_runs_with_one_machine_service(machine_dir: str, context: str) -> None:
+    """4 workers (16 in benchmarks/bench_sandbox.py), forked or spawned: one service for all of them,
+    by default (scope "auto" is the machine's service in a multiprocessing child)."""
+    num = 4
+    # a generous SQL deadline: task generation in the workers on 2 busy cores must not time out
+    vec = gym.make_vec(
+        "AgentRL/Python-v0", num_envs=num, vectorization_mode="async", vector_kwargs={"context": context}, sql_deadline_s=60.0
+    )
     try:
         vec.reset(seed=3)
-        obs, _reward, _terminated, _truncated, _info = vec.step([_python(f"print({i} * 3)") for i in range(16)])
+        obs, _reward, _terminated, _truncated, _info = vec.step([_python(f"print({i} * 3)") for i in range(num)])
         for i, text in enumerate(obs):
             assert text.startswith("python ok") and str(i * 3) in text, (i, text)
         workers = [proc.pid for proc in vec.unwrapped.processes]  # type: ignore[attr-defined]
-        assert len(workers) == 16
-        assert [len(sandbox_zygotes(pid)) for pid in workers] == [1] * 16  # one service per worker, shared by its envs
+        assert len(workers) == num
+        assert [sandbox_zygotes(pid) for pid in workers] == [[]] * num  # no worker starts a service of its own
+        services = _services_in(machine_dir)
+        assert len(services) == 1, services
+        assert len(sandbox_zygotes(services[0])) == 1
+        with ServiceLease() as lease:
+            pidns = bool(lease.layers.get("pidns"))
+            expected = 1 + idle_processes(pidns, lease.slots)  # its zygote, and the zygote's idle tree
+            wait_for(lambda: len(descendants(services[0])) <= expected, f"the service to be back to {expected} processes")
     finally:
         vec.close()
+    wait_for(lambda: not alive(services[0]), "the service to stop once the workers are gone")
+
+
+def test_the_scope_is_the_process_in_a_main_process_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(SCOPE_ENV, raising=False)
+    assert (resolve_scope(), resolve_scope("auto"), resolve_scope("machine")) == ("process", "process", "machine")
+    monkeypatch.setenv(SCOPE_ENV, "machine")
+    assert (resolve_scope(), resolve_scope("process")) == ("machine", "process")
+    for bad in ("Machine", "everywhere", " process"):
+        monkeypatch.setenv(SCOPE_ENV, bad)
+        with pytest.raises(ValueError, match="use 'auto', 'machine' or 'process'"):
+            SharedSandbox()
 
 
 @pytest.fixture
 def two_leases() -> Iterator[tuple[SharedSandbox, SharedSandbox]]:
-    a, b = SharedSandbox(SUITE_LIMITS), SharedSandbox(SUITE_LIMITS)
+    a, b = SharedSandbox(SUITE_LIMITS, scope="process"), SharedSandbox(SUITE_LIMITS, scope="process")
     if a.tier != FULL:
         need(a.runner, *a.missing)
     yield a, b
