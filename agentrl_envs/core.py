@@ -11,6 +11,8 @@ from __future__ import annotations
 import numbers
 import os
 import time
+import weakref
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -72,8 +74,9 @@ _FIXED_ATTRIBUTES = {
 }
 # Public attributes Gymnasium itself sets on an env after construction.
 _GYMNASIUM_ATTRIBUTES = frozenset({"spec", "np_random"})
-#: Tasks whose episode start an env keeps (:class:`_EpisodeStart`); emptied when full.
-_STARTS_PER_ENV = 1024
+#: Task seeds whose episode start an env keeps (:class:`_EpisodeStart`, ~1.5 kB each); emptied when full.
+_STARTS_PER_ENV = 256
+_ZERO_COMPONENTS = zero_components()
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +88,7 @@ class _EpisodeStart:
     made fresh by every reset, so no caller's change to one reset's info reaches the next.
     """
 
-    task: Task
+    task_ref: weakref.ref[Task]
     observation: str
     transcript_head: str
     sender: str
@@ -178,8 +181,8 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
         self._progress_state: Progress | None = None  # made at the episode's first use (see _progress)
         self._transcript: list[str] = []
         self._prev_tool: str | None = None
-        self._starts: dict[int, _EpisodeStart] = {}
-        self._schemas: tuple[dict[str, Any], ...] = ()
+        self._starts: dict[int, _EpisodeStart] = {}  # by task seed
+        self._schemas: tuple[tuple[str, dict[str, Any]], ...] = ()  # info["tools"], copied per reset
         self._clear_episode()
         self._frozen = True  # from here on, __setattr__ validates or refuses public attributes
 
@@ -204,33 +207,26 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
             task_seed = self._draw()
         elif not isinstance(task_seed, int) or isinstance(task_seed, bool) or task_seed < 0:
             raise ConfigError(f"options['task_seed']={task_seed!r}: use a non-negative int")
-        task = self._sampler.sample(task_seed)
+        start, task = self._start_of(task_seed)
         fault_seed = self._draw()
         backend = self._get_backend()
-        start = self._start_of(task)
         episode_id = "ep-" + os.urandom(10).hex()
         setup = EpisodeSetup(
             episode_id, task.database, task.files, sender=start.sender, seed=fault_seed, mail_domains=start.mail_domains
         )
         backend.open_episode(setup)
-        self.__dict__.update(  # private fields: no need for __setattr__'s checks
-            _fault_stats=FaultStats(),
-            _task=task,
-            _episode_id=episode_id,
-            _progress_state=None,
-            _steps=0,
-            _virtual_time=0.0,
-            _prev_tool=None,
-            _done=False,
-            _max_steps=start.max_steps,
-            _transcript=[start.transcript_head],
-        )
+        d = self.__dict__  # private fields: no need for __setattr__'s checks
+        d["_fault_stats"] = FaultStats()
+        d["_task"] = task
+        d["_episode_id"] = episode_id
+        d["_max_steps"] = start.max_steps
+        d["_transcript"] = [start.transcript_head]  # the other fields are as _close_episode left them
         info = start.info.copy()
-        info["reward_components"] = zero_components()
+        info["reward_components"] = _ZERO_COMPONENTS.copy()
         info["tool_result"] = {}
         info["fault"] = {}
         info["sandbox_tier"] = self._sandbox_tier or "unknown"
-        info["tools"] = [{**schema, "function": {**schema["function"]}} for schema in self._schemas]
+        info["tools"] = [{"type": kind, "function": function.copy()} for kind, function in self._schemas]
         self._add_candidates(info, task.instruction)
         return start.observation, info
 
@@ -498,16 +494,21 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
             )
             self._sandbox_tier = getattr(backend, "sandbox_tier", None)
             self._backend_facts = {"numpy": bool(getattr(backend, "numpy_available", False))}
-            # info["tools"] of every reset: a fresh copy of these (they depend on the backend's facts only).
-            self._schemas = tuple(tool.schema(self._backend_facts) for tool in self.tools.values())
+            self._schemas = _schema_parts(self.tools.values(), self._backend_facts)
             self._backend = FaultInjectingBackend(backend, self.profile) if self.profile.injects else backend
         return self._backend
 
-    def _start_of(self, task: Task) -> _EpisodeStart:
-        """This env's :class:`_EpisodeStart` of ``task``, worked out at the task's first reset."""
-        start = self._starts.get(id(task))
-        if start is not None and start.task is task:
-            return start
+    def _start_of(self, task_seed: int) -> tuple[_EpisodeStart, Task]:
+        """The task of ``task_seed`` and this env's :class:`_EpisodeStart` of it, worked out at its first reset.
+
+        A start holds its task weakly: one the process-wide task cache let go is sampled (made) again.
+        """
+        start = self._starts.get(task_seed)
+        if start is not None:
+            task = start.task_ref()
+            if task is not None:
+                return start, task
+        task = self._sampler.sample(task_seed)
         max_steps = self.max_steps_arg or _default_max_steps(task)
         info = {
             "task_id": task.task_id,
@@ -531,7 +532,7 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
         mail_domain = _mail_domain(task)
         domains = (mail_domain,) if self.mail_domains == "company" else self.mail_domains
         start = _EpisodeStart(
-            task=task,
+            task_ref=weakref.ref(task),
             observation=self._observe(task.instruction),
             transcript_head=f"[task {task.task_id}]\n{task.instruction}",
             sender=f"agent@{mail_domain}",
@@ -541,8 +542,8 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
         )
         if len(self._starts) >= _STARTS_PER_ENV:
             self._starts.clear()
-        self._starts[id(task)] = start
-        return start
+        self._starts[task_seed] = start
+        return start, task
 
     def _clear_episode(self) -> None:
         self.__dict__.update(
@@ -591,6 +592,17 @@ def _unknown_attribute(env: ToolUseEnv, name: str) -> str:
         f"{type(env).__name__} has no attribute {name[:80]!r}; the ones that can change after gym.make are "
         f"{', '.join(SETTABLE_ATTRIBUTES)}"
     )
+
+
+def _schema_parts(tools: Iterable[Tool], facts: dict[str, Any]) -> tuple[tuple[str, dict[str, Any]], ...]:
+    """Each tool's ``schema(facts)`` as ``(type, function)``: every reset copies the ``function`` dict."""
+    parts = []
+    for tool in tools:
+        schema = tool.schema(facts)
+        if set(schema) != {"type", "function"}:
+            raise ValueError(f"tool {tool.name!r}: schema() must return {{'type', 'function'}} only, got {sorted(schema)}")
+        parts.append((schema["type"], schema["function"]))
+    return tuple(parts)
 
 
 def _default_max_steps(task: Task) -> int:

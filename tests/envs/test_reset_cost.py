@@ -130,7 +130,8 @@ def test_mutating_a_reset_info_does_not_reach_the_next_reset(env_id: str) -> Non
     assert obs1 == obs0 and info1 == expected
     assert list(info1) == list(expected)  # the key order too
     # The fixed part an env keeps per task holds immutable values only: nothing to share by mistake.
-    start = env.unwrapped._start_of(env.unwrapped.task)
+    start, task = env.unwrapped._start_of(env.unwrapped.task.seed)
+    assert task is env.unwrapped.task
     mutable = {key: type(value).__name__ for key, value in start.info.items() if not isinstance(value, IMMUTABLE)}
     assert mutable == {}
     env.close()
