@@ -7,6 +7,7 @@ The costs are counted (calls of a patched function), never timed; the speed itse
 from __future__ import annotations
 
 import copy
+import gc
 import pickle
 from typing import Any
 
@@ -18,6 +19,7 @@ from gymnasium.utils import seeding as gym_seeding
 import agentrl_envs.core
 from agentrl_envs.actions import format_call
 from agentrl_envs.seeding import DRAW_HIGH
+from agentrl_envs.tasks.sampler import clear_task_cache
 from tests.conftest import ENV_IDS
 
 IMMUTABLE = (str, int, float, bool, type(None))
@@ -144,4 +146,20 @@ def test_a_pickled_env_leaves_its_per_task_starts_behind() -> None:
     assert clone.unwrapped._starts == {} and env.unwrapped._starts
     assert clone.reset(seed=2) == (obs, info)
     clone.close()
+    env.close()
+
+
+def test_per_task_starts_are_bounded_and_let_go_of_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An env keeps at most _STARTS_PER_ENV starts, holds their tasks weakly, and resets the same either way."""
+    monkeypatch.setattr(agentrl_envs.core, "_STARTS_PER_ENV", 2)
+    env = gym.make("AgentRL/SQL-v0")
+    core = env.unwrapped
+    first = [env.reset(seed=s) for s in range(5)]
+    assert len(core._starts) <= 2
+    assert [env.reset(seed=s) for s in range(5)] == first
+    clear_task_cache()  # the process-wide cache lets go of every task: the env's starts must not keep them
+    env.reset(seed=0, options={"task_seed": 10**6})  # the current episode no longer holds a task of seeds 0-4
+    gc.collect()
+    assert all(start.task_ref() is None for seed, start in core._starts.items() if seed != 10**6)
+    assert [env.reset(seed=s) for s in range(5)] == first  # made again, the same
     env.close()
