@@ -9,8 +9,11 @@ It does not know whether the backend is simulated or real.
 from __future__ import annotations
 
 import numbers
+import os
 import time
-import uuid
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -25,6 +28,7 @@ from agentrl_envs.faults.stats import FaultStats, classify, penalized
 from agentrl_envs.observation_text import clip, printable
 from agentrl_envs.rewards import RewardConfig, zero_components
 from agentrl_envs.rewards.schedule import AuxRewardConfig, parse_aux_reward
+from agentrl_envs.seeding import LazyNpRandom
 from agentrl_envs.spaces import UnicodeText
 from agentrl_envs.tasks import TaskSampler
 from agentrl_envs.tasks.base import Task
@@ -70,14 +74,40 @@ _FIXED_ATTRIBUTES = {
 }
 # Public attributes Gymnasium itself sets on an env after construction.
 _GYMNASIUM_ATTRIBUTES = frozenset({"spec", "np_random"})
+#: Task seeds whose episode start an env keeps (:class:`_EpisodeStart`, ~1.5 kB each); emptied when full.
+_STARTS_PER_ENV = 256
+_ZERO_COMPONENTS = zero_components()
 
 
-class ToolUseEnv(gym.Env[str, str]):
+@dataclass(frozen=True, slots=True)
+class _EpisodeStart:
+    """What every reset of one task in one env returns or sets, worked out at its first reset.
+
+    ``info`` holds the reset info's keys in their order; its values are immutable (str, int, bool,
+    None), and the mutable ones (``reward_components``, ``tool_result``, ``fault``, ``tools``) are
+    made fresh by every reset, so no caller's change to one reset's info reaches the next.
+    """
+
+    task_ref: weakref.ref[Task]
+    observation: str
+    transcript_head: str
+    sender: str
+    mail_domains: tuple[str, ...] | None
+    max_steps: int
+    info: dict[str, Any]
+
+
+class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
     """Base class of the agentrl envs; subclasses set ``kind`` and ``tool_names`` and an env card."""
 
     metadata = {"render_modes": ["ansi"], "render_fps": 4}  # noqa: RUF012 - Gymnasium's own convention
     kind: ClassVar[str] = "pipeline"
     tool_names: ClassVar[tuple[str, ...]] = ("sql", "python", "smtp", "finish")
+    # Episode counters, set by _clear_episode and reset (through __dict__: no __setattr__ checks).
+    _steps: int
+    _max_steps: int
+    _virtual_time: float
+    _done: bool
 
     def __init__(
         self,
@@ -148,55 +178,57 @@ class ToolUseEnv(gym.Env[str, str]):
         self._fault_stats = FaultStats()
         self._task: Task | None = None
         self._episode_id: str | None = None
-        self._progress: Progress | None = None
+        self._progress_state: Progress | None = None  # made at the episode's first use (see _progress)
         self._transcript: list[str] = []
         self._prev_tool: str | None = None
+        self._starts: dict[int, _EpisodeStart] = {}  # by task seed
+        self._schemas: tuple[tuple[str, dict[str, Any]], ...] = ()  # info["tools"], copied per reset
         self._clear_episode()
         self._frozen = True  # from here on, __setattr__ validates or refuses public attributes
 
     # -- gymnasium API ---------------------------------------------------------------------------
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
-        """Start an episode. ``options={"task_seed": n}`` picks a task directly (same n, same task)."""
-        super().reset(seed=seed)
+        """Start an episode. ``options={"task_seed": n}`` picks a task directly (same n, same task).
+
+        A reset of a task seen before is a few dictionary operations: the task comes from the
+        process-wide cache, its observation and the fixed part of its info from this env's
+        :class:`_EpisodeStart`, ``np_random`` is built only when something reads it
+        (:mod:`agentrl_envs.seeding`) and the episode opens on an in-process service at its first call.
+        """
+        if type(seed) is int and seed >= 0:
+            self._seed_lazily(seed)
+        else:
+            super().reset(seed=seed)  # seed=None keeps the stream; gymnasium refuses a bad seed
         self._close_episode()
         options = options or {}
         task_seed = options.get("task_seed")
         if task_seed is None:
-            task_seed = int(self.np_random.integers(0, 2**31 - 1))
+            task_seed = self._draw()
         elif not isinstance(task_seed, int) or isinstance(task_seed, bool) or task_seed < 0:
             raise ConfigError(f"options['task_seed']={task_seed!r}: use a non-negative int")
-        task = self._sampler.sample(task_seed)
-        fault_seed = int(self.np_random.integers(0, 2**31 - 1))
+        start, task = self._start_of(task_seed)
+        fault_seed = self._draw()
         backend = self._get_backend()
-        episode_id = "ep-" + uuid.uuid4().hex[:20]
-        sender = f"agent@{_mail_domain(task)}"
-        domains = (_mail_domain(task),) if self.mail_domains == "company" else self.mail_domains
+        episode_id = "ep-" + os.urandom(10).hex()
         setup = EpisodeSetup(
-            episode_id,
-            task.database,
-            task.files,
-            sender=sender,
-            seed=fault_seed,
-            mail_domains=tuple(domains) if domains is not None else None,
+            episode_id, task.database, task.files, sender=start.sender, seed=fault_seed, mail_domains=start.mail_domains
         )
         backend.open_episode(setup)
-        self._fault_stats = FaultStats()
-        self._task, self._episode_id = task, episode_id
-        self._progress = Progress(task)
-        self._steps = 0
-        self._virtual_time = 0.0
-        self._prev_tool = None
-        self._done = False
-        self._max_steps = self.max_steps_arg or _default_max_steps(task)
-        self._transcript = [f"[task {task.task_id}]\n{task.instruction}"]
-        info = self._info(tool=None, result={})
-        info["instruction"] = task.instruction
-        info["tools"] = [tool.schema(self._backend_facts) for tool in self.tools.values()]
-        info["system_prompt"] = self.system_prompt()
-        info["max_steps"] = self._max_steps
+        d = self.__dict__  # private fields: no need for __setattr__'s checks
+        d["_fault_stats"] = FaultStats()
+        d["_task"] = task
+        d["_episode_id"] = episode_id
+        d["_max_steps"] = start.max_steps
+        d["_transcript"] = [start.transcript_head]  # the other fields are as _close_episode left them
+        info = start.info.copy()
+        info["reward_components"] = _ZERO_COMPONENTS.copy()
+        info["tool_result"] = {}
+        info["fault"] = {}
+        info["sandbox_tier"] = self._sandbox_tier or "unknown"
+        info["tools"] = [{"type": kind, "function": function.copy()} for kind, function in self._schemas]
         self._add_candidates(info, task.instruction)
-        return self._observe(task.instruction), info
+        return start.observation, info
 
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         if not isinstance(action, str):
@@ -307,6 +339,14 @@ class ToolUseEnv(gym.Env[str, str]):
     def task(self) -> Task | None:
         """The current episode's task (None before the first reset)."""
         return self._task
+
+    @property
+    def _progress(self) -> Progress | None:
+        """The episode's :class:`Progress`, made at its first use (many episodes end before a step)."""
+        progress = self._progress_state
+        if progress is None and self._task is not None:
+            progress = self.__dict__["_progress_state"] = Progress(self._task)
+        return progress
 
     # -- internals -------------------------------------------------------------------------------
 
@@ -454,19 +494,69 @@ class ToolUseEnv(gym.Env[str, str]):
             )
             self._sandbox_tier = getattr(backend, "sandbox_tier", None)
             self._backend_facts = {"numpy": bool(getattr(backend, "numpy_available", False))}
+            self._schemas = _schema_parts(self.tools.values(), self._backend_facts)
             self._backend = FaultInjectingBackend(backend, self.profile) if self.profile.injects else backend
         return self._backend
 
+    def _start_of(self, task_seed: int) -> tuple[_EpisodeStart, Task]:
+        """The task of ``task_seed`` and this env's :class:`_EpisodeStart` of it, worked out at its first reset.
+
+        A start holds its task weakly: one the process-wide task cache let go is sampled (made) again.
+        """
+        start = self._starts.get(task_seed)
+        if start is not None:
+            task = start.task_ref()
+            if task is not None:
+                return start, task
+        task = self._sampler.sample(task_seed)
+        max_steps = self.max_steps_arg or _default_max_steps(task)
+        info = {
+            "task_id": task.task_id,
+            "domain": task.domain,
+            "split": task.split,
+            "step": 0,
+            "reward_components": None,
+            "tool": None,
+            "tool_result": None,
+            "fault": None,
+            "virtual_time_s": 0.0,
+            "subtask_index": Progress(task).subtask_index(),  # also checks every step has a progress rule
+            "subtask_boundary": False,
+            "sandbox_tier": None,
+            "call_format": "none",
+            "instruction": task.instruction,
+            "tools": None,
+            "system_prompt": self.system_prompt(),
+            "max_steps": max_steps,
+        }
+        mail_domain = _mail_domain(task)
+        domains = (mail_domain,) if self.mail_domains == "company" else self.mail_domains
+        start = _EpisodeStart(
+            task_ref=weakref.ref(task),
+            observation=self._observe(task.instruction),
+            transcript_head=f"[task {task.task_id}]\n{task.instruction}",
+            sender=f"agent@{mail_domain}",
+            mail_domains=tuple(domains) if domains is not None else None,
+            max_steps=max_steps,
+            info=info,
+        )
+        if len(self._starts) >= _STARTS_PER_ENV:
+            self._starts.clear()
+        self._starts[task_seed] = start
+        return start, task
+
     def _clear_episode(self) -> None:
-        self._task = None
-        self._episode_id = None
-        self._progress = None
-        self._steps = 0
-        self._max_steps = 0
-        self._virtual_time = 0.0
-        self._prev_tool = None
-        self._done = False
-        self._transcript = []
+        self.__dict__.update(
+            _task=None,
+            _episode_id=None,
+            _progress_state=None,
+            _steps=0,
+            _max_steps=0,
+            _virtual_time=0.0,
+            _prev_tool=None,
+            _done=False,
+            _transcript=[],
+        )
 
     def _close_episode(self) -> None:
         if self._episode_id is not None and self._backend is not None:
@@ -479,14 +569,15 @@ class ToolUseEnv(gym.Env[str, str]):
         state = dict(self.__dict__)
         state["_backend"] = None
         state["_sampler"] = None
-        for key in ("_task", "_episode_id", "_progress"):
+        state["_starts"] = {}
+        for key in ("_task", "_episode_id", "_progress_state"):
             state[key] = None
         state["_done"] = False
         state["_transcript"] = []
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        self.__dict__.update({"_progress_state": None, "_starts": {}, "_schemas": (), **state})
         self._sampler = TaskSampler(self.kind, self.split, self.domain, self.long_horizon)
 
     def __del__(self) -> None:
@@ -501,6 +592,17 @@ def _unknown_attribute(env: ToolUseEnv, name: str) -> str:
         f"{type(env).__name__} has no attribute {name[:80]!r}; the ones that can change after gym.make are "
         f"{', '.join(SETTABLE_ATTRIBUTES)}"
     )
+
+
+def _schema_parts(tools: Iterable[Tool], facts: dict[str, Any]) -> tuple[tuple[str, dict[str, Any]], ...]:
+    """Each tool's ``schema(facts)`` as ``(type, function)``: every reset copies the ``function`` dict."""
+    parts = []
+    for tool in tools:
+        schema = tool.schema(facts)
+        if set(schema) != {"type", "function"}:
+            raise ValueError(f"tool {tool.name!r}: schema() must return {{'type', 'function'}} only, got {sorted(schema)}")
+        parts.append((schema["type"], schema["function"]))
+    return tuple(parts)
 
 
 def _default_max_steps(task: Task) -> int:
