@@ -165,7 +165,8 @@ def test_an_episode_costs_few_tracked_objects_and_closing_frees_it_without_the_c
     app = SimulatorApp(python_sandbox=False)
     try:
         assert app.put_database(FP, {"tables": TABLES})[0] == 204
-        _open(app, "warm")
+        warm = _open(app, "warm")  # with a query: the SQL watchdog thread and helpers start here, not below
+        assert app.handle_bytes("POST", "/v1/episodes/warm/sql", b'{"query": "SELECT 1"}', warm)[0] == 200
         app.close_episode("warm")
         gc.collect()
         gc.disable()  # what closing frees must go by reference counting alone
@@ -311,5 +312,26 @@ def test_pending_query_results_take_a_few_allocations_per_episode_not_a_few_per_
         with open(os.path.join(workspace, "results", "q451.csv"), "rb") as f:
             assert f.read() == b"v\nv7\n"
         assert episode.pending_bytes == 0
+    finally:
+        app.close()
+
+
+def test_an_open_episode_takes_few_small_object_blocks() -> None:
+    """Blocks of CPython's small-object allocator per open episode (each query done): what the
+    arenas that may stay after closing hold at the peak. 49 with a ``replace`` closure and a refusal
+    callback per connection; 37 with the SQL functions shared and the database record slotted."""
+    app = SimulatorApp(python_sandbox=False)
+    try:
+        assert app.put_database(FP, {"tables": TABLES})[0] == 204
+        query = b'{"query": "SELECT v FROM t WHERE id = 3"}'
+        for i in range(20):  # warm: free lists, the statement and function caches
+            assert app.handle_bytes("POST", f"/v1/episodes/w{i}/sql", query, _open(app, f"w{i}"))[0] == 200
+        gc.collect()
+        before = sys.getallocatedblocks()
+        for i in range(200):
+            assert app.handle_bytes("POST", f"/v1/episodes/b{i}/sql", query, _open(app, f"b{i}"))[0] == 200
+        gc.collect()
+        per_episode = (sys.getallocatedblocks() - before) / 200
+        assert per_episode <= 42, per_episode
     finally:
         app.close()
