@@ -93,7 +93,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--python-workers", type=_positive, default=4, help="threads running Python calls (default 4)")
     p.add_argument(
-        "--per-client", type=_positive, default=64, help="calls one client address may have in flight; 429 past it (default 64)"
+        "--per-client",
+        type=_positive,
+        default=1024,
+        help="calls one client address may have in flight (every loopback client shares one); 429 past it (default 1024)",
     )
     p.add_argument(
         "--workers",

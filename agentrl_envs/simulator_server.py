@@ -16,12 +16,25 @@ are owned by the client that opened them and template databases are content-addr
 
 Limits (:class:`ServeLimits`): ``GET /health`` and ``GET /openapi.json`` are answered on the event
 loop, never behind a worker. Python calls, SQL calls and everything else run in three separate
-thread pools ("lanes"), so slow Python runs never hold up a query or an episode open. Each lane
-admits ``workers * (1 + queue_per_worker)`` calls at once and one client (a peer address) at most
-``per_client`` calls over all lanes; a call past either bound is answered at once with 429
-``server_busy`` and a ``Retry-After`` (the ``http`` backend waits and retries it). A template
-upload may be up to ``max_upload_bytes`` (read as it streams in; 413 past it, naming the setting);
-every other body stays within 8 MiB.
+thread pools ("lanes"), so slow Python runs never hold up a query or an episode open. A lane
+admits a call while the wait it would have for a worker, estimated from the lane's recent service
+times, is within ``retry_after_s`` (a 429 asks the client to come back after that long, so
+refusing a call that would have waited less only makes it slower), and never more than ``workers *
+(1 + queue_per_worker)`` calls at once; one client (a peer address) may have at most
+``per_client`` calls admitted over all lanes, and the admitted calls' bodies together at most
+``max_queued_bytes``. A call past any bound is answered at once with 429 ``server_busy`` and a
+``Retry-After`` (the ``http`` backend waits and retries it).
+
+Why a wait and not only a count (issue #16): at 500 point lookups/s per process, the old fixed
+bound of 36 calls was 72 ms of arrivals, and a server process on a shared 2-core machine stops
+that long now and then (the OS runs something else; a full collection while episodes open): a
+few of 60,000 calls were answered 429 although each would have waited well under a second. A
+point lookup holds a worker ~0.3-2 ms, so the SQL lane now queues up to its cap (1,004 calls, ~2 s
+of arrivals at that rate), while a lane of 2 s queries or 5 s Python runs admits only what it can
+start within a second.
+
+A template upload may be up to ``max_upload_bytes`` (read as it streams in; 413 past it, naming
+the setting); every other body stays within 8 MiB.
 
 Scale (:mod:`agentrl_envs.simulator_server_processes`): ``serve(workers=N)`` (``agentrl-envs serve --workers
 N``) runs N server processes, one port each, and the ``http`` backend given all their URLs keeps
@@ -38,6 +51,7 @@ import hmac
 import ipaddress
 import json
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +71,8 @@ __all__ = ["ServeLimits", "SimulatorServer", "check_bind", "serve"]
 
 _INLINE = {("GET", "/health"), ("GET", "/openapi.json")}
 MIN_TOKEN_CHARS = 16
+#: weight of the latest call in a lane's moving average of service times
+SERVICE_WEIGHT = 1 / 16
 
 Answer = tuple[int, bytes, dict[str, str]]
 
@@ -69,26 +85,34 @@ class ServeLimits:
         python_workers: threads running Python tool calls (each waits on one sandboxed program).
         sql_workers: threads running SQL calls.
         workers: threads for everything else: episodes, files, mail, template uploads.
-        queue_per_worker: calls that may wait for a worker of their lane, per worker; a lane
-            admits ``workers * (1 + queue_per_worker)`` calls and answers 429 past that.
+        queue_per_worker: calls that may wait for a worker of their lane, per worker: a lane never
+            admits more than ``workers * (1 + queue_per_worker)`` calls, and fewer while its
+            estimated wait for a worker would pass ``retry_after_s``; 429 past that.
         per_client: calls one client (one peer address; every loopback client shares one) may have
             admitted at once over all lanes; 429 past that.
-        retry_after_s: the ``Retry-After`` of a 429, in whole seconds.
+        retry_after_s: the ``Retry-After`` of a 429, in whole seconds, and the longest wait for a
+            worker a lane admits a call to.
         max_upload_bytes: the largest template database upload (JSON bytes); 413 past it.
+        max_queued_bytes: request body bytes the admitted calls may hold together (a call is
+            always admitted when no other is in flight); 429 past that.
     """
 
     python_workers: int = 4
     sql_workers: int = 4
     workers: int = 4
-    queue_per_worker: int = 8
-    per_client: int = 64
+    queue_per_worker: int = 250
+    per_client: int = 1024
     retry_after_s: int = 1
     max_upload_bytes: int = MAX_UPLOAD_BYTES
+    max_queued_bytes: int = 256 << 20
 
     def __post_init__(self) -> None:
         upload = self.max_upload_bytes
         if not isinstance(upload, int) or isinstance(upload, bool) or not 1 <= upload <= 1 << 40:
             raise ConfigError(f"ServeLimits.max_upload_bytes={upload!r}: use a number of bytes from 1 to 2**40")
+        queued = self.max_queued_bytes
+        if not isinstance(queued, int) or isinstance(queued, bool) or not 1 <= queued <= 1 << 40:
+            raise ConfigError(f"ServeLimits.max_queued_bytes={queued!r}: use a number of bytes from 1 to 2**40")
         for name in ("python_workers", "sql_workers", "workers", "per_client", "retry_after_s"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 4096:
@@ -98,13 +122,29 @@ class ServeLimits:
 
 
 class _Lane:
-    """One thread pool and the count of calls it has admitted (touched only on the event loop)."""
+    """One thread pool, the calls it has admitted and how long its calls hold a worker.
 
-    def __init__(self, name: str, workers: int, queue_per_worker: int) -> None:
+    Touched only on the event loop. ``service_s`` is a moving average (weight ``SERVICE_WEIGHT``
+    per call) of the seconds a call spent in its worker, waits for the GIL included; with every
+    worker busy the lane finishes about ``workers / service_s`` calls per second.
+    """
+
+    def __init__(self, name: str, workers: int, queue_per_worker: int, max_wait_s: float) -> None:
         self.name = name
         self.executor = ThreadPoolExecutor(workers, thread_name_prefix=f"agentrl-serve-{name}")
+        self.workers = workers
         self.limit = workers * (1 + queue_per_worker)
+        self.max_wait_s = max_wait_s
         self.admitted = 0
+        self.service_s = 0.0
+
+    def expected_wait_s(self) -> float:
+        """Seconds a call admitted now would wait for a worker (0 while one is free)."""
+        return max(0, self.admitted + 1 - self.workers) * self.service_s / self.workers
+
+    def served(self, seconds: float) -> None:
+        """Count a finished call's time in its worker into ``service_s``."""
+        self.service_s += SERVICE_WEIGHT * (seconds - self.service_s)
 
 
 class SimulatorServer:
@@ -138,11 +178,12 @@ class SimulatorServer:
         self._token = token.encode() if token is not None else None
         lim = self.limits
         self._lanes = {
-            "python": _Lane("python", lim.python_workers, lim.queue_per_worker),
-            "sql": _Lane("sql", lim.sql_workers, lim.queue_per_worker),
-            "control": _Lane("control", lim.workers, lim.queue_per_worker),
+            "python": _Lane("python", lim.python_workers, lim.queue_per_worker, lim.retry_after_s),
+            "sql": _Lane("sql", lim.sql_workers, lim.queue_per_worker, lim.retry_after_s),
+            "control": _Lane("control", lim.workers, lim.queue_per_worker, lim.retry_after_s),
         }
         self._per_client: collections.Counter[str] = collections.Counter()
+        self._queued_bytes = 0
         #: calls answered 429 ``server_busy`` so far
         self.busy_answers = 0
 
@@ -221,28 +262,51 @@ class SimulatorServer:
             at_s = 0.0
         lane = self._lanes[_lane_of(method, path)]
         client = str((scope.get("client") or ("",))[0])
-        if lane.admitted >= lane.limit or self._per_client[client] >= self.limits.per_client:
+        refused = self._refusal(lane, client, len(body))
+        if refused is not None:
             self.busy_answers += 1
-            who = "this client's" if self._per_client[client] >= self.limits.per_client else f"the {lane.name} lane's"
             after = self.limits.retry_after_s
             return _error(
                 429,
                 "server_busy",
-                f"the server is at {who} limit of calls in flight; retry after {after} s (see ServeLimits)",
+                f"the server is at {refused}; retry after {after} s (see ServeLimits)",
                 {"retry-after": str(after)},
                 retry_after_s=after,
             )
         lane.admitted += 1
         self._per_client[client] += 1
+        self._queued_bytes += len(body)
         try:
             loop = asyncio.get_running_loop()
             token = headers.get(EPISODE_TOKEN_HEADER.lower())
-            return await loop.run_in_executor(lane.executor, self.dispatch, method, path, body, at_s, token)
+            answer, seconds = await loop.run_in_executor(lane.executor, self._timed_dispatch, method, path, body, at_s, token)
+            lane.served(seconds)
+            return answer
         finally:
             lane.admitted -= 1
+            self._queued_bytes -= len(body)
             self._per_client[client] -= 1
             if not self._per_client[client]:
                 del self._per_client[client]
+
+    def _refusal(self, lane: _Lane, client: str, size: int) -> str | None:
+        """The bound a new call would pass, in words for its 429; None when it is admitted."""
+        if self._per_client[client] >= self.limits.per_client:
+            return f"this client's limit of {self.limits.per_client} calls in flight"
+        if lane.admitted >= lane.limit:
+            return f"the {lane.name} lane's limit of {lane.limit} calls in flight"
+        if lane.expected_wait_s() > lane.max_wait_s:
+            return f"the {lane.name} lane's limit: a call would wait ~{lane.expected_wait_s():.1f} s for a worker"
+        if self._queued_bytes and self._queued_bytes + size > self.limits.max_queued_bytes:
+            return f"its limit of {self.limits.max_queued_bytes:,} request body bytes in flight"
+        return None
+
+    def _timed_dispatch(
+        self, method: str, path: str, body: bytes | bytearray, at_s: float, token: str | None
+    ) -> tuple[Answer, float]:
+        start = time.perf_counter()
+        answer = self.dispatch(method, path, body, at_s, token)
+        return answer, time.perf_counter() - start
 
     def _authorized(self, headers: dict[str, str]) -> bool:
         scheme, _, value = headers.get("authorization", "").partition(" ")

@@ -45,6 +45,7 @@ in-process surface and take no token.
 
 from __future__ import annotations
 
+import array
 import base64
 import hashlib
 import hmac
@@ -85,6 +86,53 @@ EPISODE_ID = _EPISODE_ID
 _FINGERPRINT = re.compile(r"^(?:[A-Za-z0-9_.-]{0,100}-)?([0-9a-f]{16,64})$")
 
 
+class PendingResults:
+    """The query results (``results/qN.csv``) of one episode not written to its workspace yet.
+
+    They are kept in one growing buffer with an array of (N, end offset) pairs, not as a bytes
+    object and a path per result in a dict: a server holds thousands of episodes with hundreds of
+    small results each, and small objects live in CPython's 1 MiB allocator arenas, which go back
+    to the system only when every object in them is freed (after closing every episode, a server
+    process's residue above its start-up size is such arenas, pinned by a few long-lived objects
+    such as its connections). 400 results took 802 small-object blocks as a dict, under 50 this way
+    (``tests/simulators/test_serve_scale.py``); a buffer past 512 bytes lives in ``malloc``'d
+    memory, which :func:`simulators.memory.release_memory` returns.
+    """
+
+    __slots__ = ("_data", "_index")
+
+    def __init__(self) -> None:
+        self._data = bytearray()
+        self._index = array.array("Q")  # N, end offset, N, end offset, ...
+
+    def add(self, number: int, data: bytes) -> None:
+        """Keep the CSV of query ``number`` (its file is ``results/q{number}.csv``)."""
+        self._data += data
+        self._index.extend((number, len(self._data)))
+
+    def __len__(self) -> int:
+        return len(self._index) // 2
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of CSV held."""
+        return len(self._data)
+
+    def take(self) -> dict[str, bytes]:
+        """The results as ``{"results/qN.csv": bytes}``, forgotten here."""
+        files, start, data, index = {}, 0, self._data, self._index
+        for i in range(0, len(index), 2):
+            files[f"{RESULTS}/q{index[i]}.csv"] = bytes(data[start : index[i + 1]])
+            start = index[i + 1]
+        self.clear()
+        return files
+
+    def clear(self) -> None:
+        """Drop every result (and the buffers' memory)."""
+        self._data = bytearray()
+        self._index = array.array("Q")
+
+
 @dataclass(slots=True)
 class _Episode:
     """One open episode. Its workspace directory is created on first use (a Python run, a mail
@@ -106,8 +154,7 @@ class _Episode:
     # an HTTP client may send concurrent calls for the same episode.
     lock: threading.Lock = field(default_factory=threading.Lock)
     # Query results (CSV as UTF-8 bytes) not yet written to the workspace (see ``workspace``).
-    pending: dict[str, bytes] = field(default_factory=dict)
-    pending_bytes: int = 0
+    pending: PendingResults = field(default_factory=lambda: PendingResults())
     # State a tool's route keeps for the episode, by tool (the http tool's company service); made on first use.
     services: dict[str, Any] | None = None
     _path: str | None = None
@@ -131,11 +178,13 @@ class _Episode:
         if self._path is None:
             self._path = create_workspace(self.root, self.files)
         if self.pending:
-            results = dict(self.pending)
-            self.pending.clear()
-            self.pending_bytes = 0
-            write_files(self._path, results)
+            write_files(self._path, self.pending.take())
         return self._path
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of query results held in memory, not yet in the workspace."""
+        return self.pending.nbytes
 
     def discard(self) -> None:
         if self.database is not None:

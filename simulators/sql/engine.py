@@ -259,7 +259,7 @@ def _built(digest: str | None, tables: dict[str, dict[str, Any]]) -> bytes:
     return data
 
 
-@dataclass
+@dataclass(slots=True, weakref_slot=True)
 class ReadOnlyDatabase:
     """One episode's private, read-only copy of a template database.
 
@@ -273,7 +273,6 @@ class ReadOnlyDatabase:
     _raw: sqlite3.Connection = field(init=False, repr=False)
     _deadline: float = field(init=False, default=0.0, repr=False)
     _steps: int = field(init=False, default=0, repr=False)
-    _refusal: str | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         raw = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None, cached_statements=CACHED_STATEMENTS)
@@ -289,13 +288,10 @@ class ReadOnlyDatabase:
         # TEXT cells arrive already cut to what a result can show (a 100 kB value is not copied
         # whole into Python), and invalid UTF-8 shows as U+FFFD instead of failing the query.
         raw.text_factory = _decode_text
-        functions.register(raw, self._function_refused)
+        functions.register(raw, MAX_STRING_BYTES)
         raw.set_authorizer(_authorize)
         raw.set_progress_handler(self._progress, PROGRESS_STEPS)
         self._raw = raw
-
-    def _function_refused(self, message: str) -> None:
-        self._refusal = message
 
     def _progress(self) -> int:
         self._steps += PROGRESS_STEPS
@@ -317,7 +313,7 @@ class ReadOnlyDatabase:
         if "\x00" in sql:
             raise SQLError("bad_request", "query contains a NUL character")
         self._steps = 0
-        self._refusal = None
+        functions.take_refusal()  # none left over from a statement before
         start = time.perf_counter()
         self._deadline = start + self.deadline_s
         token = watchdog.arm(self._raw, self._deadline)
@@ -332,8 +328,9 @@ class ReadOnlyDatabase:
         except sqlite3.Warning:  # "You can only execute one statement at a time."
             raise SQLError("bad_request", "send one SQL statement per call") from None
         except sqlite3.Error as exc:
-            if self._refusal is not None:
-                raise SQLError("too_large", self._refusal) from None
+            refusal = functions.take_refusal()
+            if refusal is not None:
+                raise SQLError("too_large", refusal) from None
             raise _translate(exc, time.perf_counter() - start, self.deadline_s) from None
         except (OverflowError, ValueError, MemoryError, RecursionError) as exc:
             raise SQLError("error", f"{type(exc).__name__}: {exc}") from None

@@ -19,18 +19,22 @@ text with U+FFFD for the bad bytes (SQLite would carry the raw bytes into a TEXT
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["FunctionLimitError", "register"]
+__all__ = ["FunctionLimitError", "register", "take_refusal"]
 
 #: Up to this many distinct trim characters, ``str.strip(chars)`` (a C loop over the chars) is
 #: faster than a Python loop over a set; past it, the set keeps the cost linear.
 _STRIP_CHARS = 32
 
 _local = threading.local()
+#: Why a function refused during the statement this thread runs (a function runs in the thread of
+#: its statement): read by the caller with :func:`take_refusal`.
+_refusals = threading.local()
 
 
 class FunctionLimitError(Exception):
@@ -119,23 +123,37 @@ def _replace(limit: Callable[[], int]) -> Callable[[Any, Any, Any], Any]:
 _LTRIM, _RTRIM, _BOTH_TRIM = _trim(True, False), _trim(False, True), _trim(True, True)
 
 
-def register(conn: sqlite3.Connection, on_error: Callable[[str], None]) -> None:
-    """Register the linear-time functions on ``conn``; ``on_error`` hears why one refused.
+def take_refusal() -> str | None:
+    """Why a function refused (a :class:`FunctionLimitError`) since the last call in this thread; None if none did."""
+    message: str | None = getattr(_refusals, "message", None)
+    _refusals.message = None
+    return message
 
-    The stateless functions are shared by every connection; only ``replace`` (which reports to
-    ``on_error``) is made per connection, so an episode's database costs few tracked objects.
-    """
-    replace_within = _replace(lambda: conn.getlimit(sqlite3.SQLITE_LIMIT_LENGTH))
+
+@functools.lru_cache(maxsize=8)
+def _reporting_replace(max_length: int) -> Callable[..., Any]:
+    """``replace`` for connections whose length limit is ``max_length``, refusals kept for :func:`take_refusal`."""
+    replace_within = _replace(lambda: max_length)
 
     def replace(*args: Any) -> Any:
         try:
             return replace_within(*args)
         except FunctionLimitError as exc:
-            on_error(str(exc))
+            _refusals.message = str(exc)
             raise
 
+    return replace
+
+
+def register(conn: sqlite3.Connection, max_length: int) -> None:
+    """Register the linear-time functions on ``conn``, whose SQLITE_LIMIT_LENGTH is ``max_length``.
+
+    Every function is shared by all connections (none is made per connection, so an episode's
+    database costs few objects); why ``replace`` refused is read with :func:`take_refusal` in the
+    thread that ran the statement.
+    """
     conn.create_function("ltrim", 2, _LTRIM, deterministic=True)
     conn.create_function("rtrim", 2, _RTRIM, deterministic=True)
     conn.create_function("trim", 2, _BOTH_TRIM, deterministic=True)
     conn.create_function("instr", 2, _instr, deterministic=True)
-    conn.create_function("replace", 3, replace, deterministic=True)
+    conn.create_function("replace", 3, _reporting_replace(max_length), deterministic=True)

@@ -29,8 +29,7 @@ def handle(app: Any, episode: Any, payload: dict[str, Any]) -> Reply:
     episode.queries += 1
     csv_path = f"results/q{episode.queries}.csv"
     data = result.csv_text.encode("utf-8", "surrogatepass")  # bytes: not tracked by the cycle collector
-    episode.pending[csv_path] = data
-    episode.pending_bytes += len(data)
+    episode.pending.add(episode.queries, data)
     if episode.pending_bytes > MAX_PENDING_BYTES:
         episode.workspace  # noqa: B018 (writes the pending results out)
     reply: dict[str, Any] = {

@@ -165,7 +165,8 @@ def test_an_episode_costs_few_tracked_objects_and_closing_frees_it_without_the_c
     app = SimulatorApp(python_sandbox=False)
     try:
         assert app.put_database(FP, {"tables": TABLES})[0] == 204
-        _open(app, "warm")
+        warm = _open(app, "warm")  # with a query: the SQL watchdog thread and helpers start here, not below
+        assert app.handle_bytes("POST", "/v1/episodes/warm/sql", b'{"query": "SELECT 1"}', warm)[0] == 200
         app.close_episode("warm")
         gc.collect()
         gc.disable()  # what closing frees must go by reference counting alone
@@ -276,3 +277,61 @@ def test_a_template_over_the_old_8_mib_cap_uploads_and_serves() -> None:
             assert response.ok and response.result["rows"] == [[260_000, 259_999]]
         finally:
             backend.close()
+
+
+def test_pending_query_results_take_a_few_allocations_per_episode_not_a_few_per_query() -> None:
+    """Results wait in one buffer per episode: small-object blocks do not grow with the queries.
+
+    As a bytes object per result in a dict (2+ blocks per query), thousands of episodes with
+    hundreds of results each filled allocator arenas that stayed after the episodes closed.
+    """
+    app = SimulatorApp(python_sandbox=False)
+    try:
+        assert app.put_database(FP, {"tables": TABLES})[0] == 204
+        token = _open(app, "p")
+        query = b'{"query": "SELECT v FROM t WHERE id = %d"}'
+        for i in range(50):  # warm: the statement cache, free lists, the buffer past its small sizes
+            assert app.handle_bytes("POST", "/v1/episodes/p/sql", query % (i % 50 + 1), token)[0] == 200
+        gc.collect()
+        before = sys.getallocatedblocks()
+        for i in range(400):
+            assert app.handle_bytes("POST", "/v1/episodes/p/sql", query % (i % 50 + 1), token)[0] == 200
+        gc.collect()  # empties the free lists (tuples of rows sit there, counted as allocated)
+        grown = sys.getallocatedblocks() - before
+        assert grown < 50, grown  # 800+ with a bytes object and a key per result
+        episode = app._episodes["p"]
+        assert len(episode.pending) == 450 and episode.pending_bytes == sum(len(f"v\nv{i % 50 + 1}\n") for i in range(450))
+        files = episode.pending.take()
+        assert list(files)[:2] == ["results/q1.csv", "results/q2.csv"] and len(files) == 450
+        assert files["results/q450.csv"] == b"v\nv50\n"
+        assert len(episode.pending) == 0 and episode.pending_bytes == 0
+        # Written out when the workspace is made, and the buffer starts again empty.
+        assert app.handle_bytes("POST", "/v1/episodes/p/sql", query % 7, token)[0] == 200
+        workspace = app.workspace_of("p")
+        assert workspace is not None
+        with open(os.path.join(workspace, "results", "q451.csv"), "rb") as f:
+            assert f.read() == b"v\nv7\n"
+        assert episode.pending_bytes == 0
+    finally:
+        app.close()
+
+
+def test_an_open_episode_takes_few_small_object_blocks() -> None:
+    """Blocks of CPython's small-object allocator per open episode (each query done): what the
+    arenas that may stay after closing hold at the peak. 49 with a ``replace`` closure and a refusal
+    callback per connection; 37 with the SQL functions shared and the database record slotted."""
+    app = SimulatorApp(python_sandbox=False)
+    try:
+        assert app.put_database(FP, {"tables": TABLES})[0] == 204
+        query = b'{"query": "SELECT v FROM t WHERE id = 3"}'
+        for i in range(20):  # warm: free lists, the statement and function caches
+            assert app.handle_bytes("POST", f"/v1/episodes/w{i}/sql", query, _open(app, f"w{i}"))[0] == 200
+        gc.collect()
+        before = sys.getallocatedblocks()
+        for i in range(200):
+            assert app.handle_bytes("POST", f"/v1/episodes/b{i}/sql", query, _open(app, f"b{i}"))[0] == 200
+        gc.collect()
+        per_episode = (sys.getallocatedblocks() - before) / 200
+        assert per_episode <= 42, per_episode
+    finally:
+        app.close()
