@@ -1,7 +1,8 @@
 """Arrow and Parquet shards of trajectories: one row per step, flat columns, rolling files by size.
 
 A shard set is a folder of ``shard-00000.arrow`` (Arrow IPC stream format, uncompressed, read
-zero-copy through a memory map) or ``shard-00000.parquet`` (compressed: lz4 on the step text and zstd on the rest by default) files. Each row is one step;
+zero-copy through a memory map) or ``shard-00000.parquet`` (by default lz4 on the step text, zstd on
+the rest, page checksums verified on read) files. Each row is one step;
 trajectory fields repeat on every row of the trajectory, so ``reward``, ``log_prob``, ``value``
 and ``advantage`` are plain float64 columns. A trajectory never spans two files. Files are written
 under a temporary name and renamed when complete, so a reader never sees half a shard.
@@ -97,7 +98,7 @@ _COMPRESSION = ("mixed", "zstd", "lz4", "snappy", "none")
 _PARQUET_DICTIONARY = [*_TRAJ_STR, "tool"]
 _PARQUET_STATISTICS = ["traj_index", "step_index", "num_steps", "seed", "created_unix_ns", *_STEP_NUM]
 # compression="mixed" (the default): lz4 on the step text, which is most of a shard and which zstd makes
-# ~2x smaller but reads ~3x slower; no codec on the float32 arrays, which zstd shrinks by ~8% at twice
+# ~2x smaller but reads ~2x slower; no codec on the float32 arrays, which zstd shrinks by ~8% at twice
 # their read time; zstd on everything else (numbers, ids, token ids, reward-component names).
 _MIXED_LZ4 = ("prompt", "action", "observation", "observation_bytes")
 _MIXED_PLAIN = ("embedding", "token_log_probs")
@@ -113,7 +114,7 @@ def _leaf_paths(field: pa.Field) -> list[str]:
     return [field.name]
 
 
-def parquet_codecs(compression: str) -> str | dict[str, str]:
+def _parquet_codecs(compression: str) -> str | dict[str, str]:
     """The ``compression`` argument of ``pq.ParquetWriter`` for a :class:`ShardWriter` ``compression`` choice."""
     if compression != "mixed":
         return compression
@@ -493,7 +494,7 @@ class ShardWriter:
             self._writer = pq.ParquetWriter(
                 self._sink,
                 SCHEMA,
-                compression=parquet_codecs(self.compression),
+                compression=_parquet_codecs(self.compression),
                 use_dictionary=_PARQUET_DICTIONARY,
                 write_statistics=_PARQUET_STATISTICS,
                 write_page_checksum=True,  # every page carries a CRC32 that read_shards checks (plain pages too)
