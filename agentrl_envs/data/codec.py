@@ -108,17 +108,21 @@ def validate(traj: Trajectory, limits: Limits = DEFAULT_LIMITS, payload: bytes |
         raise InvalidTrajectoryError(
             f"the trajectory has {len(steps):,} steps, over the {limits.max_steps:,}-step cap; split it or raise Limits.max_steps"
         )
-    numbers = payload is None or _may_hold_non_finite(payload)
-    isfinite = math.isfinite
-    for i, step in enumerate(steps):
-        # One sum per step: it is finite only if every term is (or it overflowed; _check_scalars decides).
-        if numbers and not isfinite(step.reward + step.log_prob + step.value + step.advantage):
-            _check_scalars(i, step)
-        components = step.reward_components
-        if numbers and components and not isfinite(sum(map(components.__getitem__, components))):  # faster than .values()
-            _check_components(i, components)
-        if len(step.embedding) % 4 or len(step.token_log_probs) % 4 or len(step.token_ids) % 4:
-            _check_arrays(i, step)
+    if payload is None or _may_hold_non_finite(payload):
+        isfinite = math.isfinite
+        for i, step in enumerate(steps):
+            # One sum per step: it is finite only if every term is (or it overflowed; _check_scalars decides).
+            if not isfinite(step.reward + step.log_prob + step.value + step.advantage):
+                _check_scalars(i, step)
+            components = step.reward_components
+            if components and not isfinite(sum(map(components.__getitem__, components))):  # faster than .values()
+                _check_components(i, components)
+            if (len(step.embedding) | len(step.token_log_probs) | len(step.token_ids)) & 3:
+                _check_arrays(i, step)
+    else:  # the payload proves every number finite: only the array sizes are left (each field read costs ~0.1 us in upb)
+        for i, step in enumerate(steps):
+            if (len(step.embedding) | len(step.token_log_probs) | len(step.token_ids)) & 3:
+                _check_arrays(i, step)
     if payload is None or len(payload) > limits.smallest_field_cap:
         _check_sizes(traj, limits)
 

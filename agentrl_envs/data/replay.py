@@ -293,7 +293,7 @@ class ReplayBuffer:
             seq = self._next_seq
             pos = self._make_room(span)
             mm, start = self._mm, HEADER_PAGE + pos
-            crc = ring.crc_extend(self._salt, payload)
+            crc = ring.crc32c(payload, self._salt)
             if _crash_phase is None:
                 mm[start + HEADER_SIZE : start + HEADER_SIZE + length] = payload
             else:
@@ -551,7 +551,7 @@ class ReplayBuffer:
             return None
         start = HEADER_PAGE + entry.off + HEADER_SIZE
         payload = mm[start : start + entry.length]
-        if ring.crc_extend(salt, payload) != entry.crc:
+        if ring.crc32c(payload, salt) != entry.crc:
             return None
         if self._readonly and ring.parse_header(mm, entry.off, salt, HEADER_PAGE, self._capacity) != entry:
             return None  # evicted while we copied (the header is zeroed before the payload is touched)
@@ -587,7 +587,7 @@ class ReplayBuffer:
     def _write_hint(self) -> None:
         head = self._order[0].seq if self._order else self._next_seq
         data = ring.HINT.pack(self._next_seq, head, self._tail, self._pid)  # only the writer (its own pid) writes it
-        data += ring.crc_extend(self._salt, data).to_bytes(4, "little")
+        data += ring.crc32c(data, self._salt).to_bytes(4, "little")
         if _crash_phase is None:
             self._mm[ring.HINT_OFFSET : ring.HINT_OFFSET + ring.HINT_SIZE] = data
         else:
@@ -598,7 +598,7 @@ class ReplayBuffer:
     def _read_hint(self) -> tuple[int, int, int, int] | None:
         for _ in range(3):  # a writer may be halfway through updating it
             data = self._mm[ring.HINT_OFFSET : ring.HINT_OFFSET + ring.HINT_SIZE]
-            if ring.crc_extend(self._salt, data[:-4]) == int.from_bytes(data[-4:], "little"):
+            if ring.crc32c(data[:-4], self._salt) == int.from_bytes(data[-4:], "little"):
                 next_seq, head, tail, pid = ring.HINT.unpack(data[:-4])
                 return next_seq, head, tail, pid
         return None

@@ -1,7 +1,8 @@
 """Arrow and Parquet shards of trajectories: one row per step, flat columns, rolling files by size.
 
 A shard set is a folder of ``shard-00000.arrow`` (Arrow IPC stream format, uncompressed, read
-zero-copy through a memory map) or ``shard-00000.parquet`` (zstd by default) files. Each row is one step;
+zero-copy through a memory map) or ``shard-00000.parquet`` (by default lz4 on the step text, zstd on
+the rest, page checksums verified on read) files. Each row is one step;
 trajectory fields repeat on every row of the trajectory, so ``reward``, ``log_prob``, ``value``
 and ``advantage`` are plain float64 columns. A trajectory never spans two files. Files are written
 under a temporary name and renamed when complete, so a reader never sees half a shard.
@@ -90,12 +91,35 @@ _STEP_NUM = ("reward", "log_prob", "value", "advantage")
 _STEP_BOOL = ("observation_truncated", "terminated", "truncated")
 _ARRAYS = (("embedding", np.float32), ("token_log_probs", np.float32), ("token_ids", np.int32))
 _SUFFIX = {"arrow": ".arrow", "parquet": ".parquet"}
-_COMPRESSION = ("zstd", "lz4", "snappy", "none")
+_COMPRESSION = ("mixed", "zstd", "lz4", "snappy", "none")
 # Parquet: dictionary-encode only the columns that repeat (per trajectory, or the tool name); a dictionary
 # on unique text or random floats fills up, falls back to plain pages and slows reads. Statistics
 # (min/max for filters) only on the number columns: on long text they cost space and read time.
 _PARQUET_DICTIONARY = [*_TRAJ_STR, "tool"]
 _PARQUET_STATISTICS = ["traj_index", "step_index", "num_steps", "seed", "created_unix_ns", *_STEP_NUM]
+# compression="mixed" (the default): lz4 on the step text, which is most of a shard and which zstd makes
+# ~2x smaller but reads ~2x slower; no codec on the float32 arrays, which zstd shrinks by ~8% at twice
+# their read time; zstd on everything else (numbers, ids, token ids, reward-component names).
+_MIXED_LZ4 = ("prompt", "action", "observation", "observation_bytes")
+_MIXED_PLAIN = ("embedding", "token_log_probs")
+
+
+def _leaf_paths(field: pa.Field) -> list[str]:
+    """The Parquet column paths a field writes to (a per-column codec is set on these leaves)."""
+    if pa.types.is_list(field.type):
+        item = field.type.value_type
+        if pa.types.is_struct(item):
+            return [f"{field.name}.list.element.{child.name}" for child in item]
+        return [f"{field.name}.list.element"]
+    return [field.name]
+
+
+def _parquet_codecs(compression: str) -> str | dict[str, str]:
+    """The ``compression`` argument of ``pq.ParquetWriter`` for a :class:`ShardWriter` ``compression`` choice."""
+    if compression != "mixed":
+        return compression
+    codec = {name: "lz4" if name in _MIXED_LZ4 else "none" if name in _MIXED_PLAIN else "zstd" for name in SCHEMA.names}
+    return {leaf: codec[field.name] for field in SCHEMA for leaf in _leaf_paths(field)}
 
 
 def trajectories_to_table(trajectories: Sequence[Trajectory], first_index: int = 0) -> pa.Table:
@@ -235,7 +259,8 @@ _VARINT_BYTES = 5  # enough for any length below 2**35
 
 def _from_parts(offsets: np.ndarray, data: bytes | np.ndarray) -> pa.Array:
     """A large_binary array from int64 offsets and the bytes they index."""
-    raw = data if isinstance(data, bytes) else np.ascontiguousarray(data).tobytes()
+    # Zero-copy: the Arrow buffers keep the numpy arrays alive (a tobytes() here copied every step's bytes once more).
+    raw = data if isinstance(data, bytes) else np.ascontiguousarray(data).reshape(-1).view(np.uint8)
     return pa.Array.from_buffers(pa.large_binary(), len(offsets) - 1, [None, pa.py_buffer(offsets), pa.py_buffer(raw)])
 
 
@@ -268,7 +293,7 @@ def _fixed(fields: Sequence[tuple[int, np.ndarray, str]]) -> pa.Array:
     for i, (tag, values, _) in enumerate(fields):
         record[f"t{i}"] = tag
         record[f"v{i}"] = values
-    return _from_parts(np.arange(len(record) + 1, dtype=np.int64) * record.dtype.itemsize, record.tobytes())
+    return _from_parts(np.arange(len(record) + 1, dtype=np.int64) * record.dtype.itemsize, record)
 
 
 def _delimited(tag: int, data: pa.Array) -> list[pa.Array]:
@@ -304,7 +329,7 @@ def _list_bytes(column: pa.ChunkedArray, dtype: type) -> pa.Array:
     bounds, values = _list_parts(column)
     size = np.dtype(dtype).itemsize
     data = np.asarray(_numbers(values, 0), dtype=np.dtype(dtype).newbyteorder("<"))
-    return _from_parts(np.asarray(bounds, dtype=np.int64) * size, data.tobytes())
+    return _from_parts(np.asarray(bounds, dtype=np.int64) * size, data)
 
 
 def _components_wire(column: pa.ChunkedArray) -> pa.Array:
@@ -363,8 +388,10 @@ class ShardWriter:
         batch_size: trajectories buffered in memory per written batch (a row group in Parquet).
         prefix: file name prefix.
         limits: caps checked on every append.
-        compression: Parquet's codec: ``"zstd"`` (smallest), ``"lz4"`` (reads faster, files ~35% larger),
-            ``"snappy"`` or ``"none"``. Arrow shards are never compressed.
+        compression: Parquet's codecs: ``"mixed"`` (the default: lz4 on the step text, none on the float32
+            arrays, zstd on the rest; whole-trajectory reads ~1.3x faster than ``"zstd"``, files ~30% larger),
+            ``"zstd"`` on every column (smallest), ``"lz4"``, ``"snappy"`` or ``"none"``. Arrow shards are
+            never compressed.
     """
 
     def __init__(
@@ -376,7 +403,7 @@ class ShardWriter:
         batch_size: int = 256,
         prefix: str = "shard",
         limits: Limits = DEFAULT_LIMITS,
-        compression: Literal["zstd", "lz4", "snappy", "none"] = "zstd",
+        compression: Literal["mixed", "zstd", "lz4", "snappy", "none"] = "mixed",
     ) -> None:
         if format not in _SUFFIX:
             raise ValueError(f"format={format!r}: use 'arrow' or 'parquet'")
@@ -467,9 +494,10 @@ class ShardWriter:
             self._writer = pq.ParquetWriter(
                 self._sink,
                 SCHEMA,
-                compression=self.compression,
+                compression=_parquet_codecs(self.compression),
                 use_dictionary=_PARQUET_DICTIONARY,
                 write_statistics=_PARQUET_STATISTICS,
+                write_page_checksum=True,  # every page carries a CRC32 that read_shards checks (plain pages too)
             )
 
     def _finish_file(self) -> None:
@@ -496,7 +524,10 @@ def shard_paths(path: str | os.PathLike[str]) -> list[Path]:
 def _read_one(path: Path, columns: Sequence[str] | None) -> pa.Table:
     try:
         if path.suffix == ".parquet":
-            return pq.read_table(path, columns=list(columns) if columns else None, memory_map=True)
+            # Pages written with a checksum are verified (files from before they were written read as before).
+            return pq.read_table(
+                path, columns=list(columns) if columns else None, memory_map=True, page_checksum_verification=True
+            )
         source = pa.memory_map(str(path))
         try:
             table = pa.ipc.open_stream(source).read_all()

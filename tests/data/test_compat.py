@@ -104,6 +104,23 @@ def test_old_replay_buffer_reads(ring_file: Path, readonly: bool) -> None:
             assert buf.get(seq) == expected[0]
 
 
+def test_ring_crc_matches_google_crc32c() -> None:
+    """The ring's CRC32C (the crc32c package's hardware one when present) is google-crc32c's, seeded the same way:
+    choosing the faster implementation never changes a file's checksums."""
+    import google_crc32c
+
+    from agentrl_envs.data import _ring
+
+    rng = np.random.default_rng(0)
+    for size in (0, 1, 7, 28, 31, 4096, 17_701, 70_000):
+        data = rng.integers(0, 256, size=size, dtype=np.uint8).tobytes()
+        for seed in (0, 1, 0xDEADBEEF, 0xFFFF_FFFF):
+            expected = google_crc32c.extend(seed, data)
+            assert _ring.crc32c(data, seed) == expected == _ring.crc_extend(seed, data)
+            assert _ring.crc32c(memoryview(data), seed) == expected
+    assert _ring.CRC_IMPLEMENTATION
+
+
 @pytest.mark.parametrize("fmt", ["arrow", "parquet"])
 def test_old_shards_read(fmt: str) -> None:
     expected = expected_trajectories()

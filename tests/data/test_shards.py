@@ -116,7 +116,7 @@ def test_refusals_and_damage(tmp_path: Path) -> None:
         writer.append(sample_traj(1))
     with pytest.raises(ValueError, match="format"):
         ShardWriter(tmp_path / "x", format="csv")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="compression='gzip': use one of 'zstd', 'lz4'"):
+    with pytest.raises(ValueError, match="compression='gzip': use one of 'mixed', 'zstd', 'lz4'"):
         ShardWriter(tmp_path / "x", format="parquet", compression="gzip")  # type: ignore[arg-type]
     with ShardWriter(tmp_path / "lz4", format="parquet", compression="lz4") as lz4:
         lz4.extend(many(3))
@@ -136,6 +136,50 @@ def test_refusals_and_damage(tmp_path: Path) -> None:
         read_table(tmp_path / "missing")
     (tmp_path / "empty-dir").mkdir()
     assert read_table(tmp_path / "empty-dir").num_rows == 0
+
+
+def _codecs(path: Path) -> dict[str, str]:
+    group = pq.ParquetFile(path).metadata.row_group(0)
+    return {group.column(i).path_in_schema: group.column(i).compression for i in range(group.num_columns)}
+
+
+@pytest.mark.parametrize("compression", ["mixed", "zstd"])
+def test_parquet_codecs_round_trip_and_damage(tmp_path: Path, compression: str) -> None:
+    """The default ("mixed") puts lz4 on step text, no codec on float arrays and zstd on every other leaf;
+    "zstd" is still zstd everywhere. Both read back exactly, and a damaged page is an error, not wrong data."""
+    trajs = many(9)
+    for traj in trajs:
+        traj.steps[-1].embedding = np.arange(8, dtype="<f4").tobytes()
+        traj.steps[-1].token_ids = np.arange(3, dtype="<i4").tobytes()
+    kwargs = {} if compression == "mixed" else {"compression": compression}
+    with ShardWriter(tmp_path / "s", format="parquet", **kwargs) as writer:  # type: ignore[arg-type]
+        writer.extend(trajs)
+    codecs = _codecs(writer.paths[0])
+    assert len(codecs) == len(pq.ParquetFile(writer.paths[0]).schema)  # every leaf column is listed
+    if compression == "zstd":
+        assert set(codecs.values()) == {"ZSTD"}
+    else:
+        assert codecs["observation"] == codecs["prompt"] == codecs["action"] == "LZ4"
+        assert codecs["embedding.list.element"] == codecs["token_log_probs.list.element"] == "UNCOMPRESSED"
+        assert codecs["token_ids.list.element"] == codecs["reward"] == codecs["reward_components.list.element.name"] == "ZSTD"
+        assert codecs["metadata.list.element.key"] == codecs["env_id"] == "ZSTD"
+    assert list(read_shards(tmp_path / "s")) == trajs
+    # Flip bytes inside each column's first data page (past its header), the plain float page included:
+    # the page checksums turn each into an error instead of wrong values.
+    group = pq.ParquetFile(writer.paths[0]).metadata.row_group(0)
+    original = writer.paths[0].read_bytes()
+    for i in range(group.num_columns):
+        column = group.column(i)
+        if column.total_compressed_size < 80:
+            continue
+        data = bytearray(original)
+        at = column.data_page_offset + column.total_compressed_size - 8  # the last bytes of the chunk: page data
+        data[at : at + 4] = bytes(b ^ 0x5A for b in data[at : at + 4])
+        writer.paths[0].write_bytes(bytes(data))
+        with pytest.raises(CorruptRecordError, match="not a readable"):
+            list(read_shards(tmp_path / "s"))
+    writer.paths[0].write_bytes(original)
+    assert list(read_shards(tmp_path / "s")) == trajs
 
 
 def test_table_helpers(tmp_path: Path) -> None:
