@@ -42,6 +42,8 @@ def run_filter(prog: bytes, nr: int, args: tuple[int, ...] = (), arch: int = 0xC
         elif code in (0x15, 0x35, 0x45):
             hit = acc == k if code == 0x15 else acc >= k if code == 0x35 else bool(acc & k)
             pc += 1 + (jt if hit else jf)
+        elif code == 0x05:  # JA
+            pc += 1 + k
         elif code == 0x06:
             return k
         else:
@@ -103,6 +105,18 @@ def test_filter_shape() -> None:
 )
 def test_filter_decisions(nr: int, args: tuple[int, ...], expected: int) -> None:
     assert run_filter(PROG, nr, args) == expected
+
+
+def test_filter_dispatch_runs_each_rule_for_its_number_only() -> None:
+    """The binary search over syscall numbers decides every number as its own rule does (the
+    rule's body run alone), and allows every number without a rule."""
+    table = _seccomp.rules()
+    allow = struct.pack("HBBI", 0x06, 0, 0, ALLOW)
+    probes = [(), (1, 1, 0), (2, 2, 2, 2, 2, 2), (0xFFFFFFFF, 0x5412, 0o6777, 0o6777, 0x1000, 1), (0x10000000, 0x8, 0, 0)]
+    for nr in range(1024):
+        body = b"".join(table[nr]) if nr in table else allow
+        for args in probes:
+            assert run_filter(PROG, nr, args) == run_filter(body, nr, args), (nr, args)
 
 
 def test_foreign_architecture_is_killed() -> None:
