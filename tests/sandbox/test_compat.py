@@ -125,6 +125,27 @@ def test_input_gets_eof(runner: SandboxRunner, tmp_path: Path) -> None:
     assert res.exit_code == 1 and "EOFError" in res.stderr and res.timed_out is False
 
 
+def test_stdio_objects_are_a_piped_interpreters(runner: SandboxRunner, tmp_path: Path) -> None:
+    """The stdio objects are made once in the zygote (on a pipe and /dev/null, as a program's are):
+    they answer as those of an interpreter with piped output would."""
+    code = (
+        "import sys\n"
+        "try:\n    sys.stdout.tell(); told = 'no error'\nexcept OSError:\n    told = 'OSError'\n"
+        "print(sys.stdout.seekable(), sys.stderr.seekable(), sys.stdout.line_buffering, sys.stderr.line_buffering,"
+        " sys.stdin.read() == '', told, sys.stdout is sys.__stdout__, sys.stdout.fileno(), sys.stderr.errors)"
+    )
+    res = _run(runner, code, tmp_path)
+    assert res.stdout == "False False False True True OSError True 1 backslashreplace\n", res.stderr
+
+
+def test_unflushed_output_never_reaches_another_run(runner: SandboxRunner, tmp_path: Path) -> None:
+    """Each run writes through its own copy of the zygote's stdio objects: what one run left in a
+    buffer (lost at os._exit, as in a cold interpreter) never shows up in the next."""
+    res = _run(runner, "import os, sys\nsys.stdout.write('left in the buffer')\nos._exit(0)", tmp_path)
+    assert (res.exit_code, res.stdout) == (0, "")
+    assert _run(runner, "print('next')", tmp_path).stdout == "next\n"
+
+
 def test_invalid_utf8_is_decoded_with_replacement(runner: SandboxRunner, tmp_path: Path) -> None:
     code = "import sys\nsys.stdout.buffer.write(b'a\\xff\\xfeb\\n')\nsys.stderr.buffer.write(b'\\xc3(')"
     res = _run(runner, code, tmp_path)
