@@ -346,8 +346,10 @@ def _print_exception(exc: BaseException) -> None:
 def _finish(code: int, report_fd: int) -> int:
     """What interpreter shutdown would do (join threads, run atexit, flush), then tell the host.
 
-    When nothing else of the run can still write (no other thread, no child), the program closes
-    its output and says "done": the host can answer without waiting for this process's exit.
+    When nothing else of the run can still write (no other thread, no child), the program flushes
+    and closes its output and says "done" in one go (one wake-up of the host, not one per step): the
+    host can answer without waiting for this process's exit. The host checks the same itself
+    before it believes a "done" (see :func:`._monitor._quiet`).
     """
     threading = sys.modules.get("threading")
     for step in (getattr(threading, "_shutdown", None), getattr(sys.modules.get("atexit"), "_run_exitfuncs", None)):
@@ -356,19 +358,24 @@ def _finish(code: int, report_fd: int) -> int:
                 step()
             except BaseException:
                 pass
+    try:
+        alone = len(os.listdir("/proc/self/task")) == 1
+        if alone:
+            with open("/proc/thread-self/children") as f:
+                alone = not f.read().strip()
+    except (OSError, ValueError):
+        alone = False
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except BaseException:
             if stream is sys.stdout and code == 0:
                 code = 120  # as CPython does when the final flush of stdout fails
-    try:
-        if len(os.listdir("/proc/self/task")) == 1:
-            with open("/proc/thread-self/children") as f:
-                if not f.read().strip():
-                    os.close(1)
-                    os.close(2)
-                    os.write(report_fd, b'{"done": %d}\n' % (code & 0xFF))
-    except (OSError, ValueError):
-        pass
+    if alone:
+        try:
+            os.close(1)
+            os.close(2)
+            os.write(report_fd, b'{"done": %d}\n' % (code & 0xFF))
+        except OSError:
+            pass
     return code
