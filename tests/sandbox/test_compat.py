@@ -13,7 +13,7 @@ import pytest
 from simulators.python import PythonResult, RunLimits
 from simulators.python.sandbox import SandboxRunner
 
-from .conftest import SUITE_LIMITS
+from .conftest import SUITE_LIMITS, assert_no_leftovers
 
 
 def _run(runner: SandboxRunner, code: str, workspace: Path, **limits: object) -> PythonResult:
@@ -213,3 +213,13 @@ def test_code_type_and_workspace_are_checked(runner: SandboxRunner, tmp_path: Pa
         runner.run(b"print(1)", str(tmp_path))  # type: ignore[arg-type]
     with pytest.raises(FileNotFoundError):
         runner.run("print(1)", str(tmp_path / "missing"))
+
+
+def test_a_child_left_running_ends_with_the_run(runner: SandboxRunner, tmp_path: Path) -> None:
+    """The program says "done" without looking for children (the host checks that itself): a
+    child it left running keeps the run open until the program exits, then dies with the run, and
+    the program's own exit code and output are the result."""
+    code = "import subprocess\nsubprocess.Popen(['/bin/sh', '-c', 'sleep 30; echo late'])\nprint('early')\nraise SystemExit(3)"
+    res = _run(runner, code, tmp_path)
+    assert (res.exit_code, res.stdout, res.timed_out) == (3, "early\n", False), res.stderr
+    assert_no_leftovers(runner)

@@ -346,10 +346,11 @@ def _print_exception(exc: BaseException) -> None:
 def _finish(code: int, report_fd: int) -> int:
     """What interpreter shutdown would do (join threads, run atexit, flush), then tell the host.
 
-    When nothing else of the run can still write (no other thread, no child), the program flushes
-    and closes its output and says "done" in one go (one wake-up of the host, not one per step): the
-    host can answer without waiting for this process's exit. The host checks the same itself
-    before it believes a "done" (see :func:`._monitor._quiet`).
+    When no other thread of the program can still write, it flushes and closes its output and says
+    "done" in one go (one wake-up of the host, not one per step): the host can answer without
+    waiting for this process's exit. Children are the host's to check: it believes a "done" only
+    once the program has neither another thread nor a child (see :func:`._monitor._quiet`), and
+    otherwise waits for the program's exit as it would without one.
     """
     threading = sys.modules.get("threading")
     for step in (getattr(threading, "_shutdown", None), getattr(sys.modules.get("atexit"), "_run_exitfuncs", None)):
@@ -360,10 +361,7 @@ def _finish(code: int, report_fd: int) -> int:
                 pass
     try:
         alone = len(os.listdir("/proc/self/task")) == 1
-        if alone:
-            with open("/proc/thread-self/children") as f:
-                alone = not f.read().strip()
-    except (OSError, ValueError):
+    except OSError:
         alone = False
     for stream in (sys.stdout, sys.stderr):
         try:
