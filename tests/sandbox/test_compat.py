@@ -13,7 +13,7 @@ import pytest
 from simulators.python import PythonResult, RunLimits
 from simulators.python.sandbox import SandboxRunner
 
-from .conftest import SUITE_LIMITS
+from .conftest import SUITE_LIMITS, assert_no_leftovers
 
 
 def _run(runner: SandboxRunner, code: str, workspace: Path, **limits: object) -> PythonResult:
@@ -125,6 +125,27 @@ def test_input_gets_eof(runner: SandboxRunner, tmp_path: Path) -> None:
     assert res.exit_code == 1 and "EOFError" in res.stderr and res.timed_out is False
 
 
+def test_stdio_objects_are_a_piped_interpreters(runner: SandboxRunner, tmp_path: Path) -> None:
+    """The stdio objects are made once in the zygote (on a pipe and /dev/null, as a program's are):
+    they answer as those of an interpreter with piped output would."""
+    code = (
+        "import sys\n"
+        "try:\n    sys.stdout.tell(); told = 'no error'\nexcept OSError:\n    told = 'OSError'\n"
+        "print(sys.stdout.seekable(), sys.stderr.seekable(), sys.stdout.line_buffering, sys.stderr.line_buffering,"
+        " sys.stdin.read() == '', told, sys.stdout is sys.__stdout__, sys.stdout.fileno(), sys.stderr.errors)"
+    )
+    res = _run(runner, code, tmp_path)
+    assert res.stdout == "False False False True True OSError True 1 backslashreplace\n", res.stderr
+
+
+def test_unflushed_output_never_reaches_another_run(runner: SandboxRunner, tmp_path: Path) -> None:
+    """Each run writes through its own copy of the zygote's stdio objects: what one run left in a
+    buffer (lost at os._exit, as in a cold interpreter) never shows up in the next."""
+    res = _run(runner, "import os, sys\nsys.stdout.write('left in the buffer')\nos._exit(0)", tmp_path)
+    assert (res.exit_code, res.stdout) == (0, "")
+    assert _run(runner, "print('next')", tmp_path).stdout == "next\n"
+
+
 def test_invalid_utf8_is_decoded_with_replacement(runner: SandboxRunner, tmp_path: Path) -> None:
     code = "import sys\nsys.stdout.buffer.write(b'a\\xff\\xfeb\\n')\nsys.stderr.buffer.write(b'\\xc3(')"
     res = _run(runner, code, tmp_path)
@@ -192,3 +213,13 @@ def test_code_type_and_workspace_are_checked(runner: SandboxRunner, tmp_path: Pa
         runner.run(b"print(1)", str(tmp_path))  # type: ignore[arg-type]
     with pytest.raises(FileNotFoundError):
         runner.run("print(1)", str(tmp_path / "missing"))
+
+
+def test_a_child_left_running_ends_with_the_run(runner: SandboxRunner, tmp_path: Path) -> None:
+    """The program says "done" without looking for children (the host checks that itself): a
+    child it left running keeps the run open until the program exits, then dies with the run, and
+    the program's own exit code and output are the result."""
+    code = "import subprocess\nsubprocess.Popen(['/bin/sh', '-c', 'sleep 30; echo late'])\nprint('early')\nraise SystemExit(3)"
+    res = _run(runner, code, tmp_path)
+    assert (res.exit_code, res.stdout, res.timed_out) == (3, "early\n", False), res.stderr
+    assert_no_leftovers(runner)

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulators.python.sandbox import _copyback, _seccomp
-from simulators.python.sandbox._protocol import ProtocolError, decode_result, encode_result
+from simulators.python.sandbox._protocol import ProtocolError, decode_request, decode_result, encode_request, encode_result
 
 pytestmark = pytest.mark.skipif(platform.machine() != "x86_64", reason="syscall numbers below are x86_64")
 
@@ -42,6 +42,8 @@ def run_filter(prog: bytes, nr: int, args: tuple[int, ...] = (), arch: int = 0xC
         elif code in (0x15, 0x35, 0x45):
             hit = acc == k if code == 0x15 else acc >= k if code == 0x35 else bool(acc & k)
             pc += 1 + (jt if hit else jf)
+        elif code == 0x05:  # JA
+            pc += 1 + k
         elif code == 0x06:
             return k
         else:
@@ -105,6 +107,18 @@ def test_filter_decisions(nr: int, args: tuple[int, ...], expected: int) -> None
     assert run_filter(PROG, nr, args) == expected
 
 
+def test_filter_dispatch_runs_each_rule_for_its_number_only() -> None:
+    """The binary search over syscall numbers decides every number as its own rule does (the
+    rule's body run alone), and allows every number without a rule."""
+    table = _seccomp.rules()
+    allow = struct.pack("HBBI", 0x06, 0, 0, ALLOW)
+    probes = [(), (1, 1, 0), (2, 2, 2, 2, 2, 2), (0xFFFFFFFF, 0x5412, 0o6777, 0o6777, 0x1000, 1), (0x10000000, 0x8, 0, 0)]
+    for nr in range(512):  # x86_64 numbers end below 470
+        body = b"".join(table[nr]) if nr in table else allow
+        for args in probes:
+            assert run_filter(PROG, nr, args) == run_filter(body, nr, args), (nr, args)
+
+
 def test_foreign_architecture_is_killed() -> None:
     assert run_filter(PROG, 0, arch=0x40000003) == KILL  # i386 through int 0x80
 
@@ -126,6 +140,33 @@ def test_result_round_trip() -> None:
     for cut in (0, 3, 9, len(data) - 1):
         with pytest.raises(ProtocolError):
             decode_result(data[:cut])
+
+
+_HEADER = {"workspace": "/tmp/ws \udcff,:", "ws_dev": 2**64 - 1, "ws_ino": 12, "cpu_s": 5, "memory_bytes": 1 << 30}
+_HEADER.update(file_bytes=1 << 20, open_files=64, processes=-1, wall_s=5.0, deadline=1.5, output_bytes=1 << 20)
+
+
+def test_request_round_trip() -> None:
+    header, program = decode_request(encode_request(_HEADER, b"print(1)\n")[4:])
+    assert program == b"print(1)\n"
+    assert header == {
+        k: _HEADER[k] for k in ("workspace", "ws_dev", "ws_ino", "cpu_s", "memory_bytes", "file_bytes", "open_files", "processes")
+    }
+
+
+def test_request_refuses_a_limit_the_kernel_cannot_hold() -> None:
+    with pytest.raises(ValueError, match="memory_bytes"):
+        encode_request({**_HEADER, "memory_bytes": 1 << 70}, b"")
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(max_size=80))
+def test_garbage_is_a_protocol_error_or_a_request(data: bytes) -> None:
+    try:
+        header, program = decode_request(data)
+    except ProtocolError:
+        return
+    assert isinstance(header["workspace"], str) and isinstance(program, bytes)
 
 
 @given(st.binary(max_size=200))

@@ -115,3 +115,25 @@ def test_a_planted_reserved_name_is_reported_not_kept(runner: SandboxRunner, ws:
     res = runner.run("open('.agentrl-copyback-' + 'f' * 32, 'w').write('x')\nopen('ok.txt', 'w').write('y')\n", str(ws))
     assert res.exit_code == 0 and "reserved, not kept" in res.stderr, res
     assert sorted(os.listdir(ws)) == ["ok.txt"]
+
+
+def test_each_run_is_granted_its_own_workspace_only(runner: SandboxRunner, tmp_path: Path) -> None:
+    """The Landlock rules every run shares are packed once in the zygote; the workspace rule is
+    added per run: a run in one workspace cannot read, list or write the workspace of the run before."""
+    need(runner, "landlock")
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    assert runner.run("open('mine.txt', 'w').write('first run')", str(first)).exit_code == 0
+    probe = (
+        "import os\n"
+        "for attempt in (lambda: open(os.path.join(other, 'mine.txt')).read(), lambda: os.listdir(other),\n"
+        "                lambda: open(os.path.join(other, 'new.txt'), 'w')):\n"
+        "    try:\n        attempt()\n        print('allowed')\n"
+        "    except PermissionError:\n        print('denied')\n"
+        "open('ok.txt', 'w').write('second run')\n"
+    )
+    res = runner.run(f"other = {str(first)!r}\n" + probe, str(second))
+    assert (res.exit_code, res.stdout) == (0, "denied\ndenied\ndenied\n"), res.stderr
+    assert sorted(os.listdir(first)) == ["mine.txt"] and (second / "ok.txt").read_text() == "second run"
+    assert runner.run("print(open('mine.txt').read())", str(first)).stdout == "first run\n"

@@ -42,18 +42,24 @@ class Context:
     devnull: int
     control_fd: int
     env: dict[str, str]
+    #: prepared once in the zygote, so that a run's program only makes system calls with them:
+    #: the packed Landlock ruleset attribute and rules (see :func:`._landlock.path_rule`), and the
+    #: program's stdio objects (on descriptors 0-2, built where those were a pipe and /dev/null)
+    landlock_attr: Any = None
+    landlock_rules: list[Any] = field(default_factory=list)
+    streams: dict[str, Any] = field(default_factory=dict)
     probe: bool = False
     overlaid: bool = False  # the program mounted the overlay over the workspace (the host copies back then)
     applied: dict[str, bool] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
 
-    def step(self, name: str, fn: Callable[[], object]) -> bool:
-        """Apply one layer. In a normal run a failure raises; in the probe run it is recorded."""
+    def step(self, name: str, fn: Callable[..., object], *args: Any) -> bool:
+        """Apply one layer, ``fn(*args)``. In a normal run a failure raises; in the probe run it is recorded."""
         if not self.probe:
-            fn()
+            fn(*args)
             return True
         try:
-            fn()
+            fn(*args)
         except (OSError, ValueError) as exc:
             self.applied[name] = False
             self.errors[name] = str(exc)

@@ -58,14 +58,34 @@ def handled_fs(abi: int) -> int:
 
 def create_ruleset(abi: int) -> int:
     """A ruleset fd that handles every right of ``abi``."""
+    return create_prepared_ruleset(ruleset_attr(abi))
+
+
+def ruleset_attr(abi: int) -> ctypes.Array[ctypes.c_char]:
+    """The ``struct landlock_ruleset_attr`` of :func:`create_ruleset`, packed once (the zygote's)."""
     if abi >= 6:
         attr = struct.pack("QQQ", handled_fs(abi), _NET_TCP, _SCOPES)
     elif abi >= 4:
         attr = struct.pack("QQ", handled_fs(abi), _NET_TCP)
     else:
         attr = struct.pack("Q", handled_fs(abi))
-    buf = ctypes.create_string_buffer(attr, len(attr))
-    return syscall(NR_LANDLOCK_CREATE_RULESET, buf, ctypes.c_size_t(len(attr)), ctypes.c_uint(0))
+    return ctypes.create_string_buffer(attr, len(attr))
+
+
+def create_prepared_ruleset(attr: ctypes.Array[ctypes.c_char]) -> int:
+    """A ruleset fd from an attribute packed by :func:`ruleset_attr`."""
+    return syscall(NR_LANDLOCK_CREATE_RULESET, attr, ctypes.c_size_t(len(attr)), ctypes.c_uint(0))
+
+
+def path_rule(parent_fd: int, access: int) -> ctypes.Array[ctypes.c_char]:
+    """A ``struct landlock_path_beneath_attr`` packed once, for :func:`add_prepared_rule`."""
+    attr = struct.pack("=Qi", access, parent_fd)  # the struct is packed
+    return ctypes.create_string_buffer(attr, len(attr))
+
+
+def add_prepared_rule(ruleset: int, rule: ctypes.Array[ctypes.c_char]) -> None:
+    """Add a rule packed by :func:`path_rule` (its descriptor must still be open)."""
+    syscall(NR_LANDLOCK_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(1), rule, ctypes.c_uint(0))
 
 
 def add_path_rule(ruleset: int, parent_fd: int, access: int) -> None:

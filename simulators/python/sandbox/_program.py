@@ -35,6 +35,7 @@ GLOBAL_NPROC = 4096  # RLIMIT_NPROC over all concurrent runs (the user namespace
 # even where RLIMIT_NPROC does not apply (root).
 PID_MAX = 301
 MS_BIND, MS_NOEXEC = 0x1000, 8
+_PID_MAX_TEXT = str(PID_MAX)
 
 
 def program_main(ctx: Context, out_w: int, err_w: int, go_r: int, setup_w: int) -> NoReturn:
@@ -50,12 +51,20 @@ def program_main(ctx: Context, out_w: int, err_w: int, go_r: int, setup_w: int) 
         _fail(report_fd, f"sandbox setup: {type(exc).__name__}: {exc}")
     try:
         report_fd = _lock_in(ctx, header, ruleset, setup_w)
-        report = {"program": ctx.applied, "program_errors": ctx.errors, "ready": time.monotonic(), "overlay": ctx.overlaid}
-        os.write(report_fd, json.dumps(report).encode() + b"\n")
+        os.write(report_fd, _setup_report(ctx))
     except BaseException as exc:
         _fail(report_fd, f"sandbox setup: {type(exc).__name__}: {exc}")
     del ctx, header
     _run_agent(program, report_fd)
+
+
+def _setup_report(ctx: Context) -> bytes:
+    """The first line of the report pipe: the layers applied (probe only) and when the agent's code starts."""
+    ready, overlay = time.monotonic(), b"true" if ctx.overlaid else b"false"
+    if ctx.applied or ctx.errors:
+        report = {"program": ctx.applied, "program_errors": ctx.errors, "ready": ready, "overlay": ctx.overlaid}
+        return json.dumps(report).encode() + b"\n"
+    return b'{"program":{},"program_errors":{},"ready":%.9f,"overlay":%s}\n' % (ready, overlay)
 
 
 def _fail(fd: int, message: str) -> NoReturn:
@@ -82,16 +91,14 @@ def _prepare(ctx: Context, out_w: int, err_w: int, go_r: int, setup_w: int) -> i
     if plan.subreaper:  # without a pid namespace: orphans of the run stay below us, where the host finds them
         _linux.prctl(_linux.PR_SET_CHILD_SUBREAPER, 1)
     if plan.pid_max:
-        ctx.step("pid_max", lambda: _write("/proc/sys/kernel/pid_max", str(PID_MAX)))
-    ruleset = -1
+        ctx.step("pid_max", _write, "/proc/sys/kernel/pid_max", _PID_MAX_TEXT)
+    ruleset = [-1]
     if plan.landlock:
-        rulesets: list[int] = []
-        if ctx.step("landlock", lambda: rulesets.append(_static_ruleset(ctx))):
-            ruleset = rulesets[0]
+        ctx.step("landlock", _static_ruleset, ctx, ruleset)
     for fd, _access in ctx.rules:
         os.close(fd)
-    _fresh_process_state()
-    return ruleset
+    _fresh_process_state(ctx.streams)
+    return ruleset[0]
 
 
 def _close_all_but(keep: set[int]) -> None:
@@ -139,20 +146,55 @@ def _enter_run_userns(ctx: Context) -> None:
     _linux.map_self(ctx.uid, ctx.gid)
 
 
-def _static_ruleset(ctx: Context) -> int:
+def _static_ruleset(ctx: Context, out: list[int]) -> None:
+    """The ruleset of every run (``out[0]``): the zygote's prepared rules plus this process's ``/proc/self``."""
     handled = _landlock.handled_fs(ctx.plan.landlock)
-    ruleset = _landlock.create_ruleset(ctx.plan.landlock)
-    for fd, access in ctx.rules:
-        _landlock.add_path_rule(ruleset, fd, access & handled)
+    ruleset = out[0] = _landlock.create_prepared_ruleset(ctx.landlock_attr)
+    for rule in ctx.landlock_rules:
+        _landlock.add_prepared_rule(ruleset, rule)
     fd = os.open("/proc/self", os.O_PATH | os.O_CLOEXEC)
     try:
         _landlock.add_path_rule(ruleset, fd, (_landlock.READ_FILE | _landlock.READ_DIR) & handled)
     finally:
         os.close(fd)
-    return ruleset
 
 
-def _fresh_process_state() -> None:
+def prepared_rules(rules: list[tuple[int, int]], abi: int) -> tuple[Any, list[Any]]:
+    """The ruleset attribute and ``rules`` (O_PATH fd, access) packed once, in the zygote."""
+    handled = _landlock.handled_fs(abi)
+    return _landlock.ruleset_attr(abi), [_landlock.path_rule(fd, access & handled) for fd, access in rules]
+
+
+def make_streams(devnull: int) -> dict[str, Any]:
+    """A program's ``sys.stdin``, ``stdout`` and ``stderr``, built once in the zygote.
+
+    The objects are made on descriptors 0-2 while those are what a program's are (``/dev/null``
+    and a pipe), so that what they probe then (seekable, position) is what it would be in the
+    program; each program forks with them unused and only assigns them.
+    """
+    saved = [os.dup(fd) for fd in (0, 1, 2)]
+    r, w = os.pipe()
+    try:
+        os.dup2(devnull, 0)
+        os.dup2(w, 1)
+        os.dup2(w, 2)
+        enc, errors = sys.stdout.encoding, sys.stdout.errors
+        return {
+            "stdin": io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)), enc, "surrogateescape"),
+            "stdout": io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)), enc, errors),
+            "stderr": io.TextIOWrapper(
+                io.BufferedWriter(io.FileIO(2, "w", closefd=False)), enc, "backslashreplace", line_buffering=True
+            ),
+        }
+    finally:
+        for fd, copy in zip((0, 1, 2), saved):
+            os.dup2(copy, fd)
+            os.close(copy)
+        os.close(r)
+        os.close(w)
+
+
+def _fresh_process_state(streams: dict[str, Any]) -> None:
     """What a cold interpreter would have that a fork of the zygote does not."""
     tempfile = sys.modules.get("tempfile")
     if tempfile is not None:
@@ -163,14 +205,6 @@ def _fresh_process_state() -> None:
     np_random = sys.modules.get("numpy.random")
     if np_random is not None:  # the fork shares the zygote's generator state
         np_random.seed(int.from_bytes(os.urandom(4), "little"))  # type: ignore[attr-defined]
-    enc, errors = sys.stdout.encoding, sys.stdout.errors
-    streams = {
-        "stdin": io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)), enc, "surrogateescape"),
-        "stdout": io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)), enc, errors),
-        "stderr": io.TextIOWrapper(
-            io.BufferedWriter(io.FileIO(2, "w", closefd=False)), enc, "backslashreplace", line_buffering=True
-        ),
-    }
     for name, stream in streams.items():
         setattr(sys, name, stream)
         setattr(sys, f"__{name}__", stream)
@@ -195,30 +229,20 @@ def _lock_in(ctx: Context, header: dict[str, Any], ruleset: int, setup_w: int) -
     if (st.st_dev, st.st_ino) != (header["ws_dev"], header["ws_ino"]):
         raise OSError("the workspace is not the host's workspace here (a mount made after the sandbox started?)")
     if plan.pid_max and int(header["processes"]) + 2 > PID_MAX:
-        ctx.step("pid_max", lambda: _write("/proc/sys/kernel/pid_max", str(int(header["processes"]) + 2)))
+        ctx.step("pid_max", _write, "/proc/sys/kernel/pid_max", str(int(header["processes"]) + 2))
     if plan.overlay:
-        ctx.overlaid = ctx.step("overlay", lambda: _mount_overlay(ctx, workspace, st))
+        ctx.overlaid = ctx.step("overlay", _mount_overlay, ctx, workspace, st)
     if plan.userns_run:
-        ctx.step("userns_run", lambda: _enter_run_userns(ctx))
+        ctx.step("userns_run", _enter_run_userns, ctx)
     if plan.caps:
         ctx.step("caps", _linux.clear_capabilities)
     _linux.prctl(_linux.PR_SET_NO_NEW_PRIVS, 1)
     tasks = _tasks_of_this_user() if plan.nproc and not plan.userns_run else 0
     os.chdir(workspace)
     if ruleset >= 0:
-
-        def restrict() -> None:
-            handled = _landlock.handled_fs(ctx.plan.landlock)
-            fd = os.open(".", os.O_PATH | os.O_CLOEXEC)
-            try:
-                _landlock.add_path_rule(ruleset, fd, _landlock.READ_WRITE & handled)
-            finally:
-                os.close(fd)
-            _landlock.restrict_self(ruleset)
-
-        ctx.step("landlock_restrict", restrict)
+        ctx.step("landlock_restrict", _restrict, ruleset, _landlock.READ_WRITE & _landlock.handled_fs(plan.landlock))
     if plan.seccomp:  # from here on only allowed syscalls
-        ctx.step("seccomp", lambda: _seccomp.install(ctx.seccomp_filter))
+        ctx.step("seccomp", _seccomp.install, ctx.seccomp_filter)
     soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     report_fd = max(4, min(int(header["open_files"]), soft) - 1)
     if setup_w != report_fd:
@@ -228,6 +252,16 @@ def _lock_in(ctx: Context, header: dict[str, Any], ruleset: int, setup_w: int) -
     _set_rlimits(ctx, header, tasks)
     os.environ["HOME"] = os.environ["TMPDIR"] = workspace
     return report_fd
+
+
+def _restrict(ruleset: int, workspace_access: int) -> None:
+    """Add the workspace (the working directory now) to the ruleset, then enforce it."""
+    fd = os.open(".", os.O_PATH | os.O_CLOEXEC)
+    try:
+        _landlock.add_path_rule(ruleset, fd, workspace_access)
+    finally:
+        os.close(fd)
+    _landlock.restrict_self(ruleset)
 
 
 def _set_rlimits(ctx: Context, header: dict[str, Any], other_tasks: int) -> None:
@@ -312,8 +346,11 @@ def _print_exception(exc: BaseException) -> None:
 def _finish(code: int, report_fd: int) -> int:
     """What interpreter shutdown would do (join threads, run atexit, flush), then tell the host.
 
-    When nothing else of the run can still write (no other thread, no child), the program closes
-    its output and says "done": the host can answer without waiting for this process's exit.
+    When no other thread of the program can still write, it flushes and closes its output and says
+    "done" in one go (one wake-up of the host, not one per step): the host can answer without
+    waiting for this process's exit. Children are the host's to check: it believes a "done" only
+    once the program has neither another thread nor a child (see :func:`._monitor._quiet`), and
+    otherwise waits for the program's exit as it would without one.
     """
     threading = sys.modules.get("threading")
     for step in (getattr(threading, "_shutdown", None), getattr(sys.modules.get("atexit"), "_run_exitfuncs", None)):
@@ -322,19 +359,21 @@ def _finish(code: int, report_fd: int) -> int:
                 step()
             except BaseException:
                 pass
+    try:
+        alone = len(os.listdir("/proc/self/task")) == 1
+    except OSError:
+        alone = False
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except BaseException:
             if stream is sys.stdout and code == 0:
                 code = 120  # as CPython does when the final flush of stdout fails
-    try:
-        if len(os.listdir("/proc/self/task")) == 1:
-            with open("/proc/thread-self/children") as f:
-                if not f.read().strip():
-                    os.close(1)
-                    os.close(2)
-                    os.write(report_fd, b'{"done": %d}\n' % (code & 0xFF))
-    except (OSError, ValueError):
-        pass
+    if alone:
+        try:
+            os.close(1)
+            os.close(2)
+            os.write(report_fd, b'{"done": %d}\n' % (code & 0xFF))
+        except OSError:
+            pass
     return code

@@ -41,6 +41,7 @@ _JGE = 0x35  # BPF_JMP | BPF_JGE | BPF_K
 _JSET = 0x45  # BPF_JMP | BPF_JSET | BPF_K
 _AND = 0x54  # BPF_ALU | BPF_AND | BPF_K
 _RET = 0x06  # BPF_RET | BPF_K
+_JA = 0x05  # BPF_JMP | BPF_JA
 
 _OFF_NR, _OFF_ARCH = 0, 4
 
@@ -147,6 +148,93 @@ def _pick(pair: tuple[int | None, int | None]) -> int | None:
     return pair[0] if ARCH == "x86_64" else pair[1]
 
 
+def rules() -> dict[int, list[bytes]]:
+    """This architecture's decisions: syscall number -> the code run when it matches.
+
+    Each body starts with the number in the accumulator and returns on every path; a number that
+    is not here is allowed. Where a number would appear twice, the first rule holds.
+    """
+    table: dict[int, list[bytes]] = {}
+
+    def add(pair: tuple[int | None, int | None], body: list[bytes]) -> None:
+        number = _pick(pair)
+        if number is not None:
+            table.setdefault(number, body)
+
+    def ret(action: int) -> bytes:
+        return _ins(_RET, 0, 0, action)
+
+    def arg_rule(pair: tuple[int | None, int | None], arg: int, test: int, value: int, deny_if_match: bool, err: int) -> None:
+        hit, miss = (_RET_ERRNO | err, _RET_ALLOW) if deny_if_match else (_RET_ALLOW, _RET_ERRNO | err)
+        add(pair, [_ins(_LD_ABS, 0, 0, _arg(arg)), _ins(test, 0, 1, value), ret(hit), ret(miss)])
+
+    for pair in _DENY_EPERM.values():
+        add(pair, [ret(_RET_ERRNO | errno.EPERM)])
+    for pair in _DENY_ENOSYS.values():
+        add(pair, [ret(_RET_ERRNO | errno.ENOSYS)])
+    add(_SOCKET, [ret(_RET_ERRNO | errno.EACCES)])
+    for pair in _DENY_EACCES.values():
+        add(pair, [ret(_RET_ERRNO | errno.EACCES)])
+    allow, eacces = ret(_RET_ALLOW), ret(_RET_ERRNO | errno.EACCES)
+    # socketpair(domain, type, ...): AF_UNIX and SOCK_STREAM only
+    add(
+        _SOCKETPAIR,
+        [
+            _ins(_LD_ABS, 0, 0, _arg(0)),
+            _ins(_JEQ, 0, 4, _AF_UNIX),
+            _ins(_LD_ABS, 0, 0, _arg(1)),
+            _ins(_AND, 0, 0, _SOCK_TYPE_MASK),
+            _ins(_JEQ, 0, 1, _SOCK_STREAM),
+            allow,
+            eacces,
+        ],
+    )
+    # sendto(fd, buf, len, flags, dest_addr, addrlen): dest_addr must be NULL (both 32-bit halves)
+    add(
+        _SENDTO,
+        [
+            _ins(_LD_ABS, 0, 0, _arg(4)),
+            _ins(_JEQ, 0, 3, 0),
+            _ins(_LD_ABS, 0, 0, _arg(4) + 4),
+            _ins(_JEQ, 0, 1, 0),
+            allow,
+            eacces,
+        ],
+    )
+    arg_rule(_MEMFD_CREATE, 1, _JSET, _MFD_NOEXEC_SEAL, False, errno.EPERM)
+    arg_rule(_CLONE, 0, _JSET, NAMESPACE_FLAGS, True, errno.EPERM)
+    arg_rule(_IOCTL, 1, _JEQ, _TIOCSTI, True, errno.EPERM)
+    arg_rule(_KILL, 0, _JEQ, 0xFFFFFFFF, True, errno.EPERM)  # kill(-1): every process we may signal
+    for pair, arg in _MODE_CHECKS:
+        arg_rule(pair, arg, _JSET, _SETID_BITS, True, errno.EPERM)
+    return table
+
+
+def _dispatch(entries: list[tuple[int, list[bytes]]]) -> list[bytes]:
+    """Code that runs the body of the entry whose number is in the accumulator, else allows.
+
+    A binary search on the sorted numbers (``JGE``), linear below :data:`_LEAF` entries: each
+    number is decided after about log2(n) comparisons instead of one per rule. That matters at
+    install time too: the kernel runs the filter once per syscall number to build its cache of
+    always-allowed calls, with interrupts off, in every run.
+    """
+    if len(entries) <= _LEAF:
+        code: list[bytes] = []
+        for number, body in entries:
+            code.append(_ins(_JEQ, 0, len(body), number))
+            code.extend(body)
+        code.append(_ins(_RET, 0, 0, _RET_ALLOW))
+        return code
+    mid = len(entries) // 2
+    low, high = _dispatch(entries[:mid]), _dispatch(entries[mid:])
+    if len(low) <= 255:  # nr >= pivot: jump over the low half
+        return [_ins(_JGE, len(low), 0, entries[mid][0]), *low, *high]
+    return [_ins(_JGE, 0, 1, entries[mid][0]), _ins(_JA, 0, 0, len(low)), *low, *high]
+
+
+_LEAF = 4
+
+
 def build_filter() -> bytes:
     """The filter as a sequence of ``struct sock_filter`` (8 bytes each) for this architecture."""
     if ARCH not in AUDIT_ARCH:
@@ -159,73 +247,7 @@ def build_filter() -> bytes:
     ]
     if ARCH == "x86_64":  # x32 ABI calls carry bit 30
         prog += [_ins(_JGE, 0, 1, 0x40000000), _ins(_RET, 0, 0, _RET_KILL_PROCESS)]
-
-    def deny(number: int | None, err: int) -> None:
-        if number is not None:
-            prog.extend([_ins(_JEQ, 0, 1, number), _ins(_RET, 0, 0, _RET_ERRNO | err)])
-
-    def arg_rule(number: int | None, arg: int, test: int, value: int, deny_if_match: bool, err: int) -> None:
-        # nr == number: load the argument, then return (deny or allow) without reloading nr.
-        if number is None:
-            return
-        hit, miss = (_RET_ERRNO | err, _RET_ALLOW) if deny_if_match else (_RET_ALLOW, _RET_ERRNO | err)
-        prog.extend(
-            [
-                _ins(_JEQ, 0, 4, number),
-                _ins(_LD_ABS, 0, 0, _arg(arg)),
-                _ins(test, 0, 1, value),
-                _ins(_RET, 0, 0, hit),
-                _ins(_RET, 0, 0, miss),
-            ]
-        )
-
-    for pair in _DENY_EPERM.values():
-        deny(_pick(pair), errno.EPERM)
-    for pair in _DENY_ENOSYS.values():
-        deny(_pick(pair), errno.ENOSYS)
-    deny(_pick(_SOCKET), errno.EACCES)
-    for pair in _DENY_EACCES.values():
-        deny(_pick(pair), errno.EACCES)
-
-    def block(number: int | None, body: list[bytes]) -> None:
-        # nr == number: run ``body`` (which ends in a return on every path); else skip over it.
-        if number is not None:
-            prog.append(_ins(_JEQ, 0, len(body), number))
-            prog.extend(body)
-
-    allow, eacces = _ins(_RET, 0, 0, _RET_ALLOW), _ins(_RET, 0, 0, _RET_ERRNO | errno.EACCES)
-    # socketpair(domain, type, ...): AF_UNIX and SOCK_STREAM only
-    block(
-        _pick(_SOCKETPAIR),
-        [
-            _ins(_LD_ABS, 0, 0, _arg(0)),
-            _ins(_JEQ, 0, 4, _AF_UNIX),
-            _ins(_LD_ABS, 0, 0, _arg(1)),
-            _ins(_AND, 0, 0, _SOCK_TYPE_MASK),
-            _ins(_JEQ, 0, 1, _SOCK_STREAM),
-            allow,
-            eacces,
-        ],
-    )
-    # sendto(fd, buf, len, flags, dest_addr, addrlen): dest_addr must be NULL (both 32-bit halves)
-    block(
-        _pick(_SENDTO),
-        [
-            _ins(_LD_ABS, 0, 0, _arg(4)),
-            _ins(_JEQ, 0, 3, 0),
-            _ins(_LD_ABS, 0, 0, _arg(4) + 4),
-            _ins(_JEQ, 0, 1, 0),
-            allow,
-            eacces,
-        ],
-    )
-    arg_rule(_pick(_MEMFD_CREATE), 1, _JSET, _MFD_NOEXEC_SEAL, False, errno.EPERM)
-    arg_rule(_pick(_CLONE), 0, _JSET, NAMESPACE_FLAGS, True, errno.EPERM)
-    arg_rule(_pick(_IOCTL), 1, _JEQ, _TIOCSTI, True, errno.EPERM)
-    arg_rule(_pick(_KILL), 0, _JEQ, 0xFFFFFFFF, True, errno.EPERM)  # kill(-1): every process we may signal
-    for pair, arg in _MODE_CHECKS:
-        arg_rule(_pick(pair), arg, _JSET, _SETID_BITS, True, errno.EPERM)
-    prog.append(_ins(_RET, 0, 0, _RET_ALLOW))
+    prog += _dispatch(sorted(rules().items()))
     return b"".join(prog)
 
 

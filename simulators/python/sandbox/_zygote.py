@@ -32,7 +32,7 @@ from typing import Any, NoReturn
 
 from . import _landlock, _linux, _monitor, _seccomp
 from ._context import SETUP_FAILED, Context, Plan
-from ._program import program_main
+from ._program import make_streams, prepared_rules, program_main
 from ._protocol import recv_frame, send_json
 
 FULL, REDUCED, UNSAFE = "FULL", "REDUCED", "UNSAFE"
@@ -41,6 +41,7 @@ REQUIRED = ("rlimits", "pidns", "netns", "ipcns", "process_cap", "no_capabilitie
 _ISOLATING = ("pidns", "netns", "seccomp", "landlock")
 
 _NS_FILES = ((_linux.CLONE_NEWNS, "mnt"), (_linux.CLONE_NEWIPC, "ipc"))
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 
 _PROBE_PROGRAM = """\
 import json, os, socket
@@ -147,20 +148,27 @@ class _Zygote:
             landlock=abi,
             seccomp=bool(seccomp_filter) and "seccomp" not in self.disable,
         )
+        rules = self._landlock_rules()
+        landlock_attr, landlock_rules = prepared_rules(rules, abi) if abi else (None, [])
+        devnull = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
         self.ctx = Context(
             plan=plan,
             root=self.root,
             uid=0 if self.layers.get("userns") else self.uid,
             gid=0 if self.layers.get("userns") else self.gid,
-            rules=self._landlock_rules(),
+            rules=rules,
             seccomp_filter=seccomp_filter,
             mnt=self.config["mnt"],
             workspace_bytes=int(self.config.get("workspace_bytes") or 0),
             workspace_files=int(self.config.get("workspace_files", 4096)),
-            devnull=os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC),
+            devnull=devnull,
             control_fd=self.sock.fileno(),
             env=dict(self.config["env"]),
+            landlock_attr=landlock_attr,
+            landlock_rules=landlock_rules,
+            streams=make_streams(devnull),
         )
+        self.work_dir, self.upper_dir = f"{self.ctx.mnt}/work", f"{self.ctx.mnt}/upper"
         hello = self._probe()
         send_json(self.sock, hello)
 
@@ -362,20 +370,14 @@ class _Zygote:
         The descriptors named "prog" and "pid1" (pidfds) stay open here too, until the process is reaped.
         """
         ctx, plan = self.ctx, self.ctx.plan
-        opened: list[int] = []
-
-        def pipe() -> tuple[int, int]:
-            r, w = os.pipe()
-            opened.extend((r, w))
-            return r, w
-
-        out_r, out_w = pipe()
-        err_r, err_w = pipe()
-        report_r, report_w = pipe()
-        go_r, go_w = pipe()
-        status_r, status_w = pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        report_r, report_w = os.pipe()
+        go_r, go_w = os.pipe()
+        status_r, status_w = os.pipe()
+        opened = [out_r, out_w, err_r, err_w, report_r, report_w, go_r, go_w, status_r, status_w]
         try:
-            fcntl.fcntl(go_w, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)  # a whole request in one write
+            fcntl.fcntl(go_w, _F_SETPIPE_SZ, 1 << 20)  # a whole request in one write
         except OSError:
             pass
         names = ["request", "out", "err", "report", "status"]
@@ -384,10 +386,10 @@ class _Zygote:
         moved = 0
         pid1 = prog = -1
         try:
-            if flags and ctx.step("mntns", lambda: _linux.unshare(flags)):
+            if flags and ctx.step("mntns", _linux.unshare, flags):
                 moved = flags
                 if plan.overlay and ctx.step("tmpfs", self._mount_tmpfs):
-                    upper = os.open(f"{ctx.mnt}/upper", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                    upper = os.open(self.upper_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
                     opened.append(upper)
                     names.append("upper")
                     fds.append(upper)
@@ -401,9 +403,7 @@ class _Zygote:
                 fds.append(fd)
             prog = _linux.fork()
             if prog == 0:
-                try:
-                    for fd in (out_r, err_r, report_r, go_w, status_r, status_w):
-                        os.close(fd)
+                try:  # the program closes every descriptor it does not need, these included, first thing
                     program_main(ctx, out_w, err_w, go_r, report_w)
                 finally:
                     os._exit(SETUP_FAILED)
@@ -435,8 +435,8 @@ class _Zygote:
         ctx = self.ctx
         opts = f"size={ctx.workspace_bytes},nr_inodes={ctx.workspace_files + 5},mode=0700"
         _linux.mount("tmpfs", ctx.mnt, "tmpfs", _linux.MS_NOSUID | _linux.MS_NODEV, opts)
-        os.mkdir(f"{ctx.mnt}/work", 0o700)
-        os.mkdir(f"{ctx.mnt}/upper", 0o700)
+        os.mkdir(self.work_dir, 0o700)
+        os.mkdir(self.upper_dir, 0o700)
 
     def _spawn_pid1(self) -> int:
         """The run's pid 1: a pauser sharing our memory (see :func:`_linux.clone_pauser`), else ``sleep``."""
