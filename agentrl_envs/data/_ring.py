@@ -29,6 +29,7 @@ believed, and lost seqs are kept as ranges (:class:`SeqRanges`), never one by on
 from __future__ import annotations
 
 import bisect
+import importlib
 import operator
 import struct
 import warnings
@@ -39,13 +40,13 @@ from typing import Any, NamedTuple
 
 import google_crc32c
 
-_crc32c_package: Any
+_crc32c_package: Any = None
 try:  # the crc32c package's hardware CRC32C runs ~3x faster than google-crc32c's on 16 KiB payloads
     with warnings.catch_warnings():  # it warns when it falls back to software; we fall back ourselves
         warnings.simplefilter("ignore")
-        import crc32c as _crc32c_package
-except ImportError:  # pragma: no cover - a dependency, but a missing one must not break the format
-    _crc32c_package = None
+        _crc32c_package = importlib.import_module("crc32c")
+except ImportError:  # optional (not a dependency: LGPL, and no measurable gain per get or append)
+    pass
 
 __all__: list[str] = []  # private module
 
