@@ -118,3 +118,42 @@ def assert_no_leftovers(runner: SandboxRunner, marker: str | None = None, timeou
         except OSError:
             continue
     raise AssertionError(f"processes outlived the run: tree={cmdlines} marked={marked}")
+
+
+def neighbour_probe(paths: list[Path], folder: Path) -> str:
+    """A program that tries to reach another run's files and processes; it prints ``FOUND []`` when it reached none.
+
+    For each of ``paths`` it tries to read and to write; it lists ``folder``, signals pids 1-399 (a pid
+    namespace of its own has only 1 and itself) and lists ``/proc``.
+    """
+    return f"""
+import os, signal
+found = []
+for path in {[str(p) for p in paths]!r}:
+    try:
+        open(path).read()
+        found.append('read ' + path)
+    except OSError:
+        pass
+    try:
+        open(path, 'a').write('written by the probe')
+        found.append('wrote ' + path)
+    except OSError:
+        pass
+try:
+    found.append('listed ' + ' '.join(os.listdir({str(folder)!r})))
+except OSError:
+    pass
+for pid in range(1, 400):
+    try:
+        os.kill(pid, signal.SIGKILL) if pid != os.getpid() else None
+        if pid > 2:
+            found.append('signalled ' + str(pid))
+    except OSError:
+        pass
+try:
+    found += [p for p in os.listdir('/proc') if p.isdigit() and p not in ('1', str(os.getpid()))]
+except OSError:
+    pass
+print('FOUND', found)
+"""

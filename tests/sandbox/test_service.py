@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ from simulators.python.sandbox.host import SandboxError, idle_processes
 from simulators.python.sandbox.service import DIR_ENV, IDLE_ENV, SCOPE_ENV, ServiceLease
 from tests.procs import alive, descendants, with_marker
 
-from .conftest import SUITE_LIMITS, WAIT_S, Dirs, need, wait_for
+from .conftest import SUITE_LIMITS, WAIT_S, Dirs, need, neighbour_probe, wait_for
 from .test_adversarial import CASES, Case, _segments_left_by_runs, _shm_segments, tcp_server  # noqa: F401 - a fixture
 
 SETTINGS: dict[str, Any] = {"workspace_bytes": 16 << 20, "workspace_files": 512}  # the adversarial suite's caps
@@ -149,33 +149,7 @@ def other(lease: ServiceLease, tmp_path_factory: pytest.TempPathFactory) -> Iter
 def test_a_run_cannot_see_or_touch_another_processs_workspace_or_run(
     lease: ServiceLease, other: OtherProcess, tmp_path: Path
 ) -> None:
-    probe = f"""
-import os, signal
-found = []
-for path in ({str(other.ws / "data.txt")!r}, {str(other.ws / "mine.txt")!r}):
-    for mode in ('r', 'a'):
-        try:
-            open(path, mode).close()
-            found.append(mode + ' ' + path)
-        except OSError:
-            pass
-try:
-    found.append('listed ' + ' '.join(os.listdir({str(other.ws)!r})))
-except OSError:
-    pass
-for pid in range(1, 400):
-    try:
-        os.kill(pid, signal.SIGKILL) if pid != os.getpid() else None
-        if pid > 2:
-            found.append('signalled ' + str(pid))
-    except OSError:
-        pass
-try:
-    found += [p for p in os.listdir('/proc') if p.isdigit() and p not in ('1', str(os.getpid()))]
-except OSError:
-    pass
-print('FOUND', found)
-"""
+    probe = neighbour_probe([other.ws / "data.txt", other.ws / "mine.txt"], other.ws)
     res = lease.run(probe, str(tmp_path))
     assert (res.exit_code, res.stdout.strip()) == (0, "FOUND []"), res
     other.assert_untouched()
@@ -352,24 +326,15 @@ def test_a_client_that_hangs_up_mid_run_leaves_the_others_alone(lease: ServiceLe
     _still_serves(lease, tmp_path)
 
 
-def _as_nobody(path: str) -> dict[str, Any] | None:
-    """What a process of uid 65534 reading at ``path`` gets (None: a hang-up without a word)."""
+def _in_forked_child(body: Callable[[], Any]) -> Any:
+    """``body()``'s JSON result, computed in a forked child of this process (which must exit 0)."""
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: no pytest from here on, only os._exit
         code = 1
         try:
             os.close(read)
-            os.setgid(65534)
-            os.setuid(65534)
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.settimeout(WAIT_S)
-            sock.connect(path)
-            try:
-                reply: Any = recv_json_with_fds(sock, 0)[0]
-            except EOFError:
-                reply = None
-            os.write(write, json.dumps(reply).encode())
+            os.write(write, json.dumps(body()).encode())
             code = 0
         finally:
             os._exit(code)
@@ -377,8 +342,25 @@ def _as_nobody(path: str) -> dict[str, Any] | None:
     with os.fdopen(read, "rb") as f:
         data = f.read()
     _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, "the child could not connect"
-    return json.loads(data)  # type: ignore[no-any-return]
+    assert os.waitstatus_to_exitcode(status) == 0, data
+    return json.loads(data)
+
+
+def _as_nobody(path: str) -> dict[str, Any] | None:
+    """What a process of uid 65534 reading at ``path`` gets (None: a hang-up without a word)."""
+
+    def connect() -> Any:
+        os.setgid(65534)
+        os.setuid(65534)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(WAIT_S)
+        sock.connect(path)
+        try:
+            return recv_json_with_fds(sock, 0)[0]
+        except EOFError:
+            return None
+
+    return _in_forked_child(connect)  # type: ignore[no-any-return]
 
 
 def test_another_uid_is_refused(lease: ServiceLease, tmp_path: Path) -> None:
@@ -448,11 +430,22 @@ def test_the_service_stops_when_its_last_lease_closes(own_service: str, tmp_path
         assert c.service_pid != service and c.run("print(2)", str(tmp_path)).stdout == "2\n"
 
 
+def _all_threads_gone(pid: int) -> bool:
+    """No thread of ``pid`` is alive (``alive`` reads the main thread's state, which is a zombie first)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return True
+    return not any(alive(int(tid)) for tid in tasks)
+
+
 def test_a_lease_whose_service_died_starts_a_new_one(own_service: str, tmp_path: Path) -> None:
     with ServiceLease(SUITE_LIMITS) as a:
         first = a.service_pid
         os.kill(first, signal.SIGKILL)
-        wait_for(lambda: not alive(first), "the service to die")
+        # every thread of it, not only its main one: the descriptors close when the last thread exits, and until then
+        # the idle connection looks open, the next request goes out, and the run fails as "ended during the run"
+        wait_for(lambda: _all_threads_gone(first), "the service to die")
         res = a.run("print(1)", str(tmp_path))  # between runs: transparently a new service
         assert (res.exit_code, res.stdout) == (0, "1\n") and a.service_pid != first, res
         second = a.service_pid
@@ -511,24 +504,14 @@ def test_a_forked_copy_of_a_lease_opens_its_own_connection(lease: ServiceLease, 
     _still_serves(lease, tmp_path)
     parents = _connections(lease)
     assert parents
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: no pytest from here on, only os._exit
-        code = 1
-        try:
-            os.close(read)
-            res = lease.run("print(5)", str(tmp_path))
-            os.write(write, json.dumps([res.exit_code, res.stdout, lease.service_pid, sorted(_connections(lease))]).encode())
-            lease.close()  # closes the child's copies only
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(write)
-    with os.fdopen(read, "rb") as f:
-        data = f.read()
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, data
-    exit_code, stdout, service, childs = json.loads(data)
+
+    def in_child() -> list[Any]:
+        res = lease.run("print(5)", str(tmp_path))
+        seen = [res.exit_code, res.stdout, lease.service_pid, sorted(_connections(lease))]
+        lease.close()  # closes the child's copies only
+        return seen
+
+    exit_code, stdout, service, childs = _in_forked_child(in_child)
     assert (exit_code, stdout, service) == (0, "5\n", lease.service_pid)
     assert childs and not set(childs) & parents  # a connection of its own, none of the parent's
     _still_serves(lease, tmp_path)

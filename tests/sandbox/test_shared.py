@@ -28,7 +28,7 @@ from simulators.python.sandbox.service import DIR_ENV, IDLE_ENV, SCOPE_ENV, SERV
 from simulators.python.sandbox.shared import SharedSandbox, live_services, resolve_scope, service_slots
 from tests.procs import alive, descendants, sandbox_zygotes, with_marker
 
-from .conftest import SUITE_LIMITS, WAIT_S, need, wait_for
+from .conftest import SUITE_LIMITS, WAIT_S, need, neighbour_probe, wait_for
 
 
 def _python(code: str) -> str:
@@ -183,37 +183,7 @@ def test_a_run_cannot_see_or_touch_another_envs_workspace_or_run(
     thread.start()
     wait_for(lambda: with_marker(marker) or not thread.is_alive(), "B's run to start")
     assert thread.is_alive(), outcome
-    probe = f"""
-import os, signal
-found = []
-for path in ({str(ws_b / "secret.txt")!r}, {str(ws_b / "alive.txt")!r}):
-    try:
-        open(path).read()
-        found.append('read ' + path)
-    except OSError:
-        pass
-    try:
-        open(path, 'w').write('overwritten by a')
-        found.append('wrote ' + path)
-    except OSError:
-        pass
-try:
-    found.append('listed ' + ' '.join(os.listdir({str(ws_b)!r})))
-except OSError:
-    pass
-for pid in range(1, 400):
-    try:
-        os.kill(pid, signal.SIGKILL) if pid != os.getpid() else None
-        if pid > 2:
-            found.append('signalled ' + str(pid))
-    except OSError:
-        pass
-try:
-    found += [p for p in os.listdir('/proc') if p.isdigit() and p not in ('1', str(os.getpid()))]
-except OSError:
-    pass
-print('FOUND', found)
-"""
+    probe = neighbour_probe([ws_b / "secret.txt", ws_b / "alive.txt"], ws_b)
     try:
         res_a = a.run(probe, str(ws_a))
         assert with_marker(marker), "A's run ended B's run"
