@@ -189,6 +189,22 @@ def _finalize(state: dict[str, Any]) -> None:
         shutil.rmtree(state["scratch"], ignore_errors=True)
 
 
+def open_workspace(code: str, workspace: str) -> tuple[str, int]:
+    """A run's checks before anything starts: ``code`` is a str, ``workspace`` a directory.
+
+    Returns the workspace's absolute path and a read-only descriptor of it (close-on-exec), which
+    the run's lock-in compares against the path it names. The caller closes the descriptor.
+
+    Raises:
+        TypeError: ``code`` is not a str.
+        OSError: ``workspace`` is missing or not a directory.
+    """
+    if not isinstance(code, str):
+        raise TypeError(f"code must be a str, not {type(code).__name__}")
+    workspace = os.path.abspath(workspace)
+    return workspace, os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
 class SandboxRunner:
     """Runs untrusted Python in a hardened sandbox; the same interface as :class:`PythonRunner`.
 
@@ -308,12 +324,9 @@ class SandboxRunner:
 
     def run(self, code: str, workspace: str, limits: RunLimits | None = None) -> PythonResult:
         """Run ``code`` with ``workspace`` as the working directory."""
-        if not isinstance(code, str):
-            raise TypeError(f"code must be a str, not {type(code).__name__}")
         lim = limits or self.limits
         start = time.monotonic()
-        workspace = os.path.abspath(workspace)
-        real_fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        workspace, real_fd = open_workspace(code, workspace)
         try:
             st = os.fstat(real_fd)
             slot = self._take_slot()  # (re)starting the zygote, if needed, does not count against the run

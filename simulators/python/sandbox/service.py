@@ -53,7 +53,7 @@ import weakref
 from typing import Any
 
 from simulators.python.sandbox._protocol import MAX_FRAME, ProtocolError, frame, recv_json_with_fds, send_json
-from simulators.python.sandbox.host import FULL, SandboxError, SandboxRunner, SandboxWarning
+from simulators.python.sandbox.host import FULL, SandboxError, SandboxRunner, SandboxWarning, open_workspace
 from simulators.python.subprocess_runner import PythonResult, RunLimits
 
 __all__ = ["SCOPE_ENV", "SERVICE_MARKER", "ServiceLease", "service_dir", "service_slots"]
@@ -496,12 +496,9 @@ class ServiceLease:
 
     def run(self, code: str, workspace: str, limits: RunLimits | None = None) -> PythonResult:
         """Run ``code`` in ``workspace`` through the service, with this lease's limits by default."""
-        if not isinstance(code, str):
-            raise TypeError(f"code must be a str, not {type(code).__name__}")
         lim = limits or self.limits
         start = time.monotonic()
-        workspace = os.path.abspath(workspace)
-        fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        workspace, fd = open_workspace(code, workspace)
         try:
             request = {"op": "run", "code": code, "workspace": workspace, "limits": dataclasses.asdict(lim)}
             reply = self._call(request, fd, float(lim.wall_s) + _REPLY_SLACK_S)
