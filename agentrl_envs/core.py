@@ -79,6 +79,35 @@ _STARTS_PER_ENV = 256
 _ZERO_COMPONENTS = zero_components()
 
 
+def _step_info(
+    task: Task,
+    *,
+    step: int,
+    tool: str | None,
+    result: dict[str, Any] | None,
+    virtual_time: float,
+    subtask_index: int,
+    boundary: bool,
+    sandbox_tier: str | None,
+) -> dict[str, Any]:
+    """The info of a reset or a step, in its key order (a reset adds its own keys after these)."""
+    return {
+        "task_id": task.task_id,
+        "domain": task.domain,
+        "split": task.split,
+        "step": step,
+        "reward_components": zero_components(),
+        "tool": tool,
+        "tool_result": result,
+        "fault": {},
+        "virtual_time_s": virtual_time,
+        "subtask_index": subtask_index,
+        "subtask_boundary": boundary,
+        "sandbox_tier": sandbox_tier,
+        "call_format": "none",
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class _EpisodeStart:
     """What every reset of one task in one env returns or sets, worked out at its first reset.
@@ -448,21 +477,16 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
 
     def _info(self, tool: str | None, result: dict[str, Any] | None) -> dict[str, Any]:
         assert self._task is not None and self._progress is not None
-        return {
-            "task_id": self._task.task_id,
-            "domain": self._task.domain,
-            "split": self._task.split,
-            "step": self._steps,
-            "reward_components": zero_components(),
-            "tool": tool,
-            "tool_result": result,
-            "fault": {},
-            "virtual_time_s": self._virtual_time,
-            "subtask_index": self._progress.subtask_index(),
-            "subtask_boundary": tool is not None and self._prev_tool is not None and tool != self._prev_tool,
-            "sandbox_tier": self._sandbox_tier or "unknown",
-            "call_format": "none",
-        }
+        return _step_info(
+            self._task,
+            step=self._steps,
+            tool=tool,
+            result=result,
+            virtual_time=self._virtual_time,
+            subtask_index=self._progress.subtask_index(),
+            boundary=tool is not None and self._prev_tool is not None and tool != self._prev_tool,
+            sandbox_tier=self._sandbox_tier or "unknown",
+        )
 
     def _add_candidates(self, info: dict[str, Any], observation: str) -> None:
         if self.candidates:
@@ -510,25 +534,19 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
                 return start, task
         task = self._sampler.sample(task_seed)
         max_steps = self.max_steps_arg or _default_max_steps(task)
-        info = {
-            "task_id": task.task_id,
-            "domain": task.domain,
-            "split": task.split,
-            "step": 0,
-            "reward_components": None,
-            "tool": None,
-            "tool_result": None,
-            "fault": None,
-            "virtual_time_s": 0.0,
-            "subtask_index": Progress(task).subtask_index(),  # also checks every step has a progress rule
-            "subtask_boundary": False,
-            "sandbox_tier": None,
-            "call_format": "none",
-            "instruction": task.instruction,
-            "tools": None,
-            "system_prompt": self.system_prompt(),
-            "max_steps": max_steps,
-        }
+        info = _step_info(
+            task,
+            step=0,
+            tool=None,
+            result=None,
+            virtual_time=0.0,
+            subtask_index=Progress(task).subtask_index(),  # also checks every step has a progress rule
+            boundary=False,
+            sandbox_tier=None,
+        )
+        # the mutable values are made fresh by every reset: here only their places in the key order
+        info.update(reward_components=None, fault=None, instruction=task.instruction, tools=None)
+        info.update(system_prompt=self.system_prompt(), max_steps=max_steps)
         mail_domain = _mail_domain(task)
         domains = (mail_domain,) if self.mail_domains == "company" else self.mail_domains
         start = _EpisodeStart(
