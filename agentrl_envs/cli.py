@@ -326,8 +326,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from agentrl_envs.simulator_server import ServeLimits, check_bind, serve
 
     profile = load_profile(args.profile)
-    if args.sql_deadline_s <= 0 or args.python_timeout_s <= 0:
-        raise agentrl_envs.ConfigError("--sql-deadline-s and --python-timeout-s must be positive")
+    for flag, value in (("--sql-deadline-s", args.sql_deadline_s), ("--python-timeout-s", args.python_timeout_s)):
+        if not 0 < value < float("inf"):  # also refuses nan, which argparse's float accepts
+            raise agentrl_envs.ConfigError(f"{flag} {value}: use a finite number of seconds above 0, e.g. 5.0")
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
     check_bind(args.host, token)
     limits = ServeLimits(

@@ -169,8 +169,9 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
             raise ConfigError(f"candidates={candidates!r}: use 0 (off) or a positive int K")
         if candidates_difficulty not in ("easy", "hard"):
             raise ConfigError(f"candidates_difficulty={candidates_difficulty!r}: use 'easy' (default) or 'hard'")
-        if not python_timeout_s > 0 or not sql_deadline_s > 0:
-            raise ConfigError("python_timeout_s and sql_deadline_s must be positive")
+        for name, value in (("python_timeout_s", python_timeout_s), ("sql_deadline_s", sql_deadline_s)):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < float("inf"):
+                raise ConfigError(f"{name}={value!r}: use a finite number of seconds above 0, e.g. 5.0")
         self.split = split
         self.domain = domain
         self.error_profile = error_profile

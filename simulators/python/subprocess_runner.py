@@ -9,6 +9,8 @@ Landlock, a warm zygote) plugs in behind the same :class:`PythonRunner` interfac
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 import selectors
 import shutil
@@ -79,14 +81,18 @@ _run()
 class RunLimits:
     """Resource limits of one run.
 
+    Every value is checked when the limits are made, so a bad one fails where it was written (a
+    ValueError naming the field and what to use instead) rather than as a failed run later.
+
     Args:
-        wall_s: wall-clock deadline; the process group is killed with SIGKILL after it.
-        cpu_s: RLIMIT_CPU seconds.
-        memory_bytes: RLIMIT_AS.
-        file_bytes: RLIMIT_FSIZE, the largest file the program may write.
-        open_files: RLIMIT_NOFILE.
-        processes: RLIMIT_NPROC (ignored by the kernel for root).
-        output_bytes: stdout and stderr are each cut at this size and the run is stopped.
+        wall_s: wall-clock deadline, a finite number of seconds above 0; the process group is killed
+            with SIGKILL after it.
+        cpu_s: RLIMIT_CPU seconds, an int of at least 1.
+        memory_bytes: RLIMIT_AS, an int of at least 1.
+        file_bytes: RLIMIT_FSIZE, the largest file the program may write (0: none at all).
+        open_files: RLIMIT_NOFILE, an int of at least 1.
+        processes: RLIMIT_NPROC, an int of at least 1 (ignored by the kernel for root).
+        output_bytes: stdout and stderr are each cut at this size and the run is stopped; at least 1.
     """
 
     wall_s: float = 5.0
@@ -96,6 +102,24 @@ class RunLimits:
     open_files: int = 64
     processes: int = 64
     output_bytes: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        wall = self.wall_s
+        if isinstance(wall, bool) or not isinstance(wall, numbers.Real) or not (math.isfinite(wall) and wall > 0):
+            raise ValueError(f"RunLimits.wall_s={wall!r}: use a finite number of seconds above 0, e.g. 5.0")
+        object.__setattr__(self, "wall_s", float(wall))
+        for name, least in _INT_LIMITS.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not least <= value < 1 << 63:
+                raise ValueError(
+                    f"RunLimits.{name}={value!r}: use an int from {least} to 2**63 - 1 (the kernel's limits "
+                    f"are 64-bit), e.g. the default {getattr(RunLimits, name)}"
+                )
+            object.__setattr__(self, name, int(value))
+
+
+#: the integer fields of RunLimits and the least value that means something (0 bytes of file: no files)
+_INT_LIMITS = {"cpu_s": 1, "memory_bytes": 1, "file_bytes": 0, "open_files": 1, "processes": 1, "output_bytes": 1}
 
 
 @dataclass(frozen=True)

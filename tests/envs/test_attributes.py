@@ -191,3 +191,10 @@ def test_settable_attribute_list_is_what_the_env_accepts() -> None:
     for name in SETTABLE_ATTRIBUTES:
         env.set_wrapper_attr(name, env.get_wrapper_attr(name))
     env.close()
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0, float("nan"), float("inf"), True, "5"])
+@pytest.mark.parametrize("name", ["python_timeout_s", "sql_deadline_s"])
+def test_make_refuses_a_service_limit_no_run_can_have(name: str, value: Any) -> None:
+    with pytest.raises(ConfigError, match=f"{name}=.*: use a finite number of seconds above 0"):
+        gym.make("AgentRL/SQL-v0", **{name: value})

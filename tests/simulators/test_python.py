@@ -41,6 +41,46 @@ def _kill_quietly(pid: int) -> None:
         pass
 
 
+# -- limits ----------------------------------------------------------------------------------------
+
+
+def test_default_limits_and_the_least_meaningful_ones_are_accepted() -> None:
+    assert RunLimits() == RunLimits(5.0, 5, 1 << 30, 16 << 20, 64, 64, 1 << 20)
+    least = RunLimits(wall_s=1, cpu_s=1, memory_bytes=1, file_bytes=0, open_files=1, processes=1, output_bytes=1)
+    assert least.wall_s == 1.0 and type(least.wall_s) is float and least.file_bytes == 0
+
+
+BAD_LIMITS = [
+    ("wall_s", 0.0),
+    ("wall_s", -1.0),
+    ("wall_s", float("nan")),
+    ("wall_s", float("inf")),
+    ("wall_s", True),
+    ("wall_s", "5"),
+    ("wall_s", None),
+    ("cpu_s", 0),
+    ("cpu_s", -5),
+    ("cpu_s", 2.5),
+    ("cpu_s", True),
+    ("memory_bytes", 0),
+    ("memory_bytes", 1 << 63),
+    ("memory_bytes", float("inf")),
+    ("file_bytes", -1),
+    ("open_files", 0),
+    ("open_files", "64"),
+    ("processes", 0),
+    ("processes", False),
+    ("output_bytes", 0),
+    ("output_bytes", None),
+]
+
+
+@pytest.mark.parametrize(("name", "value"), BAD_LIMITS, ids=[f"{n}={v!r}" for n, v in BAD_LIMITS])
+def test_a_limit_no_run_can_have_is_refused_naming_the_field(name: str, value: object) -> None:
+    with pytest.raises(ValueError, match=rf"RunLimits\.{name}=.*: use "):
+        RunLimits(**{name: value})  # type: ignore[arg-type]
+
+
 # -- basics ----------------------------------------------------------------------------------------
 
 

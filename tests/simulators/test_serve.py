@@ -306,6 +306,19 @@ def test_cli_refuses_a_public_bind_without_a_token(monkeypatch: pytest.MonkeyPat
     assert cli.main(["serve", "--host", "0.0.0.0", "--port", "0", "--token", "short"]) == 2
 
 
+@pytest.mark.parametrize("value", ["nan", "inf", "0", "-1"])
+@pytest.mark.parametrize("flag", ["--python-timeout-s", "--sql-deadline-s"])
+def test_cli_refuses_a_service_limit_no_run_can_have(
+    flag: str, value: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def never(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError(f"serve was reached with {flag} {value}")
+
+    monkeypatch.setattr("agentrl_envs.simulator_server.serve", never)  # never serve forever
+    assert cli.main(["serve", "--host", "127.0.0.1", "--port", "0", flag, value]) == 2
+    assert f"{flag} {float(value)}: use a finite number of seconds above 0" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("host", ["0.0.0.0", "::"])
 def test_serve_itself_refuses_before_binding(host: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(TOKEN_ENV, raising=False)

@@ -281,10 +281,10 @@ def _check_run(request: dict[str, Any], fds: list[int]) -> tuple[str, str, RunLi
     if not isinstance(raw, dict) or set(raw) - set(_LIMIT_FIELDS):
         raise ValueError(f"'limits' must be an object with fields from {sorted(_LIMIT_FIELDS)}")
     for key, value in raw.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e18:
-            raise ValueError(f"limits.{key}={value!r}: use a positive number")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e18:
+            raise ValueError(f"limits.{key}={value!r}: use a number from 0 to 1e18")
     values: dict[str, Any] = {k: (float(v) if k == "wall_s" else int(v)) for k, v in raw.items()}
-    limits = RunLimits(**values)
+    limits = RunLimits(**values)  # ValueError naming the field for a value no run can have (cpu_s=0)
     if len(fds) != 1:
         raise ValueError("a run request carries one open descriptor of the workspace directory")
     try:
