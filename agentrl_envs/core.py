@@ -614,7 +614,11 @@ def _unknown_attribute(env: ToolUseEnv, name: str) -> str:
 
 
 def _schema_parts(tools: Iterable[Tool], facts: dict[str, Any]) -> tuple[tuple[str, dict[str, Any]], ...]:
-    """Each tool's ``schema(facts)`` as ``(type, function)``: every reset copies the ``function`` dict."""
+    """Each tool's ``schema(facts)`` as ``(type, function)``: every reset copies the ``function`` dict.
+
+    ``schema`` hands out its own copy of the parameters, so an ``info["tools"]`` a caller edits can
+    change this env's later ``info["tools"]`` at most, never the tool's definition or its argument checks.
+    """
     parts = []
     for tool in tools:
         schema = tool.schema(facts)

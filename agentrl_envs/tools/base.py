@@ -62,10 +62,19 @@ class Tool:
     file_argument: ClassVar[str | None] = None
 
     def schema(self, facts: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """The function-calling entry; ``facts`` are what the backend reports (``{"numpy": True}``)."""
+        """The function-calling entry; ``facts`` are what the backend reports (``{"numpy": True}``).
+
+        A new copy on every call: ``parameters`` is the tool's one definition (the argument checks
+        read it), and a caller that edits the schema it was handed must not change it for the process.
+        An env calls this once, when it makes its backend, not per reset.
+        """
         return {
             "type": "function",
-            "function": {"name": self.name, "description": self.describe(facts or {}), "parameters": self.parameters},
+            "function": {
+                "name": self.name,
+                "description": self.describe(facts or {}),
+                "parameters": _copy_json(self.parameters),
+            },
         }
 
     def describe(self, facts: Mapping[str, Any]) -> str:
@@ -149,6 +158,15 @@ class Tool:
 def pick(rng: np.random.Generator, options: Sequence[Any]) -> Any:
     """One of ``options``, uniformly (one draw of ``rng``)."""
     return options[int(rng.integers(len(options)))]
+
+
+def _copy_json(value: Any) -> Any:
+    """A copy of a JSON value's dicts and lists (a third of copy.deepcopy's time on a tool's schema: no memo)."""
+    if isinstance(value, dict):
+        return {key: _copy_json(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_copy_json(item) for item in value]
+    return value
 
 
 def render_error(tool: str, response: ToolResponse) -> str:

@@ -120,7 +120,7 @@ def test_mutating_a_reset_info_does_not_reach_the_next_reset(env_id: str) -> Non
     obs0, info0 = env.reset(seed=4)
     expected = copy.deepcopy(info0)
     tools = info0["tools"]
-    for schema in tools:  # the two levels every reset makes afresh (parameters are the tool's own)
+    for schema in tools:  # the two levels every reset makes afresh (parameters: the env's copy, made once)
         schema["type"] = "tampered"
         schema["function"]["description"] = "tampered"
         schema["function"]["name"] = "tampered"

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-import gymnasium as gym
+import copy
+import json
 
+import gymnasium as gym
+import pytest
+
+from agentrl_envs.actions import parse_action
+from agentrl_envs.errors import ActionError
 from agentrl_envs.tools import TOOLS
 
 
@@ -38,3 +44,31 @@ def test_default_schema_is_unchanged_without_facts() -> None:
         assert tool.schema()["function"]["description"] == tool.description
         assert tool.schema({})["function"] == tool.schema(None)["function"]
     assert TOOLS["python"].schema({"numpy": True}) != TOOLS["python"].schema()
+
+
+def test_editing_info_tools_changes_no_other_env_nor_the_argument_checks() -> None:
+    kept = {name: copy.deepcopy(tool.parameters) for name, tool in TOOLS.items()}
+    env = gym.make("AgentRL/SQLPythonSMTP-v0", python_sandbox=False)
+    fresh = gym.make("AgentRL/SQLPythonSMTP-v0", python_sandbox=False)
+    try:
+        _, info = env.reset(seed=0)
+        before = json.dumps(info["tools"])
+        for entry in info["tools"]:
+            parameters = entry["function"]["parameters"]
+            parameters["properties"].clear()
+            parameters["required"].append("nothing")
+            parameters["type"] = "array"
+        _, info = fresh.reset(seed=0)
+        assert json.dumps(info["tools"]) == before
+        assert {name: tool.parameters for name, tool in TOOLS.items()} == kept
+        assert parse_action('{"name": "sql", "arguments": {"query": "SELECT 1"}}').arguments == {"query": "SELECT 1"}
+        with pytest.raises(ActionError, match="query"):
+            parse_action('{"name": "sql", "arguments": {}}')
+        _, _, _, _, info = fresh.step('{"name": "sql", "arguments": {"query": "SELECT 1"}}')
+        assert info["tool_result"]["ok"], info["tool_result"]
+    finally:
+        env.close()
+        fresh.close()
+        for name, tool in TOOLS.items():  # undo what the old code let the edit reach, for the tests after this one
+            tool.parameters.clear()
+            tool.parameters.update(kept[name])
