@@ -11,7 +11,10 @@ The supervisor (the ``serve`` process) binds every socket itself, so no port can
 the printout and the start, and hands each worker its socket; the workers are fresh interpreters
 (``python -m agentrl_envs.simulator_server_processes``) that read their settings, token included, from a pipe,
 never from the command line. Ctrl-C or SIGTERM stops them all; a worker that dies stops the others
-and the supervisor exits with status 1, since the episodes it held are gone.
+and the supervisor exits with status 1, since the episodes it held are gone. A supervisor that dies
+without stopping them (SIGKILL, the OOM killer) takes them along: each worker asks the kernel for a
+SIGTERM when its parent dies (``PR_SET_PDEATHSIG``) and, in case it died before that, checks its
+parent is still the supervisor.
 
 Each process, once started (:func:`run`): everything start-up allocated (modules, the app, uvicorn)
 is moved out of the cycle collector's reach (``gc.freeze``) and the collection thresholds are raised
@@ -43,6 +46,7 @@ MAX_WORKERS = 64
 #: seconds between checks that every worker is still alive
 POLL_S = 0.2
 STOP_WAIT_S = 10.0
+_WORKER = (sys.executable, "-m", "agentrl_envs.simulator_server_processes")
 
 
 @dataclass(frozen=True)
@@ -121,7 +125,7 @@ def supervise(sockets: list[socket.socket], config: WorkerConfig) -> int:
         payload = pickle.dumps(config)
         for index, sock in enumerate(sockets):
             proc = subprocess.Popen(
-                [sys.executable, "-m", "agentrl_envs.simulator_server_processes", str(sock.fileno()), str(index)],
+                [*_WORKER, str(sock.fileno()), str(index), str(os.getpid())],
                 stdin=subprocess.PIPE,
                 pass_fds=(sock.fileno(),),
             )
@@ -159,8 +163,24 @@ def _stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
             proc.wait()
 
 
+def _die_with(parent: int) -> None:
+    """SIGTERM this process when ``parent`` dies, by any signal; exit at once if it already has.
+
+    The kernel sends the signal when the thread that started this process exits, the supervisor's
+    only thread. The parent can die between our start and the ``prctl``; then we were reparented.
+    """
+    if sys.platform != "linux":
+        return
+    from simulators.python.sandbox import _linux
+
+    _linux.prctl(_linux.PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:
+        raise SystemExit(f"agentrl serve worker: the supervisor (pid {parent}) is gone; exiting")
+
+
 def _worker_main(argv: list[str]) -> int:
-    """A worker process: ``python -m agentrl_envs.simulator_server_processes FD INDEX`` with a pickled config on stdin."""
+    """A worker process: ``python -m agentrl_envs.simulator_server_processes FD INDEX PARENT`` with a pickled config on stdin."""
+    _die_with(int(argv[2]))
     from agentrl_envs.simulator_server import SimulatorServer
 
     fd, _index = int(argv[0]), int(argv[1])

@@ -5,6 +5,7 @@ state, template uploads past the old 8 MiB cap, the upload limit's error. Speed 
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -12,6 +13,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import weakref
 from typing import Any
 
@@ -27,12 +29,14 @@ from agentrl_envs.simulator_server_processes import bind
 from simulators import SimulatorApp
 from simulators.app import MAX_REQUEST_BYTES, template_fingerprint
 from simulators.memory import CloseCounter, release_memory
+from tests.procs import alive, descendants
 from tests.simulators.test_serve import running
 
 TABLES: dict[str, Any] = {"t": {"columns": [["id", "INTEGER"], ["v", "TEXT"]], "rows": [[i, f"v{i}"] for i in range(1, 51)]}}
 FP = template_fingerprint("t", TABLES)
 START_LINES = 200  # lines of server output read while waiting for its address: a hang detector
 START_WAIT_S = 120.0  # a hang detector for a worker's start-up on a busy machine, not a speed limit
+DEATH_POLLS = 600  # polls 0.1 s apart for the workers to exit after their supervisor died: a hang detector
 
 
 def _setup(episode_id: str, tables: dict[str, Any] = TABLES, label: str = "t") -> EpisodeSetup:
@@ -134,6 +138,60 @@ def test_serve_workers_keep_each_episode_on_its_process() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.integration
+def test_serve_workers_exit_when_the_supervisor_is_killed() -> None:
+    """A SIGKILLed ``serve --workers 2`` leaves no worker (nor a worker's sandbox) behind."""
+    cmd = [sys.executable, "-m", "agentrl_envs.cli", "serve", "--host", "127.0.0.1", "--port", "0", "--workers", "2"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("AGENTRL_SERVE_TOKEN", None)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    left: list[int] = []
+    try:
+        assert proc.stdout is not None
+        line = ""
+        for _ in range(START_LINES):
+            line = proc.stdout.readline()
+            if "agentrl simulator on" in line or not line:
+                break
+        urls = line.split(" on ", 1)[-1].split(" ", 1)[0].split(",")
+        assert len(urls) == 2, line
+        for u in urls:  # a worker that answers has set its parent-death signal long before
+            assert httpx.get(f"{u}/health", timeout=START_WAIT_S).status_code == 200
+        workers = descendants(proc.pid)
+        assert len([p for p in workers if _parent(p) == proc.pid]) == 2, workers
+        proc.kill()
+        proc.wait()
+        for _ in range(DEATH_POLLS):  # 60 s in all: stopping uvicorn and the sandbox, on a busy machine
+            left = [p for p in workers if alive(p)]
+            if not left:
+                break
+            time.sleep(0.1)
+        assert left == [], f"still running after the supervisor died: {left}"
+    finally:
+        for pid in left:  # the old behaviour: orphans, stopped here so that they outlive no test
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def test_a_worker_whose_supervisor_died_before_it_asked_exits_at_once() -> None:
+    code = "import os, sys; from agentrl_envs.simulator_server_processes import _die_with; _die_with(os.getppid() + 1)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "the supervisor" in done.stderr and "is gone" in done.stderr, done.stderr
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def test_bind_refuses_bad_worker_counts_and_taken_ports() -> None:
