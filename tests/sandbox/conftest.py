@@ -78,8 +78,9 @@ def dirs(tmp_path: Path) -> Dirs:
 
 def idle_tree_size(runner: SandboxRunner) -> int:
     """Processes under the zygote between runs: the pid-1 zygote (with a pid namespace) and the warm
-    slots, a program each (and, with a pid namespace, the run's pid 1)."""
-    return sandbox_host.idle_processes(bool(runner.layers.get("pidns")))
+    slots, a program each (and, with a pid namespace, the run's pid 1). The slots are the runner's
+    own: a shared service keeps one per core (``service_slots``), not the default two."""
+    return sandbox_host.idle_processes(bool(runner.layers.get("pidns")), runner.warm_slots)
 
 
 def wait_for(condition: Callable[[], object], what: str, timeout: float = WAIT_S) -> None:

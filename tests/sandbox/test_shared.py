@@ -22,13 +22,13 @@ import pytest
 import agentrl_envs  # noqa: F401 - registers the env ids
 from agentrl_envs.actions import format_call
 from simulators.python import RunLimits
-from simulators.python.sandbox import FULL
+from simulators.python.sandbox import FULL, SandboxRunner
 from simulators.python.sandbox.host import idle_processes
 from simulators.python.sandbox.service import DIR_ENV, IDLE_ENV, SCOPE_ENV, SERVICE_MARKER, ServiceLease
 from simulators.python.sandbox.shared import SharedSandbox, live_services, resolve_scope, service_slots
 from tests.procs import alive, descendants, sandbox_zygotes, with_marker
 
-from .conftest import SUITE_LIMITS, WAIT_S, need, neighbour_probe, wait_for
+from .conftest import SUITE_LIMITS, WAIT_S, assert_no_leftovers, need, neighbour_probe, wait_for
 
 
 def _python(code: str) -> str:
@@ -218,3 +218,18 @@ def test_hostile_programs_through_a_shared_lease_leave_the_other_env_alone(
         a.run(code, str(ws_a), limits)
         res = b.run("import os\nprint(sorted(os.listdir('.')))", str(ws_b))
         assert res.exit_code == 0 and res.stdout == "[]\n", (code, res)
+
+
+def test_the_leftover_check_counts_the_runner_s_own_warm_slots(tmp_path: Path) -> None:
+    """A shared service keeps one warm slot per core (up to 8): on a 4-core machine, 4, not the default 2."""
+    runner = SandboxRunner(SUITE_LIMITS, warm_slots=4)
+    try:
+        if runner.tier != FULL:
+            need(runner, *runner.missing)
+        res = runner.run("print(6 * 7)", str(tmp_path))
+        assert (res.exit_code, res.stdout) == (0, "42\n"), res
+        expected = idle_processes(bool(runner.layers.get("pidns")), 4)
+        wait_for(lambda: len(descendants(runner.pid)) == expected, f"the four warm slots ({expected} processes)")  # type: ignore[arg-type]
+        assert_no_leftovers(runner)
+    finally:
+        runner.close()
