@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -66,7 +67,7 @@ class Limits:
     max_metadata_items: int = 1_000
     max_record_bytes: int = 256 << 20
 
-    @property
+    @cached_property  # read on every encode
     def smallest_field_cap(self) -> int:
         """A payload no larger than this cannot hold an oversize field, so size checks are skipped."""
         return min(self.max_text_bytes, self.max_observation_bytes, self.max_array_bytes)

@@ -334,7 +334,7 @@ class ReplayBuffer:
                 self._crash_point("header")
             if self._durable:
                 self._sync(start, HEADER_SIZE)
-            entry = Entry(seq, pos, length, KIND_RECORD, 1, crc)
+            entry = Entry._make((seq, pos, length, KIND_RECORD, 1, crc))  # _make: half the cost of Entry(...)
             self._order.append(entry)
             self._index[seq] = entry
             if pos < self._tail:
