@@ -103,7 +103,8 @@ def validate(traj: Trajectory, limits: Limits = DEFAULT_LIMITS, payload: bytes |
     array fields hold whole 4-byte items, and that no field is over its cap. ``payload``, the
     serialized ``traj`` if the caller has it, lets most checks be skipped: a payload no larger than
     the smallest cap cannot hold an oversize field, and one in which no double field's bytes look
-    like a NaN or infinity cannot hold one (see :func:`_may_hold_non_finite`).
+    like a NaN or infinity cannot hold one (see :func:`_may_hold_non_finite`); the array sizes are
+    then checked by parsing the payload (see :func:`_arrays_whole`), not by reading every step.
     """
     steps = traj.steps
     if len(steps) > limits.max_steps:

@@ -341,6 +341,22 @@ def test_forked_child_cannot_write(path: Path) -> None:
         assert buf.append(traj(0)) == 0
 
 
+def test_buffer_opened_in_a_forked_child_writes(path: Path) -> None:
+    """The fork check refuses only handles inherited from the parent, not ones the child opens itself."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            with ReplayBuffer.create(path, capacity_bytes=64 << 10) as buf:
+                code = 0 if buf.append(traj(0)) == 0 and buf.get(0) == traj(0) else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    with ReplayBuffer.open(path) as buf:
+        assert buf.get(0) == traj(0)
+
+
 def test_random_sizes_and_reopens_match_a_model(path: Path) -> None:
     rng = np.random.default_rng(3)
     written: dict[int, Trajectory] = {}
