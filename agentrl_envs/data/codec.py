@@ -14,10 +14,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
-from google.protobuf.message import DecodeError
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.message import DecodeError, Message
 
 from agentrl_envs.data.errors import CorruptRecordError, InvalidTrajectoryError, RecordTooLargeError
 from agentrl_envs.data.trajectory_pb2 import Step, Trajectory
@@ -65,7 +67,7 @@ class Limits:
     max_metadata_items: int = 1_000
     max_record_bytes: int = 256 << 20
 
-    @property
+    @cached_property  # read on every encode
     def smallest_field_cap(self) -> int:
         """A payload no larger than this cannot hold an oversize field, so size checks are skipped."""
         return min(self.max_text_bytes, self.max_observation_bytes, self.max_array_bytes)
@@ -101,7 +103,8 @@ def validate(traj: Trajectory, limits: Limits = DEFAULT_LIMITS, payload: bytes |
     array fields hold whole 4-byte items, and that no field is over its cap. ``payload``, the
     serialized ``traj`` if the caller has it, lets most checks be skipped: a payload no larger than
     the smallest cap cannot hold an oversize field, and one in which no double field's bytes look
-    like a NaN or infinity cannot hold one (see :func:`_may_hold_non_finite`).
+    like a NaN or infinity cannot hold one (see :func:`_may_hold_non_finite`); the array sizes are
+    then checked by parsing the payload (see :func:`_arrays_whole`), not by reading every step.
     """
     steps = traj.steps
     if len(steps) > limits.max_steps:
@@ -119,12 +122,53 @@ def validate(traj: Trajectory, limits: Limits = DEFAULT_LIMITS, payload: bytes |
                 _check_components(i, components)
             if (len(step.embedding) | len(step.token_log_probs) | len(step.token_ids)) & 3:
                 _check_arrays(i, step)
-    else:  # the payload proves every number finite: only the array sizes are left (each field read costs ~0.1 us in upb)
+    elif not _arrays_whole(payload):  # the payload proves every number finite; only a bad array size is left to find
         for i, step in enumerate(steps):
             if (len(step.embedding) | len(step.token_log_probs) | len(step.token_ids)) & 3:
                 _check_arrays(i, step)
     if payload is None or len(payload) > limits.smallest_field_cap:
         _check_sizes(traj, limits)
+
+
+def _array_sizes_message() -> type[Message]:
+    """A private message that reads a serialized Trajectory's step arrays as packed fixed32 and nothing else.
+
+    A packed fixed32 field whose length is not a multiple of 4 does not parse, so a payload parses
+    into this message only if every ``embedding``, ``token_log_probs`` and ``token_ids`` holds whole
+    4-byte items. The other fields are skipped as unknown. Field numbers come from the real
+    descriptors, so the two cannot drift apart.
+    """
+    field = descriptor_pb2.FieldDescriptorProto
+    file = descriptor_pb2.FileDescriptorProto(name="agentrl/v1/_array_sizes.proto", package="agentrl.v1.check", syntax="proto3")
+    step = file.message_type.add(name="StepArrays")
+    for name in _ARRAYS:
+        number = Step.DESCRIPTOR.fields_by_name[name].number
+        step.field.add(name=name, number=number, type=field.TYPE_FIXED32, label=field.LABEL_REPEATED)
+    steps = Trajectory.DESCRIPTOR.fields_by_name["steps"].number
+    traj = file.message_type.add(name="TrajectoryArrays")
+    traj.field.add(
+        name="steps", number=steps, type=field.TYPE_MESSAGE, label=field.LABEL_REPEATED, type_name=".agentrl.v1.check.StepArrays"
+    )
+    pool = descriptor_pool.DescriptorPool()
+    pool.AddSerializedFile(file.SerializeToString())
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("agentrl.v1.check.TrajectoryArrays"))
+
+
+_ArraySizes = _array_sizes_message()
+
+
+def _arrays_whole(payload: bytes) -> bool:
+    """True only if every step array in the serialized trajectory ``payload`` holds whole 4-byte items.
+
+    One parse of the (just serialized, so cached) payload in C: ~2x faster than reading three
+    fields of every step through upb, and it never touches the message. False means "look field by
+    field", which finds the step and names the field.
+    """
+    try:
+        _ArraySizes.FromString(payload)
+    except DecodeError:
+        return False
+    return True
 
 
 # The one-byte tags that precede every double on the wire: Step.reward (5), log_prob (7), value (8),

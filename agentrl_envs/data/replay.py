@@ -87,6 +87,19 @@ def set_crash_hook(phase: str | None, on_append: int = 1) -> None:
     _crash_phase, _crash_on = phase, on_append
 
 
+# Bumped in every forked child. A handle remembers the value it was opened under, so the writer's
+# fork check is a comparison on each append, and ``os.getpid()`` (a system call) runs only on a mismatch.
+_fork_generation = 0
+
+
+def _forked() -> None:
+    global _fork_generation
+    _fork_generation += 1
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 @dataclass(frozen=True)
 class RecoveryReport:
     """What opening the buffer found.
@@ -250,6 +263,8 @@ class ReplayBuffer:
         self._limits = limits
         self._lock = threading.RLock()
         self._pid = os.getpid()
+        self._fork_generation = _fork_generation
+        self._file_end = HEADER_PAGE + capacity  # the file size the map needs
         self._order: deque[Entry] = deque()
         self._index: dict[int, Entry] = {}
         self._lost = SeqRanges()
@@ -259,6 +274,8 @@ class ReplayBuffer:
         self._next_seq = 0
         self._used = 0
         self._resident = resident
+        # _release_behind has work once this many bytes were written since the last release (never for a small ring).
+        self._release_at = resident + RELEASE_CHUNK if resident < capacity else 1 << 62
         self._lap = 0  # laps completed since open: lap * capacity + tail is a position that only grows
         self._released = 0  # pages before this position (same units) have been released
         self._appends = 0
@@ -280,10 +297,12 @@ class ReplayBuffer:
     def append_bytes(self, payload: bytes) -> int:
         """Write an already-encoded trajectory (from :func:`~agentrl_envs.data.encode`); return its seq."""
         with self._lock:
-            self._check_writable()
-            self._check_size()
+            if self._closed or self._readonly or self._fork_generation != _fork_generation:
+                self._check_writable()
+            if os.lseek(self._fd, 0, os.SEEK_END) < self._file_end:
+                self._check_size()
             length = len(payload)
-            span = ring.span_of(length)
+            span = HEADER_SIZE + ((length + 7) & ~7)
             if span > self._capacity:
                 raise RecordTooLargeError(
                     f"a {length:,}-byte record does not fit in this buffer's {self._capacity:,}-byte ring; "
@@ -292,8 +311,8 @@ class ReplayBuffer:
             self._appends += 1
             seq = self._next_seq
             pos = self._make_room(span)
-            mm, start = self._mm, HEADER_PAGE + pos
-            crc = ring.crc32c(payload, self._salt)
+            mm, start, salt = self._mm, HEADER_PAGE + pos, self._salt
+            crc = ring.crc32c(payload, salt)
             if _crash_phase is None:
                 mm[start + HEADER_SIZE : start + HEADER_SIZE + length] = payload
             else:
@@ -305,7 +324,7 @@ class ReplayBuffer:
                 self._crash_point("payload")
             if self._durable:
                 self._sync(start + HEADER_SIZE, length)
-            header = ring.pack_header(self._salt, KIND_RECORD, length, seq, crc, 0)
+            header = ring.pack_header(salt, KIND_RECORD, length, seq, crc, 0)
             if _crash_phase is None:
                 mm[start : start + HEADER_SIZE] = header
             else:
@@ -315,7 +334,7 @@ class ReplayBuffer:
                 self._crash_point("header")
             if self._durable:
                 self._sync(start, HEADER_SIZE)
-            entry = Entry(seq, pos, length, KIND_RECORD, 1, crc)
+            entry = Entry._make((seq, pos, length, KIND_RECORD, 1, crc))  # _make: half the cost of Entry(...)
             self._order.append(entry)
             self._index[seq] = entry
             if pos < self._tail:
@@ -326,7 +345,8 @@ class ReplayBuffer:
             self._write_hint()
             if _crash_phase is not None:
                 self._crash_point("hint")
-            self._release_behind()
+            if self._lap * self._capacity + self._tail - self._released >= self._release_at:
+                self._release_behind()
             return seq
 
     def get(self, seq: int) -> Trajectory:
@@ -341,25 +361,31 @@ class ReplayBuffer:
     def get_bytes(self, seq: int) -> bytes:
         """The encoded trajectory with sequence number ``seq``, checksum-verified."""
         with self._lock:
-            self._check_open()
-            self._check_size()
+            if self._closed:
+                self._check_open()
+            if os.lseek(self._fd, 0, os.SEEK_END) < self._file_end:
+                self._check_size()
+            if not self._readonly:  # the writer: its index is the truth, so one verified copy settles it
+                entry = self._index.get(seq)
+                if entry is None:
+                    self._raise_missing(seq)
+                start = HEADER_PAGE + HEADER_SIZE + entry.off
+                payload = self._mm[start : start + entry.length]
+                if ring.crc32c(payload, self._salt) != entry.crc:
+                    self._raise_damaged(seq)
+                return payload
             for attempt in range(READ_RETRIES):
                 entry = self._index.get(seq)
-                if entry is None and self._readonly:
+                if entry is None:
                     self._refresh()
                     entry = self._index.get(seq)
                 if entry is None:
                     self._raise_missing(seq)
-                payload = self._read(entry)
-                if payload is not None:
-                    return payload
-                if not self._readonly:
-                    break
+                found = self._read(entry)
+                if found is not None:
+                    return found
                 self._refresh(rescan=attempt > 0)  # the writer overwrote it while we read: look again
-            raise CorruptRecordError(
-                f"record {seq} of {self._path} failed its checksum; the file is damaged there. "
-                "Reopen the buffer for writing to quarantine it, and read other records"
-            )
+            self._raise_damaged(seq)
 
     def sample(self, n: int, rng: np.random.Generator | int | None = None) -> list[Trajectory]:
         """``n`` trajectories drawn uniformly with replacement from the live records.
@@ -543,19 +569,27 @@ class ReplayBuffer:
             self._lost.discard(entry.seq, entry.width)
 
     def _read(self, entry: Entry) -> bytes | None:
-        """The verified payload of ``entry``, or None if it is no longer (or not) what the index says."""
+        """A reader's verified payload of ``entry``, or None if it is no longer (or not) what the index says.
+
+        A reader's index may lag the writer, so the header is checked before the copy and again after
+        it (the writer zeroes a header before it touches the payload behind it).
+        """
         mm, salt = self._mm, self._salt
-        # The writer's index is the truth (it wrote every entry, under this lock), and the salted payload
-        # CRC below catches damage, so only a reader, whose index may lag the writer, re-checks the header.
-        if self._readonly and ring.parse_header(mm, entry.off, salt, HEADER_PAGE, self._capacity) != entry:
+        if ring.parse_header(mm, entry.off, salt, HEADER_PAGE, self._capacity) != entry:
             return None
         start = HEADER_PAGE + entry.off + HEADER_SIZE
         payload = mm[start : start + entry.length]
         if ring.crc32c(payload, salt) != entry.crc:
             return None
-        if self._readonly and ring.parse_header(mm, entry.off, salt, HEADER_PAGE, self._capacity) != entry:
-            return None  # evicted while we copied (the header is zeroed before the payload is touched)
+        if ring.parse_header(mm, entry.off, salt, HEADER_PAGE, self._capacity) != entry:
+            return None  # evicted while we copied
         return payload
+
+    def _raise_damaged(self, seq: int) -> NoReturn:
+        raise CorruptRecordError(
+            f"record {seq} of {self._path} failed its checksum; the file is damaged there. "
+            "Reopen the buffer for writing to quarantine it, and read other records"
+        )
 
     def _raise_missing(self, seq: int) -> NoReturn:
         reason = self._lost.reason(seq)

@@ -23,6 +23,7 @@ from agentrl_envs.data import (
     as_float32,
     as_int32,
     cap_utf8,
+    codec,
     decode,
     encode,
     float32_bytes,
@@ -241,3 +242,50 @@ def test_storage_errors_pickle_with_their_message() -> None:
         assert type(back) is type(exc) and str(back) == str(exc)
         assert isinstance(back, StorageError) and isinstance(back, AgentRLError)
     assert isinstance(RecordNotFoundError("x"), KeyError) and str(RecordNotFoundError("record 3")) == "record 3"
+
+
+_ARRAY_FIELDS = ("embedding", "token_log_probs", "token_ids")
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    sizes=st.lists(st.tuples(*(st.integers(0, 41) for _ in _ARRAY_FIELDS)), min_size=1, max_size=5),
+    text=st.sampled_from(["", "R\x05Z\x06b\x07", "SELECT 1"]),  # text holding the array fields' tag bytes
+)
+def test_encode_refuses_exactly_the_partial_array_items(sizes: list[tuple[int, int, int]], text: str) -> None:
+    """The one-parse array check (taken when the payload proves every number finite) agrees with the field-by-field one."""
+    steps = [Step(prompt=text, reward=0.5, **{name: b"\x01" * size for name, size in zip(_ARRAY_FIELDS, row)}) for row in sizes]
+    traj = Trajectory(env_id=text, steps=steps)
+    bad = [(i, name, size) for i, row in enumerate(sizes) for name, size in zip(_ARRAY_FIELDS, row) if size % 4]
+    assert codec._arrays_whole(traj.SerializeToString()) == (not bad)
+    if not bad:
+        assert decode(encode(traj)) == traj
+    else:
+        i, name, size = bad[0]
+        with pytest.raises(InvalidTrajectoryError, match=rf"^step {i}: {name} is {size} bytes, not a whole number"):
+            encode(traj)
+
+
+def test_array_check_on_large_and_unknown_fields() -> None:
+    traj = sample_traj(2)
+    traj.steps[1].embedding = b"\0" * 1_000_001  # under the 1 MiB cap: the item size is what is wrong
+    with pytest.raises(InvalidTrajectoryError, match=r"step 1: embedding is 1000001 bytes, not a whole number"):
+        encode(traj)
+    traj.steps[1].embedding = b"\0" * 1_000_000
+    assert decode(encode(traj)) == traj
+    # A step carrying a field this schema does not know (written by a newer one) is still checked, and kept.
+    step = Step.FromString(Step(action="a").SerializeToString() + b"\xa2\x06\x03abc")  # field 100, 3 bytes
+    traj = Trajectory(steps=[step])
+    assert decode(encode(traj)) == traj
+    traj.steps[0].token_ids = b"\0" * 5
+    with pytest.raises(InvalidTrajectoryError, match="step 0: token_ids is 5 bytes"):
+        encode(traj)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [b"", b"\xff" * 64, b"\x22\x03\x52\x01", b"\x22\x7f", bytes(range(256)), b"\x0b" * 100_000 + b"\x0c" * 100_000],
+)
+def test_array_check_answers_garbage_without_raising(payload: bytes) -> None:
+    """The private check only ever says whether the one-parse proof held; encode never feeds it anything but its own bytes."""
+    assert codec._arrays_whole(payload) is (payload == b"")

@@ -252,6 +252,24 @@ def test_bit_flips_are_detected_and_quarantined(path: Path, where: str) -> None:
         assert buf.recovery.quarantined == 0 and buf.recovery.stale == 0
 
 
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+def test_damage_under_an_open_writer_and_reader_is_caught(path: Path, where: str) -> None:
+    """A byte flipped in a live payload while the buffer is open fails the writer's get and a reader's alike."""
+    with ReplayBuffer.create(path, capacity_bytes=64 << 10) as buf, ReplayBuffer.open(path, readonly=True) as reader:
+        for i in range(3):
+            buf.append(traj(i))
+        entry = buf._index[1]
+        offset = {"first": 0, "middle": entry.length // 2, "last": entry.length - 1}[where]
+        _flip(path, HEADER_PAGE + entry.off + HEADER_SIZE + offset)  # through the file: the shared map sees it
+        # The writer's index is the truth, so its payload CRC decides; a reader rescans and finds the record gone.
+        for handle, says in ((buf, "record 1 of .* failed its checksum"), (reader, "record 1 of .*damaged")):
+            with pytest.raises(CorruptRecordError, match=says):
+                handle.get(1)
+            with pytest.raises(CorruptRecordError, match=says):
+                handle.get_bytes(1)
+            assert handle.get(0) == traj(0) and handle.get(2) == traj(2)
+
+
 def test_damaged_newest_record_is_counted_via_the_hint(path: Path) -> None:
     with ReplayBuffer.create(path, capacity_bytes=64 << 10) as buf:
         for i in range(5):
@@ -321,6 +339,22 @@ def test_forked_child_cannot_write(path: Path) -> None:
         _, status = os.waitpid(pid, 0)
         assert os.WEXITSTATUS(status) == 0
         assert buf.append(traj(0)) == 0
+
+
+def test_buffer_opened_in_a_forked_child_writes(path: Path) -> None:
+    """The fork check refuses only handles inherited from the parent, not ones the child opens itself."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            with ReplayBuffer.create(path, capacity_bytes=64 << 10) as buf:
+                code = 0 if buf.append(traj(0)) == 0 and buf.get(0) == traj(0) else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    with ReplayBuffer.open(path) as buf:
+        assert buf.get(0) == traj(0)
 
 
 def test_random_sizes_and_reopens_match_a_model(path: Path) -> None:
