@@ -302,7 +302,7 @@ class ReplayBuffer:
             if os.lseek(self._fd, 0, os.SEEK_END) < self._file_end:
                 self._check_size()
             length = len(payload)
-            span = HEADER_SIZE + ((length + 7) & ~7)
+            span = ring.span_of(length)
             if span > self._capacity:
                 raise RecordTooLargeError(
                     f"a {length:,}-byte record does not fit in this buffer's {self._capacity:,}-byte ring; "
