@@ -11,6 +11,7 @@ own adapter name so the tests do not see each other's versions:
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -132,7 +133,11 @@ def test_agent_episodes_end_to_end(server: tuple[str, Any, list[str]]) -> None:
     assert agent.stats.http_errors == 0 and agent.stats.bad_responses == 0 and agent.stats.feedback_sent == 2
     native = [m for m in agent.messages if m["role"] == "assistant" and m.get("tool_calls")]
     assert native, "the server's <tool_call> replies should come back as OpenAI tool_calls"
-    assert native[0]["tool_calls"][0]["function"]["name"] == "sql"
+    # which tool the untrained base picks first is its own (a near-tie whose winner has varied between
+    # machines' builds of the tiny model: "sql" on some, "finish" on others); the route must return a
+    # call of one of the env's tools, with its arguments as a JSON string, as OpenAI's API does
+    call = native[0]["tool_calls"][0]["function"]
+    assert call["name"] in {"sql", "finish"} and isinstance(json.loads(call["arguments"]), dict), call
     stats = app.router.get("policy").stats["policy@1"]
     assert stats.episodes == 2 and stats.requests == agent.stats.requests - 2
 
