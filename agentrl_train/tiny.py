@@ -79,10 +79,13 @@ def cache_root() -> Path:
     return Path(os.environ.get("AGENTRL_CACHE") or Path.home() / ".cache" / "agentrl")
 
 
-def build_tiny(spec: TinySpec | None = None, *, log: Any = print) -> Path:
+def build_tiny(spec: TinySpec | None = None, *, log: Any = print, threads: int | None = None) -> Path:
     """Build (once) and return the folder of the tiny model: ``config.json``, weights, tokenizer.
 
     Concurrent callers (parallel tests, DDP ranks) wait on a file lock; the folder appears atomically.
+    ``threads``: torch threads of the pretraining (None: every core, for a build that has the machine
+    to itself; 1 for one that runs beside other work). The weights do not depend on it: the model's
+    kernels split their outputs, not their sums, across threads (the same bytes with 1 and 2 threads).
     """
     spec = spec or TinySpec()
     root = cache_root()
@@ -96,7 +99,7 @@ def build_tiny(spec: TinySpec | None = None, *, log: Any = print) -> Path:
             return target
         tmp = Path(tempfile.mkdtemp(prefix=f".tiny-{spec.key()}-", dir=root))
         try:
-            _build(spec, tmp, log)
+            _build(spec, tmp, log, threads or os.cpu_count() or 1)
             (tmp / "done").write_text("ok\n")
             if target.exists():
                 shutil.rmtree(target)
@@ -154,7 +157,7 @@ def _render(messages: list[dict[str, str]], tools: list[dict[str, Any]]) -> str:
     return env.from_string(template).render(messages=messages, tools=tools, add_generation_prompt=False)
 
 
-def _build(spec: TinySpec, out: Path, log: Any) -> None:
+def _build(spec: TinySpec, out: Path, log: Any, threads: int) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
@@ -199,12 +202,12 @@ def _build(spec: TinySpec, out: Path, log: Any) -> None:
     )
     gen = torch.Generator().manual_seed(spec.seed)
     model.train()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(max(os.cpu_count() or 1, 1))  # the build has the machine to itself: use every core
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(threads, 1))
     try:
         _pretrain(model, data, spec, gen, log)
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(before)
     model.eval()
     model.save_pretrained(out)
     (out / "tiny_spec.json").write_text(json.dumps(asdict(spec), indent=2))
