@@ -31,6 +31,7 @@ __all__ = [
     "alive",
     "descendants",
     "free_port",
+    "parent_of",
     "sandbox_zygotes",
     "serve_in_thread",
     "simulator_server",
@@ -143,6 +144,15 @@ def alive(pid: int) -> bool:
     """A live process; a zombie counts as dead (killed, not yet reaped)."""
     fields = _stat_fields(pid)
     return fields is not None and fields[0] not in ("Z", "X")
+
+
+def parent_of(pid: int) -> int | None:
+    """The parent pid of ``pid``, or None when it is already gone (it may exit between listing and reading)."""
+    fields = _stat_fields(pid)
+    try:
+        return int(fields[1]) if fields is not None else None
+    except (IndexError, ValueError):
+        return None
 
 
 def descendants(root: int) -> list[int]:

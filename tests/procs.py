@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from agentrl_envs.testing import alive, descendants, sandbox_zygotes, with_marker
+from agentrl_envs.testing import alive, descendants, parent_of, sandbox_zygotes, with_marker
 
-__all__ = ["alive", "descendants", "sandbox_zygotes", "with_marker"]
+__all__ = ["alive", "descendants", "parent_of", "sandbox_zygotes", "with_marker"]

@@ -13,7 +13,7 @@ import pytest
 
 from simulators.python import PythonResult, RunLimits
 from simulators.python.sandbox import SandboxError, SandboxRunner
-from tests.procs import alive, descendants, with_marker
+from tests.procs import alive, descendants, parent_of, with_marker
 
 from .conftest import SUITE_LIMITS, WAIT_S, wait_for
 
@@ -23,15 +23,6 @@ def own_runner() -> SandboxRunner:
     r = SandboxRunner(SUITE_LIMITS)
     yield r
     r.close()
-
-
-def _parent(pid: int) -> int | None:
-    """The parent pid, or None when the process is already gone (it may exit between listing and reading)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def _host_fds() -> int:
@@ -51,7 +42,7 @@ def test_a_killed_zygote_is_restarted(own_runner: SandboxRunner, tmp_path: Path)
 def test_a_killed_inner_zygote_is_restarted(own_runner: SandboxRunner, tmp_path: Path) -> None:
     outer = own_runner.pid
     assert outer is not None
-    inner = [p for p in descendants(outer) if _parent(p) == outer]
+    inner = [p for p in descendants(outer) if parent_of(p) == outer]
     for pid in inner:
         os.kill(pid, signal.SIGKILL)
     # The call that finds the inner zygote dead may fail (on a loaded machine the outer zygote can take

@@ -29,7 +29,7 @@ from agentrl_envs.simulator_server_processes import bind
 from simulators import SimulatorApp
 from simulators.app import MAX_REQUEST_BYTES, template_fingerprint
 from simulators.memory import CloseCounter, release_memory
-from tests.procs import alive, descendants
+from tests.procs import alive, descendants, parent_of
 from tests.simulators.test_serve import running
 
 TABLES: dict[str, Any] = {"t": {"columns": [["id", "INTEGER"], ["v", "TEXT"]], "rows": [[i, f"v{i}"] for i in range(1, 51)]}}
@@ -102,18 +102,9 @@ def test_two_servers_each_hold_their_own_episodes() -> None:
 @pytest.mark.integration
 def test_serve_workers_keep_each_episode_on_its_process() -> None:
     """``agentrl-envs serve --workers 2``: two processes, two ports; the backend routes by episode id."""
-    cmd = [sys.executable, "-m", "agentrl_envs.cli", "serve", "--port", "0", "--workers", "2"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.pop("AGENTRL_SERVE_TOKEN", None)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    proc = _serve_workers("--port", "0", "--workers", "2")
     try:
-        assert proc.stdout is not None
-        line = ""
-        for _ in range(START_LINES):
-            line = proc.stdout.readline()
-            if "agentrl simulator on" in line or not line:
-                break
-        urls = line.split(" on ", 1)[-1].split(" ", 1)[0].split(",")
+        line, urls = _addresses(proc)
         assert len(urls) == 2 and all(re.fullmatch(r"http://127\.0\.0\.1:\d+", u) for u in urls), line
         for u in urls:  # the ports listen at once; each worker answers once it has started
             assert httpx.get(f"{u}/health", timeout=START_WAIT_S).status_code == 200
@@ -143,24 +134,15 @@ def test_serve_workers_keep_each_episode_on_its_process() -> None:
 @pytest.mark.integration
 def test_serve_workers_exit_when_the_supervisor_is_killed() -> None:
     """A SIGKILLed ``serve --workers 2`` leaves no worker (nor a worker's sandbox) behind."""
-    cmd = [sys.executable, "-m", "agentrl_envs.cli", "serve", "--host", "127.0.0.1", "--port", "0", "--workers", "2"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.pop("AGENTRL_SERVE_TOKEN", None)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    proc = _serve_workers("--host", "127.0.0.1", "--port", "0", "--workers", "2")
     left: list[int] = []
     try:
-        assert proc.stdout is not None
-        line = ""
-        for _ in range(START_LINES):
-            line = proc.stdout.readline()
-            if "agentrl simulator on" in line or not line:
-                break
-        urls = line.split(" on ", 1)[-1].split(" ", 1)[0].split(",")
+        line, urls = _addresses(proc)
         assert len(urls) == 2, line
         for u in urls:  # a worker that answers has set its parent-death signal long before
             assert httpx.get(f"{u}/health", timeout=START_WAIT_S).status_code == 200
         workers = descendants(proc.pid)
-        assert len([p for p in workers if _parent(p) == proc.pid]) == 2, workers
+        assert len([p for p in workers if parent_of(p) == proc.pid]) == 2, workers
         proc.kill()
         proc.wait()
         for _ in range(DEATH_POLLS):  # 60 s in all: stopping uvicorn and the sandbox, on a busy machine
@@ -186,12 +168,23 @@ def test_a_worker_whose_supervisor_died_before_it_asked_exits_at_once() -> None:
     assert done.returncode == 1 and "the supervisor" in done.stderr and "is gone" in done.stderr, done.stderr
 
 
-def _parent(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
+def _serve_workers(*flags: str) -> subprocess.Popen[str]:
+    """``agentrl-envs serve FLAGS`` without a token, its output on a pipe."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("AGENTRL_SERVE_TOKEN", None)
+    cmd = [sys.executable, "-m", "agentrl_envs.cli", "serve", *flags]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+
+
+def _addresses(proc: subprocess.Popen[str]) -> tuple[str, list[str]]:
+    """The line where ``serve`` prints its addresses (read for at most START_LINES lines), and the URLs in it."""
+    assert proc.stdout is not None
+    line = ""
+    for _ in range(START_LINES):
+        line = proc.stdout.readline()
+        if "agentrl simulator on" in line or not line:
+            break
+    return line, line.split(" on ", 1)[-1].split(" ", 1)[0].split(",")
 
 
 def test_bind_refuses_bad_worker_counts_and_taken_ports() -> None:
