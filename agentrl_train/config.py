@@ -104,6 +104,12 @@ class PPOConfig:
     score_baseline: str = _f(
         "reference", "candidates mode: subtract the reference model's score of each candidate (reference) or not (none)"
     )
+    reference_weight: float = _f(
+        1.0,
+        "candidates mode, score_baseline=reference: the share of the reference model's score subtracted "
+        "(1: the adapter's change alone decides and the start policy is uniform; below 1 the base model's "
+        "preference stays in the policy with weight 1 - this, a margin the adapter must overcome)",
+    )
     temperature: float = _f(0.1, "candidates mode: policy = softmax(score / temperature)")
     max_new_tokens: int = _f(160, "generate mode: token budget of one action")
     max_prompt_tokens: int = _f(1536, "prompt tokens kept (the system prompt and instruction always; oldest turns dropped)")
@@ -205,7 +211,7 @@ class TrainConfig:
             "anchor_coef",
         ):
             _non_negative(name, _get(self, name))
-        for name in ("gamma", "lam"):
+        for name in ("gamma", "lam", "reference_weight"):
             if not 0.0 <= _get(self, name) <= 1.0:
                 raise ConfigError(f"--{_flag(name)}={_get(self, name)!r}: use a value in [0, 1]")
         if e.mode == "candidates" and e.candidates < 2:

@@ -234,15 +234,18 @@ def _sub(info: dict[str, Any], i: int) -> dict[str, Any]:
 
 
 def candidate_logprobs(scores_K: torch.Tensor, base_K: torch.Tensor | list[float] | None, ppo: Any) -> torch.Tensor:
-    """The candidates-mode policy: ``log_softmax((score - baseline) / temperature)``.
+    """The candidates-mode policy: ``log_softmax((score - w * baseline) / temperature)``.
 
     With ``score_baseline="reference"`` the baseline is the reference model's score of the same
-    candidate, so only what the adapter learned moves the policy (the base model's preference for
-    short candidates, or for one it already sees in its context, cancels out); else no baseline.
+    candidate and ``w`` is ``reference_weight``. At ``w = 1`` only what the adapter learned moves the
+    policy (the base model's preference for short candidates, or for one it already sees in its
+    context, cancels out) and an untrained adapter is a uniform policy. Below 1 a share ``1 - w`` of
+    the base model's preference stays: the untrained policy is ``softmax((1 - w) * base / T)``, and an
+    update has to overcome those margins before it changes a greedy choice. Else no baseline.
     """
     if ppo.score_baseline == "reference" and base_K is not None:
         base = base_K if isinstance(base_K, torch.Tensor) else torch.tensor(base_K, device=scores_K.device)
-        scores_K = scores_K - base.to(scores_K.dtype)
+        scores_K = scores_K - getattr(ppo, "reference_weight", 1.0) * base.to(scores_K.dtype)
     return torch.log_softmax(scores_K / ppo.temperature, dim=-1)
 
 

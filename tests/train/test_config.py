@@ -40,6 +40,8 @@ def test_yaml_then_flags(tmp_path) -> None:
         ({"eval_splits": ["train", "valid"]}, "eval-splits"),
         ({"critic_grad": "both"}, "--critic-grad='both': use one of shared, head"),
         ({"anchor_coef": -1}, "--anchor-coef"),
+        ({"reference_weight": 1.5}, r"--reference-weight=1\.5: use a value in \[0, 1\]"),
+        ({"reference_weight": "nan"}, "finite"),
     ],
 )
 def test_bad_values_name_the_option(overrides, match) -> None:

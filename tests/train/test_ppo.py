@@ -122,3 +122,27 @@ def test_greedy_candidate_breaks_ties_by_the_reference_score() -> None:
     two = candidate_logprobs(base + torch.tensor([0.0, 0.0, 0.3, 0.3]), base, P())
     assert greedy_candidate(two, base) == 2
     assert greedy_candidate(logp, None) == 0  # no reference scores: plain argmax
+
+
+def test_reference_weight_keeps_a_share_of_the_base_preference_as_margins() -> None:
+    from agentrl_train.rollout import candidate_logprobs, greedy_candidate
+
+    class P:
+        score_baseline, temperature, reference_weight = "reference", 0.1, 0.9
+
+    base = torch.tensor([-2.0, -0.5, -1.0, -3.0])
+    # untrained: the policy is softmax((1 - w) * base / T), the base model's ranking with margins
+    start = candidate_logprobs(base.clone(), base, P())
+    assert torch.allclose(start, torch.log_softmax(0.1 * base / 0.1, dim=-1))
+    assert greedy_candidate(start, base) == 1
+    # the KL's reference is that same start policy, so the KL is 0 before the first update
+    assert torch.equal(candidate_logprobs(base, base, P()), start)
+    # a shift smaller than the base margin (0.1 * 0.5 = 0.05 per token) does not change the greedy choice
+    assert greedy_candidate(candidate_logprobs(base + torch.tensor([0.0, 0.0, 0.04, 0.0]), base, P()), base) == 1
+    # ... a larger one does; with w = 1 even the small one would
+    assert greedy_candidate(candidate_logprobs(base + torch.tensor([0.0, 0.0, 0.06, 0.0]), base, P()), base) == 2
+    P.reference_weight = 1.0
+    assert greedy_candidate(candidate_logprobs(base + torch.tensor([0.0, 0.0, 0.04, 0.0]), base, P()), base) == 2
+    # no baseline: the weight is not used
+    P.score_baseline = "none"
+    assert torch.allclose(candidate_logprobs(base, base, P()), torch.log_softmax(base / 0.1, dim=-1))
