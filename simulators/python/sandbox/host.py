@@ -148,9 +148,11 @@ class _Zygote:
                     raise SandboxError(f"the sandbox could not prepare a run: {reply.get('error')}")
                 self.slots.append(Slot.from_fds(list(reply.get("fds", ())), list(fds)))
             slot = self.slots.pop(0)
-            if not select.select([slot.prog], [], [], 0)[0]:
+            # A slot outlives its zygote for a moment (its program is killed when the zygote's death
+            # reaches it): a dead zygote's slots are never handed out, so the run goes to a new one.
+            if self.proc.poll() is None and not select.select([slot.prog], [], [], 0)[0]:
                 return slot
-            slot.close()  # its program is gone: the zygote died, or killed it
+            slot.close()  # its program is gone, or about to be: the zygote died, or killed it
             if self.proc.poll() is not None:
                 raise EOFError("the sandbox zygote is gone")
 
