@@ -245,7 +245,7 @@ def candidate_logprobs(scores_K: torch.Tensor, base_K: torch.Tensor | list[float
     """
     if ppo.score_baseline == "reference" and base_K is not None:
         base = base_K if isinstance(base_K, torch.Tensor) else torch.tensor(base_K, device=scores_K.device)
-        scores_K = scores_K - getattr(ppo, "reference_weight", 1.0) * base.to(scores_K.dtype)
+        scores_K = scores_K - ppo.reference_weight * base.to(scores_K.dtype)
     return torch.log_softmax(scores_K / ppo.temperature, dim=-1)
 
 

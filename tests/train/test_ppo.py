@@ -107,7 +107,7 @@ def test_greedy_candidate_breaks_ties_by_the_reference_score() -> None:
     from agentrl_train.rollout import candidate_logprobs, greedy_candidate
 
     class P:
-        score_baseline, temperature = "reference", 0.1
+        score_baseline, temperature, reference_weight = "reference", 0.1, 1.0
 
     base = torch.tensor([-2.0, -0.5, -1.0, -3.0])
     # an untrained adapter scores like the reference: a uniform policy, every candidate tied
