@@ -39,6 +39,8 @@ __all__ = ["AUTORESET_ACTION", "SETTABLE_ATTRIBUTES", "ToolUseEnv"]
 
 ACTION_MAX_CHARS = 200_000
 OBSERVATION_MAX_CHARS = 16_000
+#: ``info["sandbox_tier"]`` of an env without the python tool: it runs no Python and starts no sandbox
+NO_PYTHON_TIER = "none"
 
 #: What :meth:`ToolUseEnv.oracle_action` returns once the episode has ended: under Gymnasium's
 #: NEXT_STEP autoreset the next step of that sub-env is a reset step whose action is ignored, so
@@ -510,15 +512,21 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
 
     def _get_backend(self) -> Backend:
         if self._backend is None:
+            runs_python = "python" in self.tools
             backend = make_backend(
                 self.backend_spec,
                 sql_deadline_s=self.sql_deadline_s,
                 python_timeout_s=self.python_timeout_s,
                 python_sandbox=self.python_sandbox,
                 allow_unsafe_sandbox=self.allow_unsafe_sandbox,
+                lazy_python=not runs_python,  # an env without the python tool starts no sandbox
             )
-            self._sandbox_tier = getattr(backend, "sandbox_tier", None)
-            self._backend_facts = {"numpy": bool(getattr(backend, "numpy_available", False))}
+            if runs_python:
+                self._sandbox_tier = getattr(backend, "sandbox_tier", None)
+                self._backend_facts = {"numpy": bool(getattr(backend, "numpy_available", False))}
+            else:
+                self._sandbox_tier = NO_PYTHON_TIER
+                self._backend_facts = {"numpy": False}
             self._schemas = _schema_parts(self.tools.values(), self._backend_facts)
             self._backend = FaultInjectingBackend(backend, self.profile) if self.profile.injects else backend
         return self._backend

@@ -50,7 +50,7 @@ class SQLEnv(ToolUseEnv):
       ``error_type``, ``error``, and for ``sql`` ``columns``, ``row_count``, ``csv_path``,
       ``truncated``), ``fault`` (``{}``, or its ``type``, ``status`` and ``origin``),
       ``virtual_time_s``, ``subtask_index``, ``subtask_boundary`` (always False here: one tool),
-      ``sandbox_tier`` (the backend's Python isolation tier; this env runs no Python) and
+      ``sandbox_tier`` (``none``: this env runs no Python and starts no sandbox) and
       ``call_format`` (``hermes``, ``json``, ``openai``, ``llama3`` or ``none``);
     - at reset: ``instruction``, ``tools`` (OpenAI function schemas of ``sql`` and ``finish``),
       ``system_prompt`` and ``max_steps``;
@@ -245,8 +245,8 @@ class SMTPEnv(ToolUseEnv):
       action), ``tool_result`` (``{}`` after reset; else ``tool``, ``ok``, ``status``,
       ``error_type``, ``error``, and for ``smtp`` ``message_id``, ``to``, ``cc``, ``attachments``),
       ``fault`` (``{}``, or its ``type``, ``status`` and ``origin``), ``virtual_time_s``,
-      ``subtask_index``, ``subtask_boundary`` (always False here: one tool), ``sandbox_tier`` (the
-      backend's Python isolation tier; this env runs no Python) and ``call_format`` (``hermes``,
+      ``subtask_index``, ``subtask_boundary`` (always False here: one tool), ``sandbox_tier``
+      (``none``: this env runs no Python and starts no sandbox) and ``call_format`` (``hermes``,
       ``json``, ``openai``, ``llama3`` or ``none``);
     - at reset: ``instruction``, ``tools`` (OpenAI function schemas of ``smtp`` and ``finish``),
       ``system_prompt`` and ``max_steps``;
@@ -460,8 +460,9 @@ class HTTPEnv(ToolUseEnv):
       ``aux``, ``fault``, ``format``), ``tool`` (the tool called, or None for an unparsed action),
       ``tool_result`` (``{}`` after reset; else ``tool``, ``ok``, ``status``, ``error_type``,
       ``error`` and ``http_status``), ``fault`` (``{}``, or its ``type``, ``status`` and
-      ``origin``), ``virtual_time_s``, ``subtask_index``, ``subtask_boundary``, ``sandbox_tier`` and
-      ``call_format`` (``hermes``, ``json``, ``openai``, ``llama3`` or ``none``);
+      ``origin``), ``virtual_time_s``, ``subtask_index``, ``subtask_boundary``, ``sandbox_tier``
+      (``none``: this env runs no Python and starts no sandbox) and ``call_format`` (``hermes``,
+      ``json``, ``openai``, ``llama3`` or ``none``);
     - at reset: ``instruction``, ``tools`` (OpenAI function schemas of ``http`` and ``finish``),
       ``system_prompt`` and ``max_steps``;
     - at the end: ``success``, ``task_components`` (``api``, and ``answer`` for the questions),

@@ -207,6 +207,10 @@ class SimulatorApp:
         python_sandbox: run programs in the hardened sandbox (default) rather than a plain
             subprocess with rlimits.
         allow_unsafe_sandbox: accept a sandbox that can only apply rlimits (tier UNSAFE).
+        lazy_python: start the Python runner (the sandbox service lease) at the first Python run,
+            or the first look at :attr:`sandbox_tier` / :attr:`numpy_available`, instead of now.
+            Envs without the ``python`` tool use it: they never start a sandbox, and work where
+            the sandbox would refuse to start.
         max_upload_bytes: the largest template database upload (its JSON body) accepted; other
             requests stay within ``MAX_REQUEST_BYTES``.
     """
@@ -219,25 +223,64 @@ class SimulatorApp:
         python_sandbox: bool = True,
         allow_unsafe_sandbox: bool = False,
         max_upload_bytes: int = MAX_UPLOAD_BYTES,
+        lazy_python: bool = False,
     ) -> None:
         if not isinstance(max_upload_bytes, int) or isinstance(max_upload_bytes, bool) or max_upload_bytes < 1:
             raise ValueError(f"max_upload_bytes={max_upload_bytes!r}: use a positive number of bytes")
         self.sql_deadline_s = sql_deadline_s
         self.max_upload_bytes = max_upload_bytes
         self.templates = TemplateCache()
-        self.runner: PythonRunner | SharedSandbox
-        if python_sandbox:  # a lease on the one sandbox service of the machine (or process: SharedSandbox scope)
-            self.runner = SharedSandbox(python_limits, allow_unsafe=allow_unsafe_sandbox)
-        else:
-            self.runner = PythonRunner(python_limits)
-        #: FULL / REDUCED / UNSAFE for the hardened sandbox, BASIC for the plain subprocess runner
-        self.sandbox_tier: str = getattr(self.runner, "tier", "BASIC")
-        #: whether agent programs can import numpy (the plain runner's ``python -I -S`` cannot)
-        self.numpy_available: bool = bool(getattr(self.runner, "numpy_available", False))
+        self._python_limits = python_limits
+        self._python_sandbox = bool(python_sandbox)
+        self._allow_unsafe_sandbox = bool(allow_unsafe_sandbox)
+        self._runner: PythonRunner | SharedSandbox | None = None
+        self._runner_lock = threading.Lock()
+        self._runner_closed = False
         self.workspace_root = workspace_root
         self._episodes: dict[str, _Episode] = {}
         self._lock = threading.Lock()
         self._closes = CloseCounter()
+        if not lazy_python:
+            self._start_runner()
+
+    @property
+    def runner(self) -> PythonRunner | SharedSandbox:
+        """What runs Python programs: a lease on the sandbox service, or the plain subprocess runner.
+        Started here if it was not yet (``lazy_python``)."""
+        runner = self._runner
+        return runner if runner is not None else self._start_runner()
+
+    @runner.setter
+    def runner(self, runner: PythonRunner | SharedSandbox) -> None:
+        """Swap in another runner (tests, custom runners); the caller closes the old one."""
+        with self._runner_lock:
+            self._runner = runner
+
+    @property
+    def python_started(self) -> bool:
+        """Whether the Python runner exists (always, unless ``lazy_python`` and no Python ran yet)."""
+        return self._runner is not None
+
+    @property
+    def sandbox_tier(self) -> str:
+        """FULL / REDUCED / UNSAFE for the hardened sandbox, BASIC for the plain subprocess runner."""
+        return str(getattr(self.runner, "tier", "BASIC"))
+
+    @property
+    def numpy_available(self) -> bool:
+        """Whether agent programs can import numpy (the plain runner's ``python -I -S`` cannot)."""
+        return bool(getattr(self.runner, "numpy_available", False))
+
+    def _start_runner(self) -> PythonRunner | SharedSandbox:
+        with self._runner_lock:
+            if self._runner is None:
+                if self._runner_closed:
+                    raise RuntimeError("this simulator is closed: it starts no Python runner")
+                if self._python_sandbox:  # a lease on the one sandbox service of the machine (or process: SharedSandbox scope)
+                    self._runner = SharedSandbox(self._python_limits, allow_unsafe=self._allow_unsafe_sandbox)
+                else:
+                    self._runner = PythonRunner(self._python_limits)
+            return self._runner
 
     # -- HTTP surface -------------------------------------------------------------------------
 
@@ -514,7 +557,10 @@ class SimulatorApp:
     def close(self) -> None:
         for episode_id in list(self._episodes):
             self.close_episode(episode_id)
-        self.runner.close()
+        with self._runner_lock:
+            runner, self._runner_closed = self._runner, True
+        if runner is not None:
+            runner.close()
 
     def workspace_of(self, episode_id: str) -> str | None:
         """The directory of an open episode's workspace (created if needed), for tests and tools."""

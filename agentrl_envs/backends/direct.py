@@ -28,6 +28,10 @@ class DirectBackend(LazyEpisodes):
         app: a simulator to use (default: a new one with the given limits).
         sql_deadline_s: statement deadline of the simulated SQL service.
         python_timeout_s: wall deadline of one Python run.
+        python_sandbox: run programs in the hardened sandbox (default) rather than a plain subprocess.
+        allow_unsafe_sandbox: accept a sandbox that can only apply rlimits (tier UNSAFE).
+        lazy_python: start the Python runner at the first Python run (or the first look at
+            ``sandbox_tier`` / ``numpy_available``), not now: what envs without the python tool ask for.
     """
 
     def __init__(
@@ -37,6 +41,7 @@ class DirectBackend(LazyEpisodes):
         python_timeout_s: float = 5.0,
         python_sandbox: bool = True,
         allow_unsafe_sandbox: bool = False,
+        lazy_python: bool = False,
     ) -> None:
         limits = RunLimits(wall_s=python_timeout_s, cpu_s=max(1, int(python_timeout_s + 0.999)))
         self.app = app or SimulatorApp(
@@ -44,9 +49,18 @@ class DirectBackend(LazyEpisodes):
             python_limits=limits,
             python_sandbox=python_sandbox,
             allow_unsafe_sandbox=allow_unsafe_sandbox,
+            lazy_python=lazy_python,
         )
-        self.sandbox_tier = self.app.sandbox_tier
-        self.numpy_available = self.app.numpy_available
+
+    @property
+    def sandbox_tier(self) -> str:
+        """The simulator's Python isolation tier (starts its runner if ``lazy_python`` left it unstarted)."""
+        return self.app.sandbox_tier
+
+    @property
+    def numpy_available(self) -> bool:
+        """Whether agent programs can import numpy (starts the runner, as :attr:`sandbox_tier`)."""
+        return self.app.numpy_available
 
     def _open_now(self, setup: EpisodeSetup) -> None:
         def call(method: str, path: str, body: dict[str, Any]) -> tuple[int, str]:

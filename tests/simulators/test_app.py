@@ -564,3 +564,50 @@ def test_the_owner_can_replace_and_close_and_then_the_id_is_free(
 def test_the_python_surface_is_trusted_and_needs_no_token(app: SimulatorApp, client: OwnerClient, episode: str) -> None:
     status, reply = app.tool(episode, "sql", {"query": "SELECT 1"})
     assert status == 200, reply
+
+
+# -- lazy_python: the runner starts at the first Python run, not with the app ----------------------
+
+
+def test_a_lazy_app_starts_no_runner_until_python_runs(ws_root: Path) -> None:
+    app = SimulatorApp(python_limits=RunLimits(wall_s=3.0, cpu_s=3), workspace_root=str(ws_root), lazy_python=True)
+    try:
+        assert not app.python_started
+        with OwnerClient(transport=httpx.MockTransport(app.handle), base_url="http://agentrl.sim") as c:
+            assert c.put(f"/v1/databases/{FP}", json={"tables": TABLES}).status_code == 204
+            assert c.post("/v1/episodes", json={"episode_id": "e1", "database": FP}).status_code == 201
+            assert c.post("/v1/episodes/e1/sql", json={"query": "SELECT COUNT(*) FROM sales"}).status_code == 200
+            assert c.delete("/v1/episodes/e1").status_code == 204
+            assert not app.python_started  # SQL, workspaces and episodes never need it
+            assert c.post("/v1/episodes", json={"episode_id": "e2"}).status_code == 201
+            r = c.post("/v1/episodes/e2/python", json={"code": "print(6 * 7)"})
+            assert r.status_code == 200, r.text
+            assert r.json()["result"]["stdout"] == "42\n"
+            assert app.python_started
+            assert r.json()["result"]["sandbox_tier"] == app.sandbox_tier
+    finally:
+        app.close()
+
+
+def test_a_lazy_app_reports_its_tier_by_starting_the_runner(ws_root: Path) -> None:
+    app = SimulatorApp(python_sandbox=False, workspace_root=str(ws_root), lazy_python=True)
+    try:
+        assert not app.python_started
+        health = httpx.Client(transport=httpx.MockTransport(app.handle), base_url="http://agentrl.sim").get("/health")
+        assert health.json()["result"]["sandbox_tier"] == "BASIC"  # a health check answers with the real tier
+        assert app.python_started
+    finally:
+        app.close()
+
+
+def test_a_closed_lazy_app_starts_nothing_and_answers_python_with_an_error(ws_root: Path) -> None:
+    app = SimulatorApp(workspace_root=str(ws_root), lazy_python=True)
+    with OwnerClient(transport=httpx.MockTransport(app.handle), base_url="http://agentrl.sim") as c:
+        assert c.post("/v1/episodes", json={"episode_id": "e1"}).status_code == 201
+        app.close()
+        assert not app.python_started
+        with pytest.raises(RuntimeError, match="closed"):
+            app.runner  # noqa: B018
+        r = c.post("/v1/episodes/e1/python", json={"code": "print(1)"})
+        assert r.status_code >= 400  # the episode is gone with the app: a JSON error, not a crash
+        assert not app.python_started
