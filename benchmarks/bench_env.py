@@ -22,6 +22,8 @@ Sections:
 3.  Python step vs a cold ``subprocess.run([python, -I, -S, -c, ...])``.
 4.  SMTP step vs building the same ``EmailMessage`` and ``as_bytes()``.
 5.  Whole oracle episodes per env id.
+6.  ``make`` + ``reset`` + ``close`` of each env id in a fresh process, and the child processes it
+    started (the Python sandbox's, for the envs with the python tool).
 
 Rows marked "(layer)" are attribution rows: the same call one layer down the stack, so the table
 shows where the added time goes (SQL engine, in-process HTTP, env core). They reach into private
@@ -33,6 +35,7 @@ from __future__ import annotations
 import argparse
 import email.policy
 import gc
+import json
 import os
 import platform
 import random
@@ -570,6 +573,45 @@ def bench_oracle(episodes: int) -> None:
     )
 
 
+_FRESH_MAKE = """
+import json, os, sys, time
+sys.path.insert(0, sys.argv[2])
+import gymnasium as gym
+import agentrl_envs
+from agentrl_envs.testing import descendants
+gym.make("AgentRL/SQL-v0").close()  # the modules an env loads at its first make, not the sandbox
+t = time.perf_counter()
+env = gym.make(sys.argv[1])
+env.reset(seed=0)
+procs = len(descendants(os.getpid()))
+env.close()
+print(json.dumps({"s": time.perf_counter() - t, "procs": procs}))
+"""
+
+
+def bench_fresh_make(reps: int) -> None:
+    """make + reset + close of each env id in a fresh process: what a short script or a new worker pays."""
+    rows = []
+    samples: dict[str, list[dict[str, float]]] = {env_id: [] for env_id in ENV_IDS}
+    for _ in range(reps):  # env ids interleaved, so each gets the same share of the machine's load
+        for env_id in ENV_IDS:
+            out = subprocess.run(
+                [sys.executable, "-c", _FRESH_MAKE, env_id, str(_ROOT)], capture_output=True, text=True, check=False
+            )
+            try:
+                samples[env_id].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            except (ValueError, IndexError):
+                _NOTES.append(f"fresh make of {env_id} failed: {out.stderr.strip()[-300:]}")
+    for env_id, got in samples.items():
+        if got:
+            rows.append((env_id, str(len(got)), ms(p50([g["s"] for g in got])), str(max(int(g["procs"]) for g in got))))
+    print_table(
+        "6. make + reset + close in a fresh process (modules already imported; envs without the python tool start no sandbox)",
+        ("env id", "runs", "ms p50", "child processes"),
+        rows,
+    )
+
+
 # -- main ------------------------------------------------------------------------------------------
 
 
@@ -601,6 +643,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench_python(100 // div)
     bench_smtp(200 // div)
     bench_oracle(20 // div)
+    bench_fresh_make(max(1, 5 // div))
     print(f"\ntotal benchmark time: {time.perf_counter() - start:.1f} s")
     for note in _NOTES:
         print(f"note: {note}")
