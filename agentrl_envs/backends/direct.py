@@ -12,16 +12,16 @@ from typing import Any
 
 from agentrl_envs.backends import wire
 from agentrl_envs.backends.base import EpisodeSetup, ToolRequest, ToolResponse
+from agentrl_envs.backends.inprocess import InProcessSimulator, make_app
 from agentrl_envs.backends.lazy import LazyEpisodes
 from agentrl_envs.backends.wire import to_response
 from agentrl_envs.errors import PermanentError
 from simulators import SimulatorApp
-from simulators.python import RunLimits
 
 __all__ = ["DirectBackend"]
 
 
-class DirectBackend(LazyEpisodes):
+class DirectBackend(InProcessSimulator, LazyEpisodes):
     """The simulator as Python calls. Episodes open at their first call (:mod:`~agentrl_envs.backends.lazy`).
 
     Args:
@@ -43,24 +43,7 @@ class DirectBackend(LazyEpisodes):
         allow_unsafe_sandbox: bool = False,
         lazy_python: bool = False,
     ) -> None:
-        limits = RunLimits(wall_s=python_timeout_s, cpu_s=max(1, int(python_timeout_s + 0.999)))
-        self.app = app or SimulatorApp(
-            sql_deadline_s=sql_deadline_s,
-            python_limits=limits,
-            python_sandbox=python_sandbox,
-            allow_unsafe_sandbox=allow_unsafe_sandbox,
-            lazy_python=lazy_python,
-        )
-
-    @property
-    def sandbox_tier(self) -> str:
-        """The simulator's Python isolation tier (starts its runner if ``lazy_python`` left it unstarted)."""
-        return self.app.sandbox_tier
-
-    @property
-    def numpy_available(self) -> bool:
-        """Whether agent programs can import numpy (starts the runner, as :attr:`sandbox_tier`)."""
-        return self.app.numpy_available
+        self.app = app or make_app(sql_deadline_s, python_timeout_s, python_sandbox, allow_unsafe_sandbox, lazy_python)
 
     def _open_now(self, setup: EpisodeSetup) -> None:
         def call(method: str, path: str, body: dict[str, Any]) -> tuple[int, str]:

@@ -18,11 +18,10 @@ import httpx
 
 from agentrl_envs.backends import wire
 from agentrl_envs.backends.base import EpisodeSetup, ToolRequest, ToolResponse
+from agentrl_envs.backends.inprocess import InProcessSimulator, make_app
 from agentrl_envs.backends.lazy import LazyEpisodes
 from agentrl_envs.backends.wire import AT_HEADER, EPISODE_TOKEN_HEADER, to_response, tool_path
 from agentrl_envs.errors import PermanentError
-from simulators import SimulatorApp
-from simulators.python import RunLimits
 
 __all__ = ["SimBackend", "WireClient"]
 
@@ -89,7 +88,7 @@ class WireClient:
         return self._client.request(method, path, headers=headers, **kwargs)  # type: ignore[arg-type]
 
 
-class SimBackend(LazyEpisodes, WireClient):
+class SimBackend(InProcessSimulator, LazyEpisodes, WireClient):
     """In-process simulator backend. Episodes open at their first call (:mod:`~agentrl_envs.backends.lazy`).
 
     Args:
@@ -109,25 +108,8 @@ class SimBackend(LazyEpisodes, WireClient):
         allow_unsafe_sandbox: bool = False,
         lazy_python: bool = False,
     ) -> None:
-        limits = RunLimits(wall_s=python_timeout_s, cpu_s=max(1, int(python_timeout_s + 0.999)))
-        self.app = SimulatorApp(
-            sql_deadline_s=sql_deadline_s,
-            python_limits=limits,
-            python_sandbox=python_sandbox,
-            allow_unsafe_sandbox=allow_unsafe_sandbox,
-            lazy_python=lazy_python,
-        )
+        self.app = make_app(sql_deadline_s, python_timeout_s, python_sandbox, allow_unsafe_sandbox, lazy_python)
         super().__init__(httpx.Client(transport=httpx.MockTransport(self.app.handle), base_url="http://agentrl.sim"))
-
-    @property
-    def sandbox_tier(self) -> str:
-        """The simulator's Python isolation tier (starts its runner if ``lazy_python`` left it unstarted)."""
-        return self.app.sandbox_tier
-
-    @property
-    def numpy_available(self) -> bool:
-        """Whether agent programs can import numpy (starts the runner, as :attr:`sandbox_tier`)."""
-        return self.app.numpy_available
 
     def _bytes(self, method: str, path: str, episode_id: str, body: dict[str, Any] | None) -> tuple[int, bytes]:
         """One request on the wire, as bytes in and out (``ensure_ascii`` keeps any str encodable)."""
