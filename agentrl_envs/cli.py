@@ -20,6 +20,7 @@ import argparse
 import json
 import sys
 import time
+import urllib.parse
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any, TextIO
@@ -34,11 +35,28 @@ from agentrl_envs.text_table import format_table
 
 __all__ = ["main"]
 
-PLAY_HELP = """Type one tool call per line:
-  sql SELECT ...            run a query            python print(1)   run code (\\n for newlines)
-  smtp {"to": ..., ...}     send mail (JSON args)  finish 42         end with an answer
-  <tool_call>{...}</tool_call> or a bare JSON call also work; a number picks a candidate.
-  :help shows this, :render shows the transcript, :quit leaves."""
+#: one line of ``play``'s help per tool: its shorthand and what it does
+PLAY_SHORTHANDS = {
+    "sql": "  sql SELECT ...                 run a query",
+    "python": "  python print(1)                run code (\\n for newlines)",
+    "smtp": '  smtp {"to": ..., ...}          send mail (JSON arguments)',
+    "http": '  http GET /v1/tickets?limit=5   a REST call (POST and PATCH take a JSON body: http POST /v1/x {"a": 1})',
+    "finish": "  finish 42                      end with an answer",
+}
+
+
+def play_help(tool_names: Sequence[str]) -> str:
+    """What ``play`` prints at the start and on ``:help``: the shorthands of this env's tools only."""
+    lines = ["Type one tool call per line:"]
+    lines += [PLAY_SHORTHANDS[name] for name in tool_names if name in PLAY_SHORTHANDS]
+    lines += [
+        "  <tool_call>{...}</tool_call> or a bare JSON call also work; a number picks a candidate.",
+        "  :help shows this, :render shows the transcript, :quit leaves.",
+    ]
+    return "\n".join(lines)
+
+
+PLAY_HELP = play_help(list(PLAY_SHORTHANDS))  # every tool's shorthand
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -248,7 +266,8 @@ def cmd_play(args: argparse.Namespace, stdin: TextIO | None = None, stdout: Text
         observation, info = env.reset(seed=args.seed)
         print(f"== {args.env_id} | task {info['task_id']} | max {info['max_steps']} steps ==", file=out)
         print(observation, file=out)
-        print(f"\n{PLAY_HELP}", file=out)
+        help_text = play_help(list(env.unwrapped.tool_names))
+        print(f"\n{help_text}", file=out)
         _show_candidates(info, out)
         total = 0.0
         while True:
@@ -261,7 +280,7 @@ def cmd_play(args: argparse.Namespace, stdin: TextIO | None = None, stdout: Text
             if line.strip() in (":quit", ":q"):
                 return 0
             if line.strip() == ":help":
-                print(PLAY_HELP, file=out)
+                print(help_text, file=out)
                 continue
             if line.strip() == ":render":
                 print(env.render(), file=out)
@@ -304,6 +323,10 @@ def _shorthand(line: str, candidates: list[str] | None) -> str:
         return format_call("python", {"code": rest.replace("\\n", "\n")})
     if head == "finish":
         return format_call("finish", {"answer": rest})
+    if head == "http" and rest:
+        arguments = _http_shorthand(rest)
+        if arguments is not None:
+            return format_call("http", arguments)
     if head == "smtp" and rest.startswith("{"):
         try:
             arguments = json.loads(rest)
@@ -312,6 +335,37 @@ def _shorthand(line: str, candidates: list[str] | None) -> str:
         if isinstance(arguments, dict):
             return format_call("smtp", arguments)
     return line
+
+
+def _http_shorthand(rest: str) -> dict[str, Any] | None:
+    """``METHOD /path[?k=v&...] [JSON body]`` as the http tool's arguments (None: not that shape; the
+    line then goes to the env as typed, which explains what is wrong with it)."""
+    method, _, tail = rest.strip().partition(" ")
+    target, _, body_text = tail.strip().partition(" ")
+    if not target.startswith("/"):
+        return None
+    path, _, query_text = target.partition("?")
+    arguments: dict[str, Any] = {"method": method.upper(), "path": path}
+    if query_text:
+        arguments["query"] = {k: _scalar(v) for k, v in urllib.parse.parse_qsl(query_text, keep_blank_values=True)}
+    if body_text.strip():
+        try:
+            body = json.loads(body_text)
+        except (ValueError, RecursionError):
+            return None
+        if not isinstance(body, dict):
+            return None
+        arguments["body"] = body
+    return arguments
+
+
+def _scalar(text: str) -> Any:
+    """A query value as the JSON number or boolean it spells (``limit=5`` is 5), else the text."""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):
+        return text
+    return value if isinstance(value, (int, float, bool)) else text
 
 
 # ---------------------------------------------------------------------------------------- serve

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from agentrl_envs.cli import _parser, cmd_play, main
+from agentrl_envs.actions import format_call
+from agentrl_envs.cli import _parser, _shorthand, cmd_play, main
 
 
 def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -114,6 +115,43 @@ def test_play_shorthand_and_garbage() -> None:
     text = play([*garbage, "finish 42"])
     assert text.count("action error") >= 7
     assert "NOT SOLVED" in text
+
+
+def play_env(env_id: str, lines: list[str]) -> str:
+    args = _parser().parse_args(["play", env_id, "--seed", "3"])
+    out = io.StringIO()
+    assert cmd_play(args, stdin=io.StringIO("".join(line + "\n" for line in lines)), stdout=out) == 0
+    return out.getvalue()
+
+
+def test_play_help_lists_the_envs_own_tools_only() -> None:
+    text = play_env("AgentRL/SQL-v0", [":help"])
+    assert text.count("sql SELECT") == 2 and text.count("finish 42") == 2  # at the start and on :help
+    assert "python print(1)" not in text and "smtp {" not in text and "http GET" not in text
+    text = play_env("AgentRL/Workplace-v0", [])
+    for shorthand in ("sql SELECT", "python print(1)", "smtp {", "http GET", "finish 42"):
+        assert shorthand in text
+
+
+def test_play_http_shorthand() -> None:
+    assert _shorthand("http GET /v1/tickets?limit=2&status=open", None) == format_call(
+        "http", {"method": "GET", "path": "/v1/tickets", "query": {"limit": 2, "status": "open"}}
+    )
+    assert _shorthand('http patch /v1/tickets/7 {"status": "closed"}', None) == format_call(
+        "http", {"method": "PATCH", "path": "/v1/tickets/7", "body": {"status": "closed"}}
+    )
+    for line in (
+        "http",
+        "http GET",
+        "http GET v1/no-slash",
+        "http POST /v1/x [1]",
+        "http POST /v1/x {bad",
+        "http POST /v1/x " + "[" * 5000,
+    ):
+        assert _shorthand(line, None) == line  # not that shape: the env gets it as typed and explains
+    text = play_env("AgentRL/HTTP-v0", ["http GET /openapi.json", "http POST /v1/x {bad", "http GET /v1/tickets?limit=1"])
+    assert text.count("http ok [HTTP 200]") == 2
+    assert text.count("action error") == 1
 
 
 def test_play_end_of_input() -> None:
