@@ -266,7 +266,7 @@ def cmd_play(args: argparse.Namespace, stdin: TextIO | None = None, stdout: Text
         observation, info = env.reset(seed=args.seed)
         print(f"== {args.env_id} | task {info['task_id']} | max {info['max_steps']} steps ==", file=out)
         print(observation, file=out)
-        help_text = play_help(list(env.unwrapped.tool_names))
+        help_text = play_help(list(getattr(env.unwrapped, "tool_names", PLAY_SHORTHANDS)))
         print(f"\n{help_text}", file=out)
         _show_candidates(info, out)
         total = 0.0
