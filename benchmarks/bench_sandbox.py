@@ -214,6 +214,14 @@ def main() -> None:
 
     rows = []
     phases: dict[str, list[float]] = {}
+    prepared: list[tuple[float, float]] = []  # (program ready for its request, request written), from run()
+
+    def note_phases(timings: dict[str, float]) -> None:
+        for key, value in timings.items():
+            phases.setdefault(key, []).append(value)
+        if "prepared" in timings and "go" in timings:
+            prepared.append((timings["prepared"], timings["go"]))
+
     # interleave the measurements in slices so that load from elsewhere hits all of them alike
     series: dict[str, list[float]] = {"cold": [], "sandbox": [], "basic": []}
     rates: dict[str, list[float]] = {"cold": [], "sandbox": [], "basic": []}
@@ -223,12 +231,10 @@ def main() -> None:
             series[name] += lat
             rates[name].append(rate)
             if name == "sandbox":
-                for key, value in sandbox.last_timings.items():
-                    phases.setdefault(key, []).append(value)
+                note_phases(sandbox.last_timings)
     for _ in range(200):
         run_sandbox()
-        for key, value in sandbox.last_timings.items():
-            phases.setdefault(key, []).append(value)
+        note_phases(sandbox.last_timings)
 
     cold_p50, _ = percentiles(series["cold"])
     for name, label in (
@@ -257,8 +263,16 @@ def main() -> None:
 
     print("where a sandboxed run's time goes (median ms since run() was called):")
     for key, values in sorted(phases.items(), key=lambda kv: statistics.median(kv[1])):
-        if statistics.median(values) >= 0:  # "forked": the warm supervisor was forked before the call
+        if key != "prepared" and statistics.median(values) >= 0:
             print(f"  {key:14s} {1e3 * statistics.median(values):6.2f}")
+    pairs = prepared
+    if pairs:  # the warm slot's program readied itself ahead of the run, or was still at it when the request came
+        late = sum(p > g for p, g in pairs)
+        print(
+            f"  the run's program was ready for its request {1e3 * statistics.median(p for p, _ in pairs):.2f} ms "
+            f"from run() (median; negative: before the call); still preparing when the request was written: "
+            f"{late} of {len(pairs)} runs"
+        )
     sandbox.close()
     basic.close()
     if args.envs:

@@ -50,6 +50,7 @@ class Context:
     streams: dict[str, Any] = field(default_factory=dict)
     probe: bool = False
     overlaid: bool = False  # the program mounted the overlay over the workspace (the host copies back then)
+    prepared: float = 0.0  # when the program had done everything that does not need its request (monotonic)
     applied: dict[str, bool] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)
 

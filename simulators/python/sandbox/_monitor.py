@@ -139,8 +139,10 @@ def supervise(
     report: dict[str, Any] = reports[0] if reports else {"error": "the program died while the sandbox was being set up"}
     if waiter.lost and done is None:
         report = {**report, "error": "the sandbox zygote died during the run (the next run starts a new one)"}
-    if "ready" in report:
-        marks["ready"] = float(report["ready"])
+    for mark in ("prepared", "ready"):  # written by the sandbox before any agent code runs
+        value = report.get(mark)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            marks[mark] = float(value)
     if "error" in report:
         result["setup_error"] = report["error"]
     if slot.upper >= 0 and real_fd >= 0 and report.get("overlay"):

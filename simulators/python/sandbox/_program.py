@@ -43,6 +43,7 @@ def program_main(ctx: Context, out_w: int, err_w: int, go_r: int, setup_w: int) 
     report_fd = setup_w
     try:
         ruleset = _prepare(ctx, out_w, err_w, go_r, setup_w)
+        ctx.prepared = time.monotonic()
         header, program = decode_request(read_frame_fd(go_r))
         os.close(go_r)
     except EOFError:
@@ -59,12 +60,19 @@ def program_main(ctx: Context, out_w: int, err_w: int, go_r: int, setup_w: int) 
 
 
 def _setup_report(ctx: Context) -> bytes:
-    """The first line of the report pipe: the layers applied (probe only) and when the agent's code starts."""
+    """The first line of the report pipe: the layers applied (probe only), when the program was ready for
+    its request (``prepared``) and when the agent's code starts (``ready``)."""
     ready, overlay = time.monotonic(), b"true" if ctx.overlaid else b"false"
     if ctx.applied or ctx.errors:
-        report = {"program": ctx.applied, "program_errors": ctx.errors, "ready": ready, "overlay": ctx.overlaid}
+        report = {
+            "program": ctx.applied,
+            "program_errors": ctx.errors,
+            "prepared": ctx.prepared,
+            "ready": ready,
+            "overlay": ctx.overlaid,
+        }
         return json.dumps(report).encode() + b"\n"
-    return b'{"program":{},"program_errors":{},"ready":%.9f,"overlay":%s}\n' % (ready, overlay)
+    return b'{"program":{},"program_errors":{},"prepared":%.9f,"ready":%.9f,"overlay":%s}\n' % (ctx.prepared, ready, overlay)
 
 
 def _fail(fd: int, message: str) -> NoReturn:
