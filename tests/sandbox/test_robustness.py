@@ -141,3 +141,14 @@ def test_a_warm_slot_whose_program_died_is_skipped(own_runner: SandboxRunner, tm
     res = own_runner.run("print(3)", str(tmp_path))
     assert res.stdout == "3\n", res
     assert own_runner.restarts == 0
+
+
+def test_a_run_reports_when_its_program_was_prepared_and_ready(runner: SandboxRunner, tmp_path: Path) -> None:
+    """``last_timings``: the program readied itself for its request (``prepared``) before its layers were on
+    and the agent's code started (``ready``), which is before the host saw the run end."""
+    for _ in range(3):
+        assert runner.run("print(1)", str(tmp_path)).exit_code == 0
+        t = runner.last_timings
+        assert {"prepared", "go", "ready", "ended", "done"} <= set(t)
+        assert all(isinstance(v, float) for v in t.values())
+        assert t["prepared"] <= t["ready"] <= t["ended"] <= t["done"]  # each after the one before, whatever the load
