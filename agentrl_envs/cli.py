@@ -56,9 +56,6 @@ def play_help(tool_names: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-PLAY_HELP = play_help(list(PLAY_SHORTHANDS))  # every tool's shorthand
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)

@@ -265,13 +265,12 @@ def main() -> None:
     for key, values in sorted(phases.items(), key=lambda kv: statistics.median(kv[1])):
         if key != "prepared" and statistics.median(values) >= 0:
             print(f"  {key:14s} {1e3 * statistics.median(values):6.2f}")
-    pairs = prepared
-    if pairs:  # the warm slot's program readied itself ahead of the run, or was still at it when the request came
-        late = sum(p > g for p, g in pairs)
+    if prepared:  # the warm slot's program readied itself ahead of the run, or was still at it when the request came
+        late = sum(p > g for p, g in prepared)
         print(
-            f"  the run's program was ready for its request {1e3 * statistics.median(p for p, _ in pairs):.2f} ms "
+            f"  the run's program was ready for its request {1e3 * statistics.median(p for p, _ in prepared):.2f} ms "
             f"from run() (median; negative: before the call); still preparing when the request was written: "
-            f"{late} of {len(pairs)} runs"
+            f"{late} of {len(prepared)} runs"
         )
     sandbox.close()
     basic.close()
