@@ -9,9 +9,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import io
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +30,9 @@ __all__ = [
 #: Gold Python code names its input file with this placeholder; the oracle fills in the CSV path
 #: its own query saved (or the data file of Python-only tasks).
 CSV_PLACEHOLDER = "__CSV_PATH__"
+
+#: The path gold code run by :class:`GoldRunner` reads; it exists only in that code's ``open``.
+GOLD_INPUT = "/gold/input.csv"
 
 
 class FrozenDict(dict):  # type: ignore[type-arg]
@@ -185,14 +185,15 @@ class GoldRunner:
     """Runs gold plans on a task's own data to produce ground truth.
 
     SQL goes through the same read-only engine as the simulator; gold Python (trusted code written
-    by the templates) runs in process on the same CSV text the sql tool would save.
+    by the templates) runs in process on the same CSV text the sql tool would save. Its input file
+    is served from memory (:data:`GOLD_INPUT` through an ``open`` of its own), so a runner holds no
+    files: an env that is never closed, or a process that is killed, leaves nothing on disk.
     """
 
     def __init__(self, max_databases: int = 64) -> None:
         self._dbs: collections.OrderedDict[str, ReadOnlyDatabase] = collections.OrderedDict()
         self._csv: collections.OrderedDict[tuple[str, str], str] = collections.OrderedDict()
         self._max = max_databases
-        self._tmp = tempfile.mkdtemp(prefix="agentrl-gold-")
 
     def query(self, database: DatabaseSpec, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
         db = self._dbs.get(database.fingerprint)
@@ -222,19 +223,22 @@ class GoldRunner:
 
     def run_code(self, code: str, csv_text: str) -> str:
         """Run gold code with its input file holding ``csv_text``; return what it printed."""
-        path = os.path.join(self._tmp, "input.csv")
-        with open(path, "w", encoding="utf-8", newline="") as f:
-            f.write(csv_text)
+
+        def gold_open(file: Any, mode: str = "r", *args: Any, newline: str | None = None, **kwargs: Any) -> io.StringIO:
+            if file != GOLD_INPUT or mode not in ("r", "rt"):
+                raise OSError(f"gold code reads its input file {GOLD_INPUT!r} and nothing else, not {file!r} ({mode!r})")
+            return io.StringIO(csv_text, newline=newline)
+
         out = io.StringIO()
+        scope = {"__name__": "__gold__", "open": gold_open}
         with contextlib.redirect_stdout(out):
-            exec(compile(code.replace(CSV_PLACEHOLDER, repr(path)), "<gold>", "exec"), {"__name__": "__gold__"})
+            exec(compile(code.replace(CSV_PLACEHOLDER, repr(GOLD_INPUT)), "<gold>", "exec"), scope)
         return out.getvalue()
 
     def close(self) -> None:
         for db in self._dbs.values():
             db.close()
         self._dbs.clear()
-        shutil.rmtree(self._tmp, ignore_errors=True)
 
     def __del__(self) -> None:
         with contextlib.suppress(Exception):

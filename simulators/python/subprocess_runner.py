@@ -135,17 +135,20 @@ class PythonResult:
 
 
 class PythonRunner:
-    """Runs programs one at a time; stateless between runs except for a scratch directory."""
+    """Runs programs one at a time; stateless between runs.
+
+    Each run's program is a private temporary file (mode 0600), removed when the run ends; between
+    runs the runner holds no files, so a runner that is never closed leaves nothing behind.
+    """
 
     def __init__(self, limits: RunLimits | None = None) -> None:
         self.limits = limits or RunLimits()
-        self._scratch = tempfile.mkdtemp(prefix="agentrl-py-")
         self.isolation = _probe_pid_namespace()
 
     def run(self, code: str, workspace: str, limits: RunLimits | None = None) -> PythonResult:
         """Run ``code`` with ``workspace`` as the working directory."""
         lim = limits or self.limits
-        fd, path = tempfile.mkstemp(suffix=".py", dir=self._scratch)
+        fd, path = tempfile.mkstemp(prefix="agentrl-py-", suffix=".py")
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(code.encode("utf-8", "surrogatepass"))
@@ -219,7 +222,7 @@ class PythonRunner:
         )
 
     def close(self) -> None:
-        shutil.rmtree(self._scratch, ignore_errors=True)
+        """Nothing to release (kept for the runners' common interface)."""
 
 
 def _read_status(fd: int, fallback: int) -> tuple[int, float]:

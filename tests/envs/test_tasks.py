@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from agentrl_envs import ConfigError
@@ -89,3 +91,23 @@ def test_sampler_rejects_bad_config() -> None:
         TaskSampler("sql", "valid")
     with pytest.raises(ConfigError):
         TaskSampler("sql", long_horizon=True)
+
+
+def test_gold_python_reads_its_input_from_memory_and_writes_nothing(tmp_path: Any, monkeypatch: Any) -> None:
+    """Gold code sees its CSV at GOLD_INPUT through its own ``open``; the runner makes no files, so a
+    sampler that is never closed (or a killed worker) leaves nothing in the temp folder."""
+    import tempfile
+
+    from agentrl_envs.tasks.base import CSV_PLACEHOLDER, GOLD_INPUT, GoldRunner
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    sampler = TaskSampler("pipeline")
+    tasks = [sampler.sample(seed) for seed in range(1000, 1012)]  # seeds no other test made: gold code runs
+    assert any(s.gold_code for t in tasks for s in t.subtasks)
+    runner = GoldRunner()
+    code = f"with open({CSV_PLACEHOLDER}, newline='') as f:\n    print(repr(f.read()))\n"
+    assert runner.run_code(code, "a,b\r\n1,2\r\n") == repr("a,b\r\n1,2\r\n") + "\n"  # as a file opened with newline=''
+    for hostile in (f"open({GOLD_INPUT!r}, 'w')", "open('/etc/passwd')", f"open({GOLD_INPUT!r}, 'rb')"):
+        with pytest.raises(OSError, match="gold code reads its input file"):
+            runner.run_code(hostile, "x\n")
+    assert list(tmp_path.iterdir()) == []

@@ -152,3 +152,33 @@ def test_a_run_reports_when_its_program_was_prepared_and_ready(runner: SandboxRu
         assert {"prepared", "go", "ready", "ended", "done"} <= set(t)
         assert all(isinstance(v, float) for v in t.values())
         assert t["prepared"] <= t["ready"] <= t["ended"] <= t["done"]  # each after the one before, whatever the load
+
+
+_KILLED_HOST = """
+import json, os, signal, sys
+from simulators.python.sandbox import SandboxRunner
+r = SandboxRunner()
+ok = r.run("print(1)", sys.argv[1]).stdout == "1\\n"
+print(json.dumps({"ok": ok, "zygote": r.pid, "scratch": r._state["scratch"]}), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # no close(), no finalizer, no atexit
+"""
+
+
+def test_a_host_killed_without_closing_leaves_no_scratch_folder(tmp_path: Path) -> None:
+    """The zygote outlives a SIGKILLed host for a moment: it removes the host's scratch folder then."""
+    import json
+    import subprocess
+    import sys
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = {**os.environ, "TMPDIR": str(temp)}
+    proc = subprocess.run(
+        [sys.executable, "-c", _KILLED_HOST, str(tmp_path)], env=env, capture_output=True, text=True, timeout=WAIT_S * 2
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["ok"] and report["scratch"].startswith(str(temp))
+    wait_for(lambda: not alive(report["zygote"]), "the orphaned zygote to end")
+    assert not os.path.exists(report["scratch"])
+    assert [p.name for p in temp.iterdir()] == []

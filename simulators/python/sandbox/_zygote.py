@@ -362,7 +362,18 @@ class _Zygote:
                     if name not in ("prog", "pid1"):
                         os.close(fd)
         self._sweep_orphans(everything=True)
+        self._remove_scratch_if_orphaned()
         os._exit(0)
+
+    def _remove_scratch_if_orphaned(self) -> None:
+        """The host died without closing its runner (SIGKILL, the OOM killer): remove its scratch folder.
+
+        A host that stops the zygote (to close, or to restart it) is still its parent and removes the
+        folder itself when it closes; a restarted zygote uses the same folder, so it is left alone then.
+        """
+        scratch, host = self.config.get("scratch"), self.config.get("host_pid")
+        if scratch and host and os.getppid() != host:
+            shutil.rmtree(scratch, ignore_errors=True)
 
     def _fork_slot(self) -> tuple[list[str], list[int]]:
         """Prepare one run: its namespaces and tmpfs, pid 1 and the program; (names, descriptors).

@@ -292,6 +292,8 @@ class SandboxRunner:
             "mnt": os.path.join(scratch, "mnt"),
             "probe_workspace": os.path.join(scratch, "probe-ws"),
             "probe_secret": os.path.join(scratch, "probe-secret"),
+            "scratch": scratch,  # the zygote removes it if this process dies without closing the runner
+            "host_pid": os.getpid(),
             "workspace_bytes": self._workspace_bytes,
             "workspace_files": self._workspace_files,
             "disable": self._disable,
