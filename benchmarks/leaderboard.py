@@ -150,6 +150,7 @@ def _stamp(folder: Path, budget: dict[str, Any]) -> None:
 def entry_sb3_ppo(b: Budget, runs: Path, retrain: bool) -> Rows:
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.logger import Logger
 
     from agentrl_envs.wrappers import CandidatesDiscrete
 
@@ -162,6 +163,7 @@ def entry_sb3_ppo(b: Budget, runs: Path, retrain: bool) -> Rows:
             kw = {"candidates": b.candidates, "candidates_difficulty": d, "split": "train", "render_mode": None}
             vec = make_vec_env(b.env, n_envs=2, seed=b.seed, wrapper_class=CandidatesDiscrete, env_kwargs=kw)
             model = PPO("MlpPolicy", vec, n_steps=256, batch_size=128, n_epochs=4, seed=b.seed, verbose=0)
+            model.set_logger(Logger(folder=None, output_formats=[]))  # no empty /tmp/SB3-<time> folder per learn()
             model.learn(total_timesteps=b.sb3_timesteps)
             vec.close()
             model.save(folder / "model.zip")

@@ -48,6 +48,7 @@ def main() -> None:
     from stable_baselines3 import PPO
     from stable_baselines3.common.env_checker import check_env
     from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.logger import Logger
 
     kwargs = {"candidates": args.candidates, "candidates_difficulty": args.difficulty, "render_mode": None}
     probe = CandidatesDiscrete(gym.make(args.env, **kwargs))
@@ -56,6 +57,7 @@ def main() -> None:
 
     vec = make_vec_env(args.env, n_envs=args.n_envs, seed=args.seed, wrapper_class=CandidatesDiscrete, env_kwargs=kwargs)
     model = PPO("MlpPolicy", vec, n_steps=256, batch_size=128, n_epochs=4, learning_rate=3e-4, seed=args.seed, verbose=0)
+    model.set_logger(Logger(folder=None, output_formats=[]))  # SB3's default makes an empty /tmp/SB3-<time> per learn()
     model.learn(total_timesteps=args.timesteps)
     vec.close()
 

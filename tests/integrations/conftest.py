@@ -10,9 +10,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_example(name: str, *args: str) -> str:
+def run_example(name: str, *args: str, extra_env: dict[str, str] | None = None) -> str:
     """Run examples/<name> with ``args``; return its stdout and stderr (fails the test on a non-zero exit)."""
     env = {**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env.update(extra_env or {})
     proc = subprocess.run(
         [sys.executable, str(ROOT / "examples" / name), *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=900
     )

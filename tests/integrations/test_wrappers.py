@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -80,9 +81,10 @@ def test_bad_configuration() -> None:
 
 
 @pytest.mark.slow
-def test_sb3_ppo_example() -> None:
+def test_sb3_ppo_example(tmp_path: Path) -> None:
     pytest.importorskip("stable_baselines3")
-    out = run_example("sb3_ppo.py", "--timesteps", "2048", "--eval-episodes", "5")
+    out = run_example("sb3_ppo.py", "--timesteps", "2048", "--eval-episodes", "5", extra_env={"TMPDIR": str(tmp_path)})
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("SB3-")]  # SB3's default logger folder
     assert "sb3 check_env: ok" in out
     result = json.loads(re.search(r"^sb3 result: (.*)$", out, flags=re.M).group(1))
     assert result["timesteps"] == 2048
