@@ -91,8 +91,10 @@ def main() -> None:
     else:
         tokenizer = tiny_tokenizer(args.env)
         model = tiny_model(tokenizer)
+    # TRL wants an output folder even with save_strategy="no": a temporary one, removed at the end
+    scratch = None if args.output_dir else tempfile.TemporaryDirectory(prefix="trl-grpo-")
     config = GRPOConfig(
-        output_dir=args.output_dir or tempfile.mkdtemp(prefix="trl-grpo-"),
+        output_dir=args.output_dir or scratch.name,
         max_steps=args.steps,
         per_device_train_batch_size=2,
         num_generations=2,
@@ -112,7 +114,11 @@ def main() -> None:
         train_dataset=train_dataset(args.env, n=args.rows),
         environment_factory=environment_factory(args.env),
     )
-    trainer.train()
+    try:
+        trainer.train()
+    finally:
+        if scratch is not None:
+            scratch.cleanup()
     for entry in trainer.state.log_history:
         rewards = {k: v for k, v in entry.items() if k.startswith("rewards/") or k == "reward"}
         if rewards:

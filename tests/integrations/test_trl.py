@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -88,9 +89,12 @@ def test_train_dataset_rows() -> None:
 
 
 @pytest.mark.slow
-def test_trl_grpo_example_logs_the_env_reward() -> None:
+def test_trl_grpo_example_logs_the_env_reward(tmp_path: Path) -> None:
     pytest.importorskip("trl")
-    out = run_example("trl_grpo.py", "--steps", "2", "--rows", "4", "--completion-tokens", "8")
+    out = run_example(
+        "trl_grpo.py", "--steps", "2", "--rows", "4", "--completion-tokens", "8", extra_env={"TMPDIR": str(tmp_path)}
+    )
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("trl-grpo-")]  # its output folder is removed
     lines = [json.loads(m) for m in re.findall(r"^env reward: (.*)$", out, flags=re.M)]
     assert [line["step"] for line in lines] == [1, 2]
     for line in lines:
