@@ -48,6 +48,9 @@ def test_a_killed_inner_zygote_is_restarted(own_runner: SandboxRunner, tmp_path:
     inner = [p for p in descendants(outer) if parent_of(p) == outer]
     for pid in inner:
         os.kill(pid, signal.SIGKILL)
+    # Wait for the deaths: until the kill lands (on a busy machine, later), a warm slot's program is
+    # alive and would serve the run below, and the runner would have nothing to notice yet.
+    wait_for(lambda: not any(alive(p) for p in inner), "the killed inner zygote to die")
     # The call that finds the inner zygote dead may fail (on a loaded machine the outer zygote can take
     # a while to notice); the runner must be healthy again by the next call, with a new zygote.
     first = own_runner.run("print(1)", str(tmp_path))
@@ -182,3 +185,16 @@ def test_a_host_killed_without_closing_leaves_no_scratch_folder(tmp_path: Path) 
     wait_for(lambda: not alive(report["zygote"]), "the orphaned zygote to end")
     assert not os.path.exists(report["scratch"])
     assert [p.name for p in temp.iterdir()] == []
+
+
+def test_a_zygote_the_host_stops_leaves_the_scratch_folder_to_its_successor(own_runner: SandboxRunner, tmp_path: Path) -> None:
+    """Only a dead host's folder is removed by its zygote: a restart (here after a drop) reuses it."""
+    assert own_runner.run("print(1)", str(tmp_path)).stdout == "1\n"
+    scratch, old = own_runner._state["scratch"], own_runner.pid
+    tree = [old, *descendants(old)]
+    own_runner._drop(own_runner._state["zygote"])
+    wait_for(lambda: not any(alive(p) for p in tree), "the stopped zygote's processes to end")
+    assert os.path.isdir(scratch)
+    res = own_runner.run("print(2)", str(tmp_path))
+    assert res.stdout == "2\n", res
+    assert own_runner.pid != old and os.path.isdir(scratch)

@@ -79,6 +79,19 @@ def main(control_fd: int) -> NoReturn:
     zygote.serve()
 
 
+def _remove_scratch_if_orphaned(config: dict[str, Any]) -> None:
+    """Called by the host's own child as the zygote ends: if the host died without closing its runner
+    (SIGKILL, the OOM killer), remove the host's scratch folder, which nobody else would.
+
+    The host's death shows as a new parent (``getppid()``; only the host's child can ask: pid 1 of a
+    new pid namespace sees 0). A host that stops the zygote, to close or to restart it, is still the
+    parent: it removes the folder itself when it closes, and a restarted zygote reuses the folder.
+    """
+    scratch, host = config.get("scratch"), config.get("host_pid")
+    if scratch and host and os.getppid() != host:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 class _Zygote:
     def __init__(self, sock: socket.socket, config: dict[str, Any]) -> None:
         self.sock = sock
@@ -224,6 +237,7 @@ class _Zygote:
         if pid:
             self.sock.close()
             _, status = os.waitpid(pid, 0)
+            _remove_scratch_if_orphaned(self.config)
             os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
         _linux.prctl(_linux.PR_SET_PDEATHSIG, signal.SIGKILL)
         self.zns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
@@ -362,18 +376,9 @@ class _Zygote:
                     if name not in ("prog", "pid1"):
                         os.close(fd)
         self._sweep_orphans(everything=True)
-        self._remove_scratch_if_orphaned()
+        if not self.ctx.plan.pidns:  # we are the host's child (else the process that mirrors our exit is)
+            _remove_scratch_if_orphaned(self.config)
         os._exit(0)
-
-    def _remove_scratch_if_orphaned(self) -> None:
-        """The host died without closing its runner (SIGKILL, the OOM killer): remove its scratch folder.
-
-        A host that stops the zygote (to close, or to restart it) is still its parent and removes the
-        folder itself when it closes; a restarted zygote uses the same folder, so it is left alone then.
-        """
-        scratch, host = self.config.get("scratch"), self.config.get("host_pid")
-        if scratch and host and os.getppid() != host:
-            shutil.rmtree(scratch, ignore_errors=True)
 
     def _fork_slot(self) -> tuple[list[str], list[int]]:
         """Prepare one run: its namespaces and tmpfs, pid 1 and the program; (names, descriptors).
