@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import re
+import tempfile
 from pathlib import Path
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-def test_readme_python_blocks_run(capsys) -> None:  # type: ignore[no-untyped-def]
+def test_readme_python_blocks_run(capsys, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # The examples' tempfile.mkdtemp() run folders (a 64 MiB ring among them) go under pytest's tmp_path.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     # Blocks that name real hosts (db.internal, mail.internal) are configuration examples, not run here.
     blocks = [b for b in re.findall(r"```python\n(.*?)```", README.read_text(), re.S) if ".internal" not in b]
     assert blocks

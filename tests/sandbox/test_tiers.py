@@ -96,7 +96,7 @@ def test_unprivileged_user_gets_the_same_tier() -> None:
     script.write_text(
         textwrap.dedent(
             f"""
-            import sys, tempfile, os
+            import os, shutil, sys, tempfile
             sys.path[:0] = [{str(repo)!r}, *{site!r}]
             from simulators.python.sandbox import SandboxRunner
             r = SandboxRunner()
@@ -104,6 +104,7 @@ def test_unprivileged_user_gets_the_same_tier() -> None:
             res = r.run("import os\\nprint(os.getuid())\\nopen('f', 'w').write('x')\\nopen('/etc/passwd')", ws)
             print(r.tier, r.missing, r.layers["workspace_tmpfs"], os.listdir(ws), res.exit_code, "PermissionError" in res.stderr)
             r.close()
+            shutil.rmtree(ws)
             """
         )
     )

@@ -242,7 +242,16 @@ def test_a_killed_rank_ends_the_run_with_a_clear_error_and_resume_continues(tmp_
     ck = run / "checkpoints"
     last = int((ck / "latest").read_text().strip().split("-")[1])
     resumed = subprocess.run(
-        [torchrun, "--standalone", "--nproc-per-node=2", "-m", "agentrl_train", "ppo", *_opts(run, last + 1, "--resume")],
+        [
+            torchrun,
+            "--standalone",
+            "--nproc-per-node=2",
+            f"--log-dir={run.parent / 'torchrun'}",
+            "-m",
+            "agentrl_train",
+            "ppo",
+            *_opts(run, last + 1, "--resume"),
+        ],
         capture_output=True,
         text=True,
         timeout=600,

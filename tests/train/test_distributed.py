@@ -62,7 +62,16 @@ def test_two_ranks_equal_one_rank_with_twice_the_envs(tmp_path: Path) -> None:
     )
     assert one.returncode == 0, one.stderr[-3000:]
     two = subprocess.run(
-        [torchrun, "--standalone", "--nproc-per-node=2", "-m", "agentrl_train", "ppo", *_opts(tmp_path / "two", 2, 1)],
+        [
+            torchrun,
+            "--standalone",
+            "--nproc-per-node=2",
+            f"--log-dir={tmp_path / 'torchrun'}",
+            "-m",
+            "agentrl_train",
+            "ppo",
+            *_opts(tmp_path / "two", 2, 1),
+        ],
         capture_output=True,
         text=True,
         timeout=600,

@@ -87,7 +87,16 @@ def two_rank_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
     env = {**os.environ, "OMP_NUM_THREADS": "1", "AGENTRL_DIST_TIMEOUT_S": "1800"}
     with open(root / "stdout.log", "wb") as out, open(root / "stderr.log", "wb") as err:  # files: a pipe nobody reads fills
         proc = subprocess.Popen(
-            [torchrun, "--standalone", "--nproc-per-node=2", "-m", "agentrl_train", "ppo", *flags],
+            [
+                torchrun,
+                "--standalone",
+                "--nproc-per-node=2",
+                f"--log-dir={root / 'torchrun'}",
+                "-m",
+                "agentrl_train",
+                "ppo",
+                *flags,
+            ],
             stdout=out,
             stderr=err,
             env=env,
