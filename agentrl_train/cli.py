@@ -74,7 +74,9 @@ def _cmd_sft(args: argparse.Namespace) -> int:
 def _cmd_eval(args: argparse.Namespace) -> int:
     from agentrl_train.evaluate import evaluate_run
 
-    result = evaluate_run(args.run, args.split, args.episodes, error_profile=args.error_profile, checkpoint=args.checkpoint)
+    result = evaluate_run(
+        args.run, args.split, args.episodes, error_profile=args.error_profile, checkpoint=args.checkpoint, sample=args.sample
+    )
     if args.json:
         print(json.dumps(result))
     else:
@@ -208,7 +210,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="evaluate a saved policy (a run folder) on a split")
     p.add_argument("--run", required=True, metavar="DIR", help="run folder (its final/ adapter, or --checkpoint)")
     p.add_argument("--split", default="test", choices=["train", "test", "heldout"], help="task split (default: test)")
-    p.add_argument("--episodes", type=int, default=50, metavar="N", help="greedy episodes (default: 50)")
+    p.add_argument("--episodes", type=int, default=50, metavar="N", help="episodes (default: 50)")
+    p.add_argument(
+        "--sample",
+        action="store_true",
+        help="draw each action from the policy (seeded per episode) instead of taking the greedy one",
+    )
     p.add_argument("--error-profile", default=None, metavar="P", help="fault profile by name or YAML path (default: the run's)")
     p.add_argument(
         "--checkpoint", default=None, metavar="NAME", help="evaluate checkpoints/NAME instead of final/ ('latest' for the newest)"

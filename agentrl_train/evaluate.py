@@ -1,4 +1,5 @@
-"""Greedy evaluation of a policy on fixed episodes of a split (optionally under a fault profile)."""
+"""Evaluation of a policy on fixed episodes of a split (optionally under a fault profile): greedy by
+default, or sampled from the policy with seeds fixed per episode."""
 
 from __future__ import annotations
 
@@ -28,11 +29,17 @@ class _Slot:
 
 
 @torch.no_grad()
-def evaluate(policy: Any, cfg: Any, split: str, episodes: int, *, error_profile: str | None = None) -> dict[str, Any]:
+def evaluate(
+    policy: Any, cfg: Any, split: str, episodes: int, *, error_profile: str | None = None, sample: bool = False
+) -> dict[str, Any]:
     """Greedy episodes ``0..episodes-1`` of ``split``; the same episodes for every policy and run.
 
-    Returns ``success_rate``, ``mean_return``, ``mean_length`` and, when any fault happened, the fault
-    ``recovery_rate`` (episodes with a fault that still succeeded).
+    With ``sample=True`` the actions are drawn from the policy instead, from a generator seeded per
+    episode (the same draws for the same policy; the stochastic policy's success, which a greedy
+    evaluation can hide: a near-uniform policy's greedy choice follows its smallest differences).
+
+    Returns ``success_rate``, ``mean_return``, ``mean_length``, ``policy`` (``greedy`` or ``sampled``)
+    and, when any fault happened, the fault ``recovery_rate`` (episodes with a fault that still succeeded).
     """
     kwargs: dict[str, Any] = {"split": split, "error_profile": error_profile or cfg.env.error_profile, **cfg.env.env_kwargs}
     if cfg.env.mode == "candidates":
@@ -44,11 +51,12 @@ def evaluate(policy: Any, cfg: Any, split: str, episodes: int, *, error_profile:
     try:
         for j in range(episodes):
             obs, info = env.reset(seed=episode_seed(EVAL_SEED, j, 0))
+            slot.generators[0].manual_seed(episode_seed(EVAL_SEED, j, 1))
             slot.messages[0] = [{"role": "system", "content": info["system_prompt"]}, {"role": "user", "content": str(obs)}]
             slot.tools[0], slot.infos[0] = info["tools"], info
             ret, n, done = 0.0, 0, False
             while not done:
-                tr = act(policy, slot, 0, cfg, greedy=True, reference=False)
+                tr = act(policy, slot, 0, cfg, greedy=not sample, reference=False)
                 obs, r, term, trunc, info = env.step(tr.action_text)
                 slot.messages[0] += [{"role": "assistant", "content": tr.action_text}, {"role": "tool", "content": str(obs)}]
                 slot.infos[0] = info
@@ -64,6 +72,7 @@ def evaluate(policy: Any, cfg: Any, split: str, episodes: int, *, error_profile:
         "split": split,
         "episodes": episodes,
         "error_profile": kwargs["error_profile"],
+        "policy": "sampled" if sample else "greedy",
         "success_rate": float(np.mean([r["success"] for r in results])) if results else math.nan,
         "mean_return": float(np.mean([r["return"] for r in results])) if results else math.nan,
         "mean_length": float(np.mean([r["length"] for r in results])) if results else math.nan,
@@ -90,7 +99,13 @@ def markdown_table(table: dict[str, dict[str, Any]]) -> str:
 
 
 def evaluate_run(
-    run: str, split: str, episodes: int, *, error_profile: str | None = None, checkpoint: str | None = None
+    run: str,
+    split: str,
+    episodes: int,
+    *,
+    error_profile: str | None = None,
+    checkpoint: str | None = None,
+    sample: bool = False,
 ) -> dict[str, Any]:
     """Evaluate a run folder's policy (``final/``, or ``checkpoints/NAME``) on ``split``.
 
@@ -128,4 +143,4 @@ def evaluate_run(
         if not (folder / "final").is_dir():
             raise ConfigError(f"--run {run}: no final/ folder (the run did not finish); use --checkpoint latest")
         policy.load_adapter_weights(folder / "final")
-    return evaluate(policy, cfg, split, episodes, error_profile=error_profile)
+    return evaluate(policy, cfg, split, episodes, error_profile=error_profile, sample=sample)

@@ -143,6 +143,31 @@ def test_eval_cli_prints_json(tmp_path, capsys) -> None:
     assert main(["eval", "--run", str(tmp_path / "run"), "--episodes", "1", "--error-profile", "realistic", "--json"]) == 0
 
 
+def test_eval_sample_draws_from_the_policy_with_seeds_fixed_per_episode(tmp_path, capsys, monkeypatch) -> None:
+    import agentrl_train.evaluate as evaluate_module
+
+    train(small_config(tmp_path, updates=1, record=False), log=lambda *a, **k: None)
+    chosen: list[str] = []
+    real_act = evaluate_module.act
+
+    def recording_act(*args, **kwargs):  # type: ignore[no-untyped-def]
+        tr = real_act(*args, **kwargs)
+        chosen.append(tr.action_text)
+        return tr
+
+    monkeypatch.setattr(evaluate_module, "act", recording_act)
+    runs = {}
+    for name, flags in (("greedy", []), ("sampled", ["--sample"]), ("sampled again", ["--sample"])):
+        chosen.clear()
+        capsys.readouterr()
+        assert main(["eval", "--run", str(tmp_path / "run"), "--split", "train", "--episodes", "3", "--json", *flags]) == 0
+        runs[name] = (json.loads(capsys.readouterr().out.strip().splitlines()[-1]), list(chosen))
+    assert runs["greedy"][0]["policy"] == "greedy" and runs["sampled"][0]["policy"] == "sampled"
+    assert runs["sampled"] == runs["sampled again"]  # the same draws: seeded per episode
+    # after one small update the policy is near uniform over 4 candidates: ~24 draws cannot all be the greedy ones
+    assert runs["sampled"][1] != runs["greedy"][1]
+
+
 def test_sft_then_ppo_from_its_adapter(tmp_path) -> None:
     from agentrl_train.sft import sft
 
