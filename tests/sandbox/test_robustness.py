@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import select
 import signal
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -198,3 +199,39 @@ def test_a_zygote_the_host_stops_leaves_the_scratch_folder_to_its_successor(own_
     res = own_runner.run("print(2)", str(tmp_path))
     assert res.stdout == "2\n", res
     assert own_runner.pid != old and os.path.isdir(scratch)
+
+
+def test_a_new_runner_sweeps_scratch_folders_whose_owner_is_gone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Host and zygote killed together leave a folder that nobody removes: the next runner does."""
+    from simulators.python.sandbox import host
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    ns = os.stat("/proc/self/ns/pid").st_ino
+    me = host._process_tag(os.getpid())
+    assert me is not None
+    folders = {
+        "dead": f"999999999 1 {ns}",  # no such process
+        "reused": f"{os.getpid()} 1 {ns}",  # a live pid, but started at another time
+        "alive": me,
+        "other-namespace": f"999999999 1 {ns + 1}",
+        "garbage": "not a tag",
+        "empty": "",
+    }
+    for name, tag in folders.items():
+        (temp / f"agentrl-sandbox-{name}" / "mnt").mkdir(parents=True)
+        (temp / f"agentrl-sandbox-{name}" / "owner").write_text(tag)
+    (temp / "agentrl-sandbox-no-owner").mkdir()  # an older runner's, or one being made
+    (temp / "agentrl-sandbox-0").mkdir()  # the service directory: no owner file
+    (temp / "agentrl-sandbox-link").symlink_to(temp / "agentrl-sandbox-dead")
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    r = SandboxRunner(SUITE_LIMITS)
+    try:
+        assert r.run("print(1)", str(tmp_path)).stdout == "1\n"
+        left = sorted(
+            p.name.removeprefix("agentrl-sandbox-") for p in temp.iterdir() if p.name != os.path.basename(r._state["scratch"])
+        )
+    finally:
+        r.close()
+    assert left == ["0", "alive", "empty", "garbage", "link", "no-owner", "other-namespace"]
+    assert not os.path.exists(r._state["scratch"])  # its own, removed by close()

@@ -182,6 +182,61 @@ class _Zygote:
             self.proc.wait()
 
 
+#: scratch folders are ``<tmp>/agentrl-sandbox-XXXXXXXX`` (the service directory, ``agentrl-sandbox-<uid>``,
+#: has no owner file and is never swept)
+SCRATCH_PREFIX = "agentrl-sandbox-"
+_OWNER_FILE = "owner"
+
+
+def _process_tag(pid: int) -> str | None:
+    """``"<pid> <start time> <pid namespace>"`` of a live process, or None when it is gone.
+
+    The start time (clock ticks after boot, ``/proc/PID/stat``) tells a reused pid from the owner.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        if fields[0] in (b"Z", b"X"):
+            return None
+        return f"{pid} {int(fields[19])} {os.stat('/proc/self/ns/pid').st_ino}"
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def sweep_stale_scratch(folder: str, keep: str = "") -> list[str]:
+    """Remove this user's runner scratch folders in ``folder`` whose owning process is gone.
+
+    A runner's zygote removes its host's folder when the host is killed; this catches the rest (host
+    and zygote killed together, as a killed process group or container can be). A folder is removed
+    only when its owner file names a process of this pid namespace that no longer runs; anything
+    else (another user's, an unreadable or unfinished owner file, another namespace) is left alone.
+    Returns the folders removed.
+    """
+    removed: list[str] = []
+    try:
+        names = [n for n in os.listdir(folder) if n.startswith(SCRATCH_PREFIX)]
+    except OSError:
+        return removed
+    uid, ns = os.geteuid(), os.stat("/proc/self/ns/pid").st_ino
+    for name in names:
+        path = os.path.join(folder, name)
+        if path == keep:
+            continue
+        try:
+            st = os.lstat(path)
+            if not os.path.isdir(path) or os.path.islink(path) or st.st_uid != uid:
+                continue
+            with open(os.path.join(path, _OWNER_FILE), encoding="ascii") as f:
+                pid, start, owner_ns = (int(x) for x in f.read().split())
+        except (OSError, ValueError):
+            continue
+        if owner_ns != ns or _process_tag(pid) == f"{pid} {start} {ns}":
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
 def _finalize(state: dict[str, Any]) -> None:
     zygote = state.get("zygote")
     if zygote is not None and state.get("owner") == os.getpid():
@@ -266,12 +321,15 @@ class SandboxRunner:
             self._start()
 
     def _init_state(self) -> None:
-        scratch = tempfile.mkdtemp(prefix="agentrl-sandbox-")
+        scratch = tempfile.mkdtemp(prefix=SCRATCH_PREFIX)
         for sub in ("mnt", "probe-ws"):
             os.mkdir(os.path.join(scratch, sub), 0o700)
         with open(os.path.join(scratch, "probe-secret"), "w") as f:
             f.write("not for the sandbox\n")
+        with open(os.path.join(scratch, _OWNER_FILE), "w") as f:
+            f.write(_process_tag(os.getpid()) or "")
         self._state.update(scratch=scratch, zygote=None, owner=os.getpid())
+        sweep_stale_scratch(os.path.dirname(scratch), keep=scratch)
 
     @property
     def pid(self) -> int | None:
