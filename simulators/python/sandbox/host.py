@@ -188,19 +188,28 @@ SCRATCH_PREFIX = "agentrl-sandbox-"
 _OWNER_FILE = "owner"
 
 
-def _process_tag(pid: int) -> str | None:
-    """``"<pid> <start time> <pid namespace>"`` of a live process, or None when it is gone.
+def _start_time(pid: int) -> int | None:
+    """When a live process started (clock ticks after boot, ``/proc/PID/stat``), or None when it is gone.
 
-    The start time (clock ticks after boot, ``/proc/PID/stat``) tells a reused pid from the owner.
+    It tells a reused pid from the process that first had it.
     """
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
-        if fields[0] in (b"Z", b"X"):
-            return None
-        return f"{pid} {int(fields[19])} {os.stat('/proc/self/ns/pid').st_ino}"
+        return None if fields[0] in (b"Z", b"X") else int(fields[19])
     except (OSError, IndexError, ValueError):
         return None
+
+
+def _pid_namespace() -> int:
+    """This process's pid namespace (the inode of ``/proc/self/ns/pid``): the pids it can judge."""
+    return os.stat("/proc/self/ns/pid").st_ino
+
+
+def _process_tag(pid: int) -> str | None:
+    """``"<pid> <start time> <pid namespace>"`` of a live process of our pid namespace (an owner file)."""
+    start = _start_time(pid)
+    return None if start is None else f"{pid} {start} {_pid_namespace()}"
 
 
 def sweep_stale_scratch(folder: str, keep: str = "") -> list[str]:
@@ -217,7 +226,7 @@ def sweep_stale_scratch(folder: str, keep: str = "") -> list[str]:
         names = [n for n in os.listdir(folder) if n.startswith(SCRATCH_PREFIX)]
     except OSError:
         return removed
-    uid, ns = os.geteuid(), os.stat("/proc/self/ns/pid").st_ino
+    uid, ns = os.geteuid(), _pid_namespace()
     for name in names:
         path = os.path.join(folder, name)
         if path == keep:
@@ -230,7 +239,7 @@ def sweep_stale_scratch(folder: str, keep: str = "") -> list[str]:
                 pid, start, owner_ns = (int(x) for x in f.read().split())
         except (OSError, ValueError):
             continue
-        if owner_ns != ns or _process_tag(pid) == f"{pid} {start} {ns}":
+        if owner_ns != ns or _start_time(pid) == start:
             continue
         shutil.rmtree(path, ignore_errors=True)
         removed.append(path)
