@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 from typing import Any
 
@@ -38,20 +39,25 @@ def _add_config_options(p: argparse.ArgumentParser, sections: tuple[str, ...]) -
                 group.add_argument(flag, dest=f.name, default=argparse.SUPPRESS, metavar=metavar, help=help_text)
 
 
-def _overrides(args: argparse.Namespace, skip: tuple[str, ...] = ("config", "command", "func")) -> dict[str, Any]:
+def _overrides(args: argparse.Namespace, skip: tuple[str, ...] = ("config", "command", "func", "argv")) -> dict[str, Any]:
     return {k: v for k, v in vars(args).items() if k not in skip}
 
 
 def _cmd_ppo(args: argparse.Namespace) -> int:
-    from agentrl_train.config import load_config
+    from agentrl_train.config import ConfigError, load_config
 
-    overrides = _overrides(args, ("config", "command", "func", "nproc"))
-    if getattr(args, "nproc", 1) and int(getattr(args, "nproc", 1)) > 1:
-        from agentrl_train import distributed
-
-        return distributed.exec_torchrun(int(args.nproc), sys.argv[1:])
-    cfg = load_config(args.config, overrides)
+    if args.nproc < 1:
+        raise ConfigError(f"--nproc {args.nproc}: the number of processes must be at least 1")
+    overrides = _overrides(args, ("config", "command", "func", "nproc", "argv"))
+    cfg = load_config(args.config, overrides)  # a bad option fails here once, not once per rank under torchrun
     from agentrl_train import distributed
+
+    if args.nproc > 1:
+        from agentrl_train.train import check_env_id
+
+        check_env_id(cfg.env.env)
+        # torchrun's per-rank logs go into the run folder (without --log-dir it leaves a torchelastic_* folder in /tmp)
+        return distributed.exec_torchrun(args.nproc, args.argv, log_dir=os.path.join(cfg.run.out, "torchrun"))
     from agentrl_train.train import train
 
     with distributed.setup(cfg.model.device) as dist:
@@ -241,6 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what --nproc passes on to torchrun
     try:
         return int(args.func(args) or 0)
     except AgentRLError as exc:

@@ -302,8 +302,8 @@ def _is_comm_failure(exc: BaseException) -> bool:
     return any(k in text for k in ("connection closed", "connection reset", "timed out", "gloo", "nccl", "broken pipe"))
 
 
-def exec_torchrun(nproc: int, argv: list[str]) -> int:
-    """``agentrl-train ppo --nproc N ...`` -> ``torchrun --nproc-per-node N -m agentrl_train ppo ...``."""
+def exec_torchrun(nproc: int, argv: list[str], log_dir: str | None = None) -> int:
+    """``agentrl-train ppo --nproc N ...`` -> ``torchrun --nproc-per-node N [--log-dir D] -m agentrl_train ppo ...``."""
     torchrun = shutil.which("torchrun") or os.path.join(os.path.dirname(sys.executable), "torchrun")
     if not os.path.exists(torchrun):
         raise ConfigError("--nproc: torchrun is not installed next to this Python; pip install -e '.[train]'")
@@ -319,5 +319,8 @@ def exec_torchrun(nproc: int, argv: list[str]) -> int:
         if a.startswith("--nproc="):
             continue
         args.append(a)
-    os.execv(torchrun, [torchrun, "--standalone", f"--nproc-per-node={nproc}", "-m", "agentrl_train", *args])
+    launch = [torchrun, "--standalone", f"--nproc-per-node={nproc}"]
+    if log_dir is not None:
+        launch.append(f"--log-dir={log_dir}")
+    os.execv(torchrun, [*launch, "-m", "agentrl_train", *args])
     return 0  # pragma: no cover

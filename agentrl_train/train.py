@@ -27,7 +27,7 @@ from agentrl_train.distributed import Dist, Trainable
 from agentrl_train.policy import Policy, load_base, lora_targets, pick_device
 from agentrl_train.rollout import EnvPool, Transition, candidate_logprobs, collect
 
-__all__ = ["PPOLoss", "accumulate", "build_policy", "train", "unit_terms", "wrap_trainable"]
+__all__ = ["PPOLoss", "accumulate", "build_policy", "check_env_id", "train", "unit_terms", "wrap_trainable"]
 
 
 def build_policy(cfg: TrainConfig, log: Any = print) -> Policy:
@@ -145,6 +145,15 @@ def accumulate(
             trainable.backward(loss)  # summed across ranks on the last micro-batch
 
 
+def check_env_id(env_id: str) -> None:
+    """Raise :class:`ConfigError` unless ``env_id`` is a registered Gymnasium id."""
+    import gymnasium as gym
+
+    if env_id not in gym.registry:
+        known = ", ".join(sorted(k for k in gym.registry if k.startswith("AgentRL/")))
+        raise ConfigError(f"--env {env_id!r}: no such env id; use one of {known}")
+
+
 def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, Any]:
     """Run PPO; returns the final summary (also written to ``summary.json``)."""
     dist = dist or Dist()  # one process: every collective is a no-op
@@ -159,11 +168,7 @@ def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, 
     torch.manual_seed(cfg.run.seed)
     sgd_rng = np.random.default_rng(cfg.run.seed)
 
-    import gymnasium as gym
-
-    if cfg.env.env not in gym.registry:  # before building a model: a typo should fail in a second
-        known = ", ".join(sorted(k for k in gym.registry if k.startswith("AgentRL/")))
-        raise ConfigError(f"--env {cfg.env.env!r}: no such env id; use one of {known}")
+    check_env_id(cfg.env.env)  # before building a model: a typo should fail in a second
     per_step = micro_batches_per_step(cfg, dist.world)
     policy = build_policy(cfg, log=log)
     dist.check_same_weights(policy)

@@ -84,3 +84,35 @@ def test_cli_reports_errors_without_a_traceback(capsys, tmp_path) -> None:
     assert "no such env id" in capsys.readouterr().err
     assert main(["eval", "--run", str(tmp_path / "nothing")]) == 2
     assert "not a run folder" in capsys.readouterr().err
+
+
+def test_nproc_checks_options_once_and_keeps_torchrun_logs_in_the_run_folder(monkeypatch, capsys, tmp_path) -> None:
+    import os
+
+    launched: list[list[str]] = []
+    monkeypatch.setattr(os, "execv", lambda path, argv: launched.append(argv))
+    run = tmp_path / "run"
+    # bad options fail in this process with one message, before torchrun starts N ranks that each fail
+    assert main(["ppo", "--nproc", "2", "--lr", "-1", "--out", str(run)]) == 2
+    assert "--lr=-1.0: use a value > 0" in capsys.readouterr().err
+    assert main(["ppo", "--nproc", "2", "--env", "AgentRL/Nope-v0", "--out", str(run)]) == 2
+    assert "no such env id" in capsys.readouterr().err
+    assert main(["ppo", "--nproc", "0", "--out", str(run)]) == 2
+    assert "--nproc 0: the number of processes must be at least 1" in capsys.readouterr().err
+    assert launched == []
+    # good options: torchrun gets the same arguments without --nproc, and its logs go under the run folder
+    assert main(["ppo", "--nproc=2", "--updates", "3", "--out", str(run)]) == 0
+    (argv,) = launched
+    assert argv[1:] == [
+        "--standalone",
+        "--nproc-per-node=2",
+        f"--log-dir={run / 'torchrun'}",
+        "-m",
+        "agentrl_train",
+        "ppo",
+        "--updates",
+        "3",
+        "--out",
+        str(run),
+    ]
+    assert argv[0].endswith("torchrun")
