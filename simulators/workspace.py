@@ -12,11 +12,14 @@ symlink the agent planted (the basic runner lets programs create them).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 import tempfile
 
-__all__ = ["RESULTS", "WorkspaceError", "create", "write_files"]
+from simulators import _owners
+
+__all__ = ["PREFIX", "RESULTS", "WorkspaceError", "create", "write_files"]
 
 RESULTS = "results"
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -30,9 +33,29 @@ class WorkspaceError(Exception):
     """
 
 
+#: ``agentrl-ws-<pid>-<start time>-<pid namespace>-XXXXXXXX``: the name says which process owns the workspace
+PREFIX = "agentrl-ws-"
+_OWNED = re.compile(r"agentrl-ws-(\d+)-(\d+)-(\d+)-")
+_owner: tuple[int, str] = (0, "")  # (pid, name prefix) of this process, remade after a fork
+_swept: set[str] = set()  # folders this process has swept
+
+
 def create(root: str | None, files: dict[str, str]) -> str:
-    """A new workspace under ``root`` (the system temp dir if None) with ``results/`` and ``files``."""
-    path = tempfile.mkdtemp(prefix="agentrl-ws-", dir=root)
+    """A new workspace under ``root`` (the system temp dir if None) with ``results/`` and ``files``.
+
+    Its name records the owning process. The first workspace a process makes in a folder removes
+    that folder's workspaces whose owner is gone (a process killed mid-episode cannot remove its own).
+    """
+    global _owner
+    pid = os.getpid()
+    if _owner[0] != pid:
+        owner = _owners.owner_of(pid)
+        _owner = (pid, PREFIX + "-".join(map(str, owner)) + "-" if owner else PREFIX)
+    folder = root if root is not None else tempfile.gettempdir()
+    if folder not in _swept:
+        _swept.add(folder)
+        _owners.sweep(folder, PREFIX, _read_owner)
+    path = tempfile.mkdtemp(prefix=_owner[1], dir=folder)
     try:
         os.makedirs(os.path.join(path, RESULTS))
         for rel, text in files.items():
@@ -44,6 +67,11 @@ def create(root: str | None, files: dict[str, str]) -> str:
         shutil.rmtree(path, ignore_errors=True)
         raise
     return path
+
+
+def _read_owner(path: str, name: str) -> _owners.Owner | None:
+    m = _OWNED.match(name)
+    return None if m is None else (int(m[1]), int(m[2]), int(m[3]))
 
 
 def write_files(workspace: str, files: dict[str, str] | dict[str, bytes]) -> None:

@@ -203,13 +203,14 @@ def test_a_zygote_the_host_stops_leaves_the_scratch_folder_to_its_successor(own_
 
 def test_a_new_runner_sweeps_scratch_folders_whose_owner_is_gone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Host and zygote killed together leave a folder that nobody removes: the next runner does."""
-    from simulators.python.sandbox import host
+    from simulators import _owners
 
     temp = tmp_path / "tmp"
     temp.mkdir()
     ns = os.stat("/proc/self/ns/pid").st_ino
-    me = host._process_tag(os.getpid())
-    assert me is not None
+    owner = _owners.owner_of(os.getpid())
+    assert owner is not None
+    me = " ".join(map(str, owner))
     folders = {
         "dead": f"999999999 1 {ns}",  # no such process
         "reused": f"{os.getpid()} 1 {ns}",  # a live pid, but started at another time

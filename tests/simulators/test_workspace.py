@@ -253,3 +253,75 @@ def test_put_file_of_a_mounted_sql_result_repairs_results(tmp_path: Path, how: s
     finally:
         app.close()
     assert (outside / "victim.txt").read_text() == "untouched" and os.listdir(outside) == ["victim.txt"]
+
+
+# -- workspaces of processes that were killed ---------------------------------------------------
+
+
+def test_a_workspace_name_records_its_owner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from simulators import _owners
+
+    monkeypatch.setattr(ws_module, "_swept", set())
+    path = ws_module.create(str(tmp_path), {"data/in.csv": CSV})
+    owner = _owners.owner_of(os.getpid())
+    assert owner is not None
+    assert os.path.basename(path).startswith("agentrl-ws-" + "-".join(map(str, owner)) + "-")
+    assert ws_module._read_owner(path, os.path.basename(path)) == owner
+    assert (Path(path) / "data" / "in.csv").read_bytes() == CSV.encode() and (Path(path) / "results").is_dir()
+
+
+def test_the_first_workspace_in_a_folder_sweeps_those_whose_owner_is_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from simulators import _owners
+
+    ns = _owners.pid_namespace()
+    owner = _owners.owner_of(os.getpid())
+    assert owner is not None
+    pid, start, _ = owner
+    names = {
+        "dead": f"agentrl-ws-999999999-1-{ns}-abcdefgh",  # no such process
+        "reused": f"agentrl-ws-{pid}-{start + 1}-{ns}-abcdefgh",  # a live pid, started at another time
+        "alive": f"agentrl-ws-{pid}-{start}-{ns}-abcdefgh",
+        "other-namespace": f"agentrl-ws-999999999-1-{ns + 1}-abcdefgh",
+        "old-style": "agentrl-ws-ppd9mmlo",  # made before names recorded an owner: never judged
+        "garbage": "agentrl-ws-1-x-2-abcdefgh",
+        "other-prefix": f"agentrl-wsx-999999999-1-{ns}-abcdefgh",
+    }
+    for name in names.values():
+        (tmp_path / name / "results").mkdir(parents=True)
+        (tmp_path / name / "results" / "q1.csv").write_text(CSV)
+    (tmp_path / f"agentrl-ws-999999998-1-{ns}-file").write_text("a file, not a workspace")
+    (tmp_path / f"agentrl-ws-999999997-1-{ns}-link").symlink_to(tmp_path / names["alive"])
+    monkeypatch.setattr(ws_module, "_swept", set())
+    made = ws_module.create(str(tmp_path), {})
+    left = {p.name for p in tmp_path.iterdir()} - {os.path.basename(made)}
+    assert left == {names[k] for k in ("alive", "other-namespace", "old-style", "garbage", "other-prefix")} | {
+        f"agentrl-ws-999999998-1-{ns}-file",
+        f"agentrl-ws-999999997-1-{ns}-link",
+    }
+    # once per folder and process: a dead owner's folder that appears later waits for the next process
+    (tmp_path / names["dead"]).mkdir()
+    ws_module.create(str(tmp_path), {})
+    assert (tmp_path / names["dead"]).is_dir()
+
+
+def test_a_killed_process_leaves_a_workspace_the_next_one_removes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    code = (
+        "import sys, time\n"
+        "from simulators import workspace\n"
+        "print(workspace.create(sys.argv[1], {'data/in.csv': 'a\\n'}), flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        left = proc.stdout.readline().strip()
+        assert os.path.isdir(left)
+    finally:
+        proc.kill()  # SIGKILL: no clean-up runs
+        proc.wait()
+    assert os.path.isdir(left)
+    monkeypatch.setattr(ws_module, "_swept", set())
+    mine = ws_module.create(str(tmp_path), {})
+    assert not os.path.exists(left) and os.path.isdir(mine)

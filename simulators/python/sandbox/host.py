@@ -32,6 +32,7 @@ import warnings
 import weakref
 from typing import Any
 
+from simulators import _owners
 from simulators.python.sandbox._context import SETUP_FAILED
 from simulators.python.sandbox._monitor import Slot, supervise
 from simulators.python.sandbox._protocol import ProtocolError, frame, recv_json_with_fds, send_json
@@ -188,28 +189,10 @@ SCRATCH_PREFIX = "agentrl-sandbox-"
 _OWNER_FILE = "owner"
 
 
-def _start_time(pid: int) -> int | None:
-    """When a live process started (clock ticks after boot, ``/proc/PID/stat``), or None when it is gone.
-
-    It tells a reused pid from the process that first had it.
-    """
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return None if fields[0] in (b"Z", b"X") else int(fields[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def _pid_namespace() -> int:
-    """This process's pid namespace (the inode of ``/proc/self/ns/pid``): the pids it can judge."""
-    return os.stat("/proc/self/ns/pid").st_ino
-
-
-def _process_tag(pid: int) -> str | None:
-    """``"<pid> <start time> <pid namespace>"`` of a live process of our pid namespace (an owner file)."""
-    start = _start_time(pid)
-    return None if start is None else f"{pid} {start} {_pid_namespace()}"
+def _read_owner_file(path: str, name: str) -> _owners.Owner | None:
+    with open(os.path.join(path, _OWNER_FILE), encoding="ascii") as f:
+        pid, start, ns = (int(x) for x in f.read().split())
+    return pid, start, ns
 
 
 def sweep_stale_scratch(folder: str, keep: str = "") -> list[str]:
@@ -221,29 +204,7 @@ def sweep_stale_scratch(folder: str, keep: str = "") -> list[str]:
     else (another user's, an unreadable or unfinished owner file, another namespace) is left alone.
     Returns the folders removed.
     """
-    removed: list[str] = []
-    try:
-        names = [n for n in os.listdir(folder) if n.startswith(SCRATCH_PREFIX)]
-    except OSError:
-        return removed
-    uid, ns = os.geteuid(), _pid_namespace()
-    for name in names:
-        path = os.path.join(folder, name)
-        if path == keep:
-            continue
-        try:
-            st = os.lstat(path)
-            if not os.path.isdir(path) or os.path.islink(path) or st.st_uid != uid:
-                continue
-            with open(os.path.join(path, _OWNER_FILE), encoding="ascii") as f:
-                pid, start, owner_ns = (int(x) for x in f.read().split())
-        except (OSError, ValueError):
-            continue
-        if owner_ns != ns or _start_time(pid) == start:
-            continue
-        shutil.rmtree(path, ignore_errors=True)
-        removed.append(path)
-    return removed
+    return _owners.sweep(folder, SCRATCH_PREFIX, _read_owner_file, keep)
 
 
 def _finalize(state: dict[str, Any]) -> None:
@@ -335,8 +296,9 @@ class SandboxRunner:
             os.mkdir(os.path.join(scratch, sub), 0o700)
         with open(os.path.join(scratch, "probe-secret"), "w") as f:
             f.write("not for the sandbox\n")
+        owner = _owners.owner_of(os.getpid())
         with open(os.path.join(scratch, _OWNER_FILE), "w") as f:
-            f.write(_process_tag(os.getpid()) or "")
+            f.write(" ".join(map(str, owner)) if owner else "")
         self._state.update(scratch=scratch, zygote=None, owner=os.getpid())
         sweep_stale_scratch(os.path.dirname(scratch), keep=scratch)
 
