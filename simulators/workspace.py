@@ -36,7 +36,7 @@ class WorkspaceError(Exception):
 #: ``agentrl-ws-<pid>-<start time>-<pid namespace>-XXXXXXXX``: the name says which process owns the workspace
 PREFIX = "agentrl-ws-"
 _OWNED = re.compile(r"agentrl-ws-(\d+)-(\d+)-(\d+)-")
-_owner: tuple[int, str] = (0, "")  # (pid, name prefix) of this process, remade after a fork
+_named: tuple[int, str] = (0, "")  # (pid, name prefix) of this process's workspaces, remade after a fork
 _swept: set[str] = set()  # folders this process has swept
 
 
@@ -46,16 +46,16 @@ def create(root: str | None, files: dict[str, str]) -> str:
     Its name records the owning process. The first workspace a process makes in a folder removes
     that folder's workspaces whose owner is gone (a process killed mid-episode cannot remove its own).
     """
-    global _owner
+    global _named
     pid = os.getpid()
-    if _owner[0] != pid:
+    if _named[0] != pid:
         owner = _owners.owner_of(pid)
-        _owner = (pid, PREFIX + "-".join(map(str, owner)) + "-" if owner else PREFIX)
+        _named = (pid, PREFIX + "-".join(map(str, owner)) + "-" if owner else PREFIX)
     folder = root if root is not None else tempfile.gettempdir()
     if folder not in _swept:
         _swept.add(folder)
         _owners.sweep(folder, PREFIX, _read_owner)
-    path = tempfile.mkdtemp(prefix=_owner[1], dir=folder)
+    path = tempfile.mkdtemp(prefix=_named[1], dir=folder)
     try:
         os.makedirs(os.path.join(path, RESULTS))
         for rel, text in files.items():
