@@ -12,7 +12,7 @@ import torch
 
 from agentrl_train.rollout import act, episode_seed
 
-__all__ = ["EVAL_SEED", "evaluate", "evaluate_splits", "markdown_table"]
+__all__ = ["EVAL_SEED", "evaluate", "evaluate_run", "evaluate_splits", "load_run", "markdown_table"]
 
 EVAL_SEED = 1_000_003  #: evaluation episodes use seeds disjoint from any training run's
 
@@ -112,6 +112,20 @@ def evaluate_run(
     Raises:
         ConfigError: not a run folder, or no saved policy in it.
     """
+    from agentrl_envs.errors import ConfigError
+
+    if episodes < 1:
+        raise ConfigError(f"--episodes {episodes}: use a positive number")
+    policy, cfg = load_run(run, checkpoint)
+    return evaluate(policy, cfg, split, episodes, error_profile=error_profile, sample=sample)
+
+
+def load_run(run: str, checkpoint: str | None = None) -> tuple[Any, Any]:
+    """A run folder's saved policy (``final/``, or ``checkpoints/NAME``; ``latest`` for the newest) and its config.
+
+    Raises:
+        ConfigError: not a run folder, or no saved policy in it.
+    """
     from pathlib import Path
 
     import yaml
@@ -124,8 +138,6 @@ def evaluate_run(
     folder = Path(run)
     if not (folder / "config.yaml").exists():
         raise ConfigError(f"--run {run}: not a run folder (no config.yaml); point at the --out folder of a ppo or sft run")
-    if episodes < 1:
-        raise ConfigError(f"--episodes {episodes}: use a positive number")
     cfg = config_from_dict(yaml.safe_load((folder / "config.yaml").read_text()))
     cfg.model.init_adapter = ""
     policy = build_policy(cfg, log=lambda *a, **k: None)
@@ -143,4 +155,4 @@ def evaluate_run(
         if not (folder / "final").is_dir():
             raise ConfigError(f"--run {run}: no final/ folder (the run did not finish); use --checkpoint latest")
         policy.load_adapter_weights(folder / "final")
-    return evaluate(policy, cfg, split, episodes, error_profile=error_profile, sample=sample)
+    return policy, cfg

@@ -143,6 +143,31 @@ def test_eval_cli_prints_json(tmp_path, capsys) -> None:
     assert main(["eval", "--run", str(tmp_path / "run"), "--episodes", "1", "--error-profile", "realistic", "--json"]) == 0
 
 
+def test_oracle_agreement_benchmark_follows_the_eval_episodes(tmp_path, capsys) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    train(small_config(tmp_path, updates=1, record=False), log=lambda *a, **k: None)
+    capsys.readouterr()
+    assert main(["eval", "--run", str(tmp_path / "run"), "--split", "train", "--episodes", "2", "--json"]) == 0
+    greedy = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "oracle_agreement.py"
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "run"), "--episodes", "2"], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    (row,) = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    oracle, own = row["oracle_path"], row["own_path"]
+    assert row["split"] == "train" and oracle["success"] == 1.0 and oracle["oracle_not_a_candidate"] == 0
+    assert 0.0 <= oracle["p_oracle"] <= 1.0 and 0.0 <= oracle["oracle_top1"] <= 1.0 and oracle["gap_p50"] >= 0.0
+    # its own path is eval's greedy path: the same episodes, the same choices
+    assert own["success"] == greedy["success_rate"] and own["mean_length"] == greedy["mean_length"]
+    assert 0.0 <= own["agree"] <= 1.0
+    bad = subprocess.run([sys.executable, str(script), str(tmp_path / "nothing")], capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "not a run folder" in bad.stderr
+
+
 def test_eval_sample_draws_from_the_policy_with_seeds_fixed_per_episode(tmp_path, capsys, monkeypatch) -> None:
     import agentrl_train.evaluate as evaluate_module
 
