@@ -36,6 +36,7 @@ import torch  # noqa: E402
 
 import agentrl_envs  # noqa: E402,F401 - registers the env ids
 from agentrl_envs.agents import OracleAgent  # noqa: E402
+from agentrl_envs.errors import AgentRLError  # noqa: E402
 from agentrl_train import evaluate  # noqa: E402
 from agentrl_train.rollout import candidate_logprobs, episode_seed, greedy_candidate  # noqa: E402
 
@@ -102,13 +103,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", help="run folders (the --out of agentrl-train ppo, candidates mode)")
     ap.add_argument("--episodes", type=int, default=8, help="episodes per split (default 8)")
-    ap.add_argument("--splits", nargs="+", default=["train"], help="splits (default: train)")
+    ap.add_argument(
+        "--splits", nargs="+", default=["train"], choices=("train", "test", "heldout"), help="splits (default: train)"
+    )
     args = ap.parse_args()
     if args.episodes < 1:
         ap.error("--episodes: use a positive number")
     torch.set_num_threads(2)
     for run in args.runs:
-        policy, cfg = evaluate.load_run(run)
+        try:
+            policy, cfg = evaluate.load_run(run)
+        except AgentRLError as exc:
+            ap.error(str(exc))
         if cfg.env.mode != "candidates":
             ap.error(f"{run}: a {cfg.env.mode}-mode run; this measures candidates-mode policies")
         policy.eval()
