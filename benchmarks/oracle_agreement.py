@@ -5,8 +5,10 @@ For each run folder and split, on ``agentrl-train eval``'s fixed episodes:
 - **oracle path**: the env is stepped with the oracle's action (``OracleAgent``), so every policy
   is asked about the same states; at each one, the policy's probability of the oracle's action
   (``p_oracle``), how often it is the policy's top choice (``oracle_top1``; a uniform policy's
-  ``argmax`` is the oracle's action 1 time in K), and the median gap between the policy's best and
-  second candidate in log-probability (``gap_p50``);
+  ``argmax`` is the oracle's action 1 time in K), the median gap between the policy's best and
+  second candidate in log-probability (``gap_p50``), and the probability of a ``finish`` that is not
+  the oracle's action (it ends the episode unsolved), per such candidate, relative to a uniform
+  policy's (``early_finish_vs_uniform``: 1.0 = uniform, 0 = never);
 - **own path**: the env is stepped with the policy's greedy choice (the rule of ``agentrl-train
   eval``); success, mean episode length, and how often the greedy choice is what the oracle would do
   from that state (``agree``).
@@ -54,11 +56,22 @@ def policy_logprobs(
     return candidate_logprobs(scores, base, cfg.ppo), base
 
 
+def _tool(action: str) -> str | None:
+    """The tool a candidate calls (``<tool_call>{"name": ...}</tool_call>``), None when it does not parse."""
+    body = action.strip().removeprefix("<tool_call>").removesuffix("</tool_call>")
+    try:
+        name = json.loads(body).get("name")
+    except (ValueError, AttributeError):
+        return None
+    return name if isinstance(name, str) else None
+
+
 def play(policy: Any, cfg: Any, split: str, episodes: int, follow_oracle: bool) -> dict[str, Any]:
     env = gym.make(cfg.env.env, split=split, candidates=cfg.env.candidates, **cfg.env.env_kwargs)
     p_oracle: list[float] = []
     top1: list[bool] = []
     gaps: list[float] = []
+    p_early_finish: list[float] = []
     agree: list[bool] = []
     success: list[bool] = []
     lengths: list[int] = []
@@ -77,6 +90,9 @@ def play(policy: Any, cfg: Any, split: str, episodes: int, follow_oracle: bool) 
                 if gold in cands:
                     p_oracle.append(float(logp[cands.index(gold)].exp()))
                     top1.append(int(torch.argmax(logp)) == cands.index(gold))
+                early = [k for k, c in enumerate(cands) if c != gold and _tool(c) == "finish"]
+                if early:  # a finish that is not the oracle's ends the episode unsolved
+                    p_early_finish.append(float(logp[early].exp().sum()) / len(early) * len(cands))
                 agree.append(cands[choice] == gold)
                 action = gold if follow_oracle else cands[choice]
                 obs, _, terminated, truncated, info = env.step(action)
@@ -92,6 +108,7 @@ def play(policy: Any, cfg: Any, split: str, episodes: int, follow_oracle: bool) 
             p_oracle=statistics.mean(p_oracle),
             oracle_top1=statistics.mean(top1),
             gap_p50=statistics.median(gaps),
+            early_finish_vs_uniform=statistics.mean(p_early_finish) if p_early_finish else None,
             oracle_not_a_candidate=len(gaps) - len(p_oracle),
         )
     else:

@@ -161,6 +161,7 @@ def test_oracle_agreement_benchmark_follows_the_eval_episodes(tmp_path, capsys) 
     oracle, own = row["oracle_path"], row["own_path"]
     assert row["split"] == "train" and oracle["success"] == 1.0 and oracle["oracle_not_a_candidate"] == 0
     assert 0.0 <= oracle["p_oracle"] <= 1.0 and 0.0 <= oracle["oracle_top1"] <= 1.0 and oracle["gap_p50"] >= 0.0
+    assert oracle["early_finish_vs_uniform"] is None or oracle["early_finish_vs_uniform"] >= 0.0
     # its own path is eval's greedy path: the same episodes, the same choices
     assert own["success"] == greedy["success_rate"] and own["mean_length"] == greedy["mean_length"]
     assert 0.0 <= own["agree"] <= 1.0
