@@ -14,6 +14,7 @@ one from 0; the last row of a rollout from V(current state) (``last_values``).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +25,7 @@ import torch
 import agentrl_envs  # noqa: F401  (registers the ids)
 from agentrl_envs.errors import ConfigError
 
-__all__ = ["EnvPool", "Rollout", "Transition", "act", "candidate_logprobs", "collect", "episode_seed"]
+__all__ = ["EnvPool", "Rollout", "Transition", "act", "candidate_logprobs", "candidate_policy", "collect", "episode_seed"]
 
 
 def episode_seed(run_seed: int, env_index: int, episode: int) -> int:
@@ -268,6 +269,19 @@ def greedy_candidate(logp_K: torch.Tensor, base_K: torch.Tensor | None, tol: flo
     return int(torch.argmax(key))
 
 
+def candidate_policy(
+    policy: Any, prompt: Sequence[int], cand_ids: Sequence[Sequence[int]], ppo: Any, *, reference: bool = True
+) -> tuple[Any, torch.Tensor | None, torch.Tensor]:
+    """The candidates-mode policy in one state: the policy's scores (with V), the reference model's
+    scores (None unless ``reference`` or ``score_baseline="reference"`` needs them) and the log-probs."""
+    out = policy.score_candidates(prompt, cand_ids, ppo.scoring)
+    base_K = None
+    if reference or ppo.score_baseline == "reference":
+        with policy.reference():
+            base_K = policy.score_candidates(prompt, cand_ids, ppo.scoring).scores_K
+    return out, base_K, candidate_logprobs(out.scores_K, base_K, ppo)
+
+
 @torch.no_grad()
 def act(policy: Any, pool: EnvPool, i: int, cfg: Any, *, greedy: bool = False, reference: bool = True) -> Transition:
     """The policy's action for local env i in its current state (no grad, dropout off)."""
@@ -282,12 +296,7 @@ def act(policy: Any, pool: EnvPool, i: int, cfg: Any, *, greedy: bool = False, r
         if len(cands) < 2:
             raise ConfigError("candidates mode needs info['candidates']: make the env with candidates=K (K >= 2)")
         cand_ids = [policy.encode_action(c) for c in cands]
-        out = policy.score_candidates(prompt, cand_ids, ppo.scoring)
-        base_K = None
-        if reference or ppo.score_baseline == "reference":
-            with policy.reference():
-                base_K = policy.score_candidates(prompt, cand_ids, ppo.scoring).scores_K
-        logp_K = candidate_logprobs(out.scores_K, base_K, ppo)
+        out, base_K, logp_K = candidate_policy(policy, prompt, cand_ids, ppo, reference=reference)
         if greedy:
             a = greedy_candidate(logp_K, base_K)
         else:

@@ -37,33 +37,29 @@ import gymnasium as gym  # noqa: E402
 import torch  # noqa: E402
 
 import agentrl_envs  # noqa: E402,F401 - registers the env ids
+from agentrl_envs.actions import parse_action  # noqa: E402
 from agentrl_envs.agents import OracleAgent  # noqa: E402
-from agentrl_envs.errors import AgentRLError  # noqa: E402
+from agentrl_envs.errors import ActionError, AgentRLError  # noqa: E402
 from agentrl_train import evaluate  # noqa: E402
-from agentrl_train.rollout import candidate_logprobs, episode_seed, greedy_candidate  # noqa: E402
+from agentrl_train.rollout import candidate_policy, episode_seed, greedy_candidate  # noqa: E402
 
 
 def policy_logprobs(
     policy: Any, cfg: Any, messages: list[dict[str, str]], tools: Any, cands: list[str]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The candidates-mode policy's log-probs over ``cands`` and the reference model's scores (as in training)."""
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The candidates-mode policy's log-probs over ``cands`` and the reference model's scores, as ``act`` computes them."""
     prompt = policy.encode_prompt(messages, tools, cfg.ppo.max_prompt_tokens)
-    ids = [policy.encode_action(c) for c in cands]
     with torch.no_grad():
-        scores = policy.score_candidates(prompt, ids, cfg.ppo.scoring).scores_K
-        with policy.reference():
-            base = policy.score_candidates(prompt, ids, cfg.ppo.scoring).scores_K
-    return candidate_logprobs(scores, base, cfg.ppo), base
+        _, base, logp = candidate_policy(policy, prompt, [policy.encode_action(c) for c in cands], cfg.ppo)
+    return logp, base
 
 
 def _tool(action: str) -> str | None:
-    """The tool a candidate calls (``<tool_call>{"name": ...}</tool_call>``), None when it does not parse."""
-    body = action.strip().removeprefix("<tool_call>").removesuffix("</tool_call>")
+    """The tool a candidate calls, None when it does not parse."""
     try:
-        name = json.loads(body).get("name")
-    except (ValueError, AttributeError):
+        return parse_action(action).name
+    except ActionError:
         return None
-    return name if isinstance(name, str) else None
 
 
 def play(policy: Any, cfg: Any, split: str, episodes: int, follow_oracle: bool) -> dict[str, Any]:
