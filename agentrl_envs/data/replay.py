@@ -164,6 +164,7 @@ class ReplayBuffer:
 
         Raises:
             FileExistsError: ``path`` exists and ``overwrite`` is False.
+            FileNotFoundError: the folder of ``path`` does not exist.
             BufferLockedError: ``overwrite`` and another writer holds the file.
             StorageError: the disk cannot hold ``capacity_bytes``.
         """
@@ -175,6 +176,10 @@ class ReplayBuffer:
             raise FormatError(f"{path} is a directory; pass the path of the buffer file to create")
         if path.exists() and not overwrite:
             raise FileExistsError(f"{path} already exists: open it with ReplayBuffer.open(path), or pass overwrite=True")
+        if durability not in ("process", "fsync"):  # before the file exists: a refused create leaves nothing behind
+            raise ValueError(f"durability={durability!r}: use 'process' or 'fsync'")
+        if not path.parent.is_dir():
+            raise FileNotFoundError(f"the folder {path.parent} does not exist; create it first (the buffer file goes in it)")
         create_file(path, capacity, overwrite)
         # A new ring is known to be empty: skip the recovery scan, which would read every page.
         return cls._open_file(path, False, None, durability, False, max_resident_bytes, limits, fresh=True)

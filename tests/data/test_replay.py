@@ -201,6 +201,14 @@ def test_directory_and_missing_paths(tmp_path: Path) -> None:
         ReplayBuffer.create(tmp_path)
     with pytest.raises(FileNotFoundError, match=r"create it with ReplayBuffer\.create"):
         ReplayBuffer.open(tmp_path / "missing.ring")
+    with pytest.raises(FileNotFoundError, match=r"the folder .*nodir does not exist; create it first"):
+        ReplayBuffer.create(tmp_path / "nodir" / "buffer.ring")  # not a message about a temporary file
+
+
+def test_refused_create_leaves_no_file(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="durability='bogus'"):
+        ReplayBuffer.create(tmp_path / "buffer.ring", durability="bogus")  # type: ignore[arg-type]
+    assert list(tmp_path.iterdir()) == []  # not a preallocated 256 MiB file
 
 
 def _flip(path: Path, offset: int, mask: int = 0x01) -> None:
