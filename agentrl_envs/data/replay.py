@@ -603,6 +603,8 @@ class ReplayBuffer:
         if reason is not None and not overwritten:  # a reader's gap older than the oldest live record was evicted
             raise CorruptRecordError(f"record {seq} of {self._path} {reason}")
         span = f"seqs {live[0]}..{live[-1]}" if live else "no records"
+        if isinstance(seq, (int, np.integer)) and seq < 0:
+            raise RecordNotFoundError(f"record {seq} cannot exist: seqs count from 0; the buffer holds {span}")
         if isinstance(seq, (int, np.integer)) and seq >= self._next_seq:
             raise RecordNotFoundError(f"record {seq} has not been written yet; the buffer holds {span}")
         if live and isinstance(seq, (int, np.integer)) and seq < live[0]:

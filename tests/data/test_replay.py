@@ -50,6 +50,8 @@ def test_append_get_sample_latest(path: Path) -> None:
         assert emb.tolist() == [4.0, 5.0]
         with pytest.raises(RecordNotFoundError, match="has not been written yet"):
             buf.get(10)
+        with pytest.raises(RecordNotFoundError, match="cannot exist: seqs count from 0"):  # not "evicted"
+            buf.get(-1)
     with pytest.raises(StorageError, match="closed"):
         buf.get(0)
     buf.close()  # twice is fine
