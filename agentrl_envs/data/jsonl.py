@@ -237,6 +237,8 @@ def read_jsonl(
             gives the file and line number.
     """
     path = Path(path)
+    if not isinstance(max_line_bytes, int) or max_line_bytes < 1:  # readline(0) reads nothing: the file would look empty
+        raise ValueError(f"max_line_bytes={max_line_bytes!r}: use a positive number of bytes, e.g. {MAX_LINE_BYTES}")
     if path.is_dir():
         raise JSONLError(f"{path} is a directory; pass the path of a .jsonl file")
     with open(path, "rb") as f:
@@ -260,6 +262,10 @@ def write_jsonl(path: str | os.PathLike[str], trajectories: Iterable[Trajectory]
         InvalidTrajectoryError: a float array holds NaN or infinity, which JSON cannot represent.
     """
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a directory; pass the path of the .jsonl file to write")
+    if not path.parent.is_dir():  # else the error names the temporary file
+        raise FileNotFoundError(f"the folder {path.parent} does not exist; create it first (the .jsonl file goes in it)")
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     count = 0
     try:

@@ -94,6 +94,9 @@ def test_limits_on_lines_and_files(tmp_path: Path) -> None:
     path = _write_lines(tmp_path / "long.jsonl", b'{"env_id": "' + b"x" * 5000 + b'"}')
     with pytest.raises(JSONLError, match="longer than max_line_bytes=1,000"):
         list(read_jsonl(path, max_line_bytes=1000))
+    for bad in (-1, 0):  # -1 read the file as empty: no trajectories and no error
+        with pytest.raises(ValueError, match=f"max_line_bytes={bad}: use a positive number of bytes"):
+            list(read_jsonl(path, max_line_bytes=bad))
     path = _write_lines(tmp_path / "deep.jsonl", b'{"metadata": {}, "steps": [{"reward_components": {}}]}')
     assert len(list(read_jsonl(path, max_depth=4))) == 1
     with pytest.raises(JSONLError, match="nested 4 levels deep, over the limit of 3"):
@@ -102,6 +105,12 @@ def test_limits_on_lines_and_files(tmp_path: Path) -> None:
         list(read_jsonl(tmp_path))
     empty = _write_lines(tmp_path / "empty.jsonl", b"", b"   ")
     assert list(read_jsonl(empty)) == []
+    # Writing: the errors name the path given, not the temporary file written first.
+    with pytest.raises(FileNotFoundError, match=r"the folder .*nodir does not exist; create it first") as missing:
+        write_jsonl(tmp_path / "nodir" / "t.jsonl", [])
+    with pytest.raises(IsADirectoryError, match="is a directory; pass the path of the .jsonl file") as folder:
+        write_jsonl(tmp_path, [])
+    assert ".tmp" not in str(missing.value) + str(folder.value)
 
 
 def test_invalid_values_are_refused(tmp_path: Path) -> None:
