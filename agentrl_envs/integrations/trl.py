@@ -61,8 +61,8 @@ def environment_factory(env_id: str, **make_kwargs: Any) -> type:
     Raises:
         ConfigError: unknown ``env_id``.
     """
-    if env_id not in agentrl_envs.ENV_IDS:
-        raise ConfigError(f"unknown environment {env_id[:80]!r}; available: {', '.join(agentrl_envs.ENV_IDS)}")
+    if not isinstance(env_id, str) or env_id not in agentrl_envs.ENV_IDS:
+        raise ConfigError(f"unknown environment {str(env_id)[:80]!r}; available: {', '.join(agentrl_envs.ENV_IDS)}")
     probe = gym.make(env_id, **make_kwargs)
     try:
         core = probe.unwrapped
@@ -108,8 +108,9 @@ def _get_env(self: Any, split: str) -> gym.Env[str, str]:
 def _reset(self: Any, **row: Any) -> str:
     """Start the episode of a dataset row (its ``seed`` and ``split``) and return the instruction."""
     seed = row.get("seed")
-    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-        raise ConfigError(f"seed={seed!r} in the dataset row: use an int (train_dataset() writes one per row)")
+    # Checked here, not by Gymnasium: its refusal of a negative seed leaves the cached env unable to step.
+    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
+        raise ConfigError(f"seed={seed!r} in the dataset row: use an int >= 0 (train_dataset() writes one per row)")
     self.env = self._env(str(row.get("split") or self.default_split))
     observation, self.info = self.env.reset(seed=seed)
     self.episode_return = 0.0
@@ -198,6 +199,8 @@ def train_dataset(env_id: str, n: int, split: str = "train", *, seed: int = 0) -
         raise ConfigError(f"n={n!r}: use a positive number of rows")
     if split not in SPLITS:
         raise ConfigError(f"split={split!r}: use one of {', '.join(SPLITS)}")
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ConfigError(f"seed={seed!r}: use an int >= 0 (row i gets seed + i)")
     system = system_prompt(env_id)
     rows = {
         "prompt": [[{"role": "system", "content": system}, {"role": "user", "content": ""}] for _ in range(n)],

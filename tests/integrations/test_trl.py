@@ -70,6 +70,8 @@ def test_positional_arguments_are_a_malformed_call_too() -> None:
 def test_bad_rows_and_ids_are_clear_errors() -> None:
     with pytest.raises(ConfigError, match="unknown environment"):
         environment_factory("AgentRL/Nope-v0")
+    with pytest.raises(ConfigError, match="unknown environment '123'"):
+        environment_factory(123)  # type: ignore[arg-type]
     env = environment_factory("AgentRL/SQL-v0")()
     with pytest.raises(ConfigError, match="reset"):
         env.sql(query="SELECT 1")
@@ -77,6 +79,10 @@ def test_bad_rows_and_ids_are_clear_errors() -> None:
         env.reset(seed=0, split="validation")
     with pytest.raises(ConfigError, match="seed"):
         env.reset(seed="0")
+    with pytest.raises(ConfigError, match=r"seed=-1 in the dataset row: use an int >= 0"):
+        env.reset(seed=-1)  # Gymnasium's own refusal left the cached env unable to step
+    env.reset(seed=0)
+    assert env.sql(query="SELECT 1").startswith("sql ok")
 
 
 def test_train_dataset_rows() -> None:
@@ -86,6 +92,9 @@ def test_train_dataset_rows() -> None:
     assert ds[0]["prompt"][0]["role"] == "system" and "<tool_call>" in ds[0]["prompt"][0]["content"]
     with pytest.raises(ConfigError):
         train_dataset("AgentRL/SQL-v0", 0)
+    for seed in (-1, "0"):
+        with pytest.raises(ConfigError, match=f"seed={seed!r}: use an int >= 0"):
+            train_dataset("AgentRL/SQL-v0", 2, seed=seed)  # type: ignore[arg-type]
 
 
 @pytest.mark.slow
