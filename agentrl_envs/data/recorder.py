@@ -152,8 +152,10 @@ class RecordTrajectories(gym.Wrapper[Any, Any, Any, Any]):
         return obs, reward, terminated, truncated, info
 
     def close(self) -> None:
-        self._flush_partial()
-        super().close()
+        try:
+            self._flush_partial()
+        finally:  # a sink that refuses the partial episode (closed, NaN reward) must not keep the env open
+            super().close()
 
     def _flush_partial(self) -> None:
         if self._episode is not None and self._episode.traj.steps and self.record_partial:
@@ -244,9 +246,11 @@ class RecordVectorTrajectories(VectorWrapper):
         return obs, rewards, terminations, truncations, info
 
     def close(self, **kwargs: Any) -> None:
-        for i in range(self.num_envs):
-            self._flush_partial(i)
-        super().close(**kwargs)
+        try:
+            for i in range(self.num_envs):
+                self._flush_partial(i)
+        finally:  # as in RecordTrajectories.close: the env closes even if the sink refuses an episode
+            super().close(**kwargs)
 
     def _flush_partial(self, i: int) -> None:
         episode = self._episodes[i]

@@ -16,6 +16,7 @@ from agentrl_envs.data import (
     RecordVectorTrajectories,
     ReplayBuffer,
     ShardWriter,
+    StorageError,
     Trajectory,
     as_float32,
     read_shards,
@@ -114,6 +115,27 @@ def test_annotations_partial_episodes_and_sinks(tmp_path: Path) -> None:
         env.close()  # partial, and record_partial=False: dropped
     stored = list(read_shards(tmp_path / "shards"))
     assert len(stored) == 2 and all(t.truncated or t.terminated for t in stored)
+
+
+def test_close_closes_the_env_when_the_sink_refuses_the_partial_episode(tmp_path: Path) -> None:
+    buf = ReplayBuffer.create(tmp_path / "b.ring", capacity_bytes=64 << 10)
+    env = RecordTrajectories(gym.make("CartPole-v1"), buf)
+    closed: list[bool] = []
+    env.unwrapped.close = lambda: closed.append(True)  # type: ignore[method-assign]
+    env.reset(seed=0)
+    env.step(0)
+    buf.close()  # closed before the env: the partial episode has nowhere to go
+    with pytest.raises(StorageError, match="closed"):
+        env.close()
+    assert closed == [True]
+    buf = ReplayBuffer.create(tmp_path / "v.ring", capacity_bytes=64 << 10)
+    vec = RecordVectorTrajectories(gym.make_vec("CartPole-v1", num_envs=2, vectorization_mode="sync"), buf)
+    vec.reset(seed=0)
+    vec.step(np.zeros(2, dtype=np.int64))
+    buf.close()
+    with pytest.raises(StorageError, match="closed"):
+        vec.close()
+    assert vec.env.closed
 
 
 def test_non_text_env_and_wrong_wrapper() -> None:
