@@ -543,10 +543,27 @@ def _read_one(path: Path, columns: Sequence[str] | None) -> pa.Table:
 
 
 def read_table(path: str | os.PathLike[str], columns: Sequence[str] | None = None) -> pa.Table:
-    """All shards at ``path`` as one Arrow table (Arrow shards are memory-mapped, not copied)."""
-    tables = [_read_one(p, columns) for p in shard_paths(path)]
+    """All shards at ``path`` as one Arrow table (Arrow shards are memory-mapped, not copied).
+
+    Raises:
+        ValueError: ``columns`` names a column that shards do not have.
+        FormatError: the files at ``path`` do not share one schema (a foreign file, or shards of an older version).
+    """
+    if isinstance(columns, str):
+        raise TypeError(f"columns={columns!r}: pass a list of column names, e.g. [{columns!r}]")
+    unknown = [name for name in columns or () if name not in SCHEMA.names]
+    if unknown:  # else Parquet reports the file as damaged, and an empty folder raises KeyError
+        raise ValueError(f"unknown shard columns {unknown}; the columns are {', '.join(SCHEMA.names)}")
+    paths = shard_paths(path)
+    tables = [_read_one(p, columns) for p in paths]
     if not tables:
         return SCHEMA.empty_table().select(list(columns)) if columns else SCHEMA.empty_table()
+    odd = next((p for p, table in zip(paths, tables) if not table.schema.equals(tables[0].schema)), None)
+    if odd is not None:
+        raise FormatError(
+            f"{odd} has other columns or types than {paths[0]}, so they do not make one table; move files not "
+            "written by ShardWriter out of the folder, pass columns=[...], or read trajectories with read_shards()"
+        )
     return pa.concat_tables(tables)
 
 

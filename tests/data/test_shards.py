@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from agentrl_envs.data import (
     CorruptRecordError,
+    FormatError,
     InvalidTrajectoryError,
     ShardWriter,
     StorageError,
@@ -136,6 +137,16 @@ def test_refusals_and_damage(tmp_path: Path) -> None:
         read_table(tmp_path / "missing")
     (tmp_path / "empty-dir").mkdir()
     assert read_table(tmp_path / "empty-dir").num_rows == 0
+    # A wrong column name is an argument error, not a damaged Parquet file (nor a KeyError on an empty folder).
+    for folder in ("lz4", "empty-dir"):
+        with pytest.raises(ValueError, match=r"unknown shard columns \['rewards'\]; the columns are"):
+            read_columns(tmp_path / folder, ["rewards"])
+    with pytest.raises(TypeError, match=r"pass a list of column names, e.g. \['reward'\]"):
+        read_table(tmp_path / "lz4", "reward")  # type: ignore[arg-type]
+    # A foreign file in a shard folder is named, not a pyarrow schema dump.
+    pq.write_table(pa.table({"a": [1]}), tmp_path / "lz4" / "zz-other.parquet")
+    with pytest.raises(FormatError, match=r"zz-other.parquet has other columns or types than .*shard-00000.parquet"):
+        read_table(tmp_path / "lz4")
 
 
 def _codecs(path: Path) -> dict[str, str]:
@@ -187,8 +198,6 @@ def test_table_helpers(tmp_path: Path) -> None:
     table = trajectories_to_table(trajs)
     assert table_to_trajectories(table) == trajs
     assert table_to_trajectories(trajectories_to_table([])) == []
-    from agentrl_envs.data import FormatError
-
     with pytest.raises(FormatError, match="lacks the shard columns"):
         table_to_trajectories(pa.table({"reward": [1.0]}))
 
