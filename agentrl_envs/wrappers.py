@@ -82,7 +82,10 @@ class CandidatesDiscrete(gym.Wrapper[Any, Any, Any, Any], gym.utils.RecordConstr
         return self._encode(observation, info), info
 
     def step(self, action: Any) -> tuple[np.ndarray, SupportsFloat, bool, bool, dict[str, Any]]:
-        index = int(action)
+        try:  # an int, a numpy int or a 0-d int array; not 1.7 or "1" (int() would play them as 1)
+            index = int(action) if int(action) == action else -1
+        except (TypeError, ValueError):  # None, NaN, "abc", an array of several actions
+            index = -1
         if not 0 <= index < self.k or not self._candidates:
             raise ConfigError(f"action {action!r}: use an int in 0..{self.k - 1}, after reset()")
         observation, reward, terminated, truncated, info = self.env.step(self._candidates[index])
