@@ -28,6 +28,7 @@ from agentrl_envs.data.errors import BufferLockedError, FormatError, StorageErro
 __all__: list[str] = []  # private module
 
 MAX_REPORTED_SEQS = 1_000
+MIN_CAPACITY = 64 << 10  # create() makes rings at least this big, in whole 4 KiB pages (or larger pages)
 QUARANTINE_REGION_CAP = 4 << 20
 
 
@@ -143,6 +144,12 @@ def _read_file_header(path: Path, fd: int, size: int) -> tuple[int, bytes]:
         raise FormatError(
             f"{path} is replay buffer format version {version}; this agentrl reads version {ring.FORMAT_VERSION}. "
             "Open it with the agentrl version that wrote it and export it (export_jsonl or shards)"
+        )
+    if capacity < MIN_CAPACITY or capacity % HEADER_PAGE or HEADER_PAGE + capacity >= 1 << 63:
+        # create() never writes such a header; trusting it would let repair=True cut the file to its size.
+        raise FormatError(
+            f"the header of {path} gives a ring capacity of {capacity:,} bytes, which create() never writes (a forged or "
+            "foreign header); the records cannot be located safely. Restore the file from a copy"
         )
     return capacity, salt
 

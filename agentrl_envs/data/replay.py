@@ -45,6 +45,7 @@ import numpy as np
 from agentrl_envs.data import _ring as ring
 from agentrl_envs.data._open import (
     MAX_REPORTED_SEQS,
+    MIN_CAPACITY,
     READER_GAP,
     Index,
     create_file,
@@ -68,7 +69,6 @@ from agentrl_envs.data.errors import (
 __all__ = ["CRASH_PHASES", "DEFAULT_CAPACITY", "RecoveryReport", "ReplayBuffer"]
 
 DEFAULT_CAPACITY = 256 << 20
-MIN_CAPACITY = 64 << 10
 DEFAULT_RESIDENT = 64 << 20
 RELEASE_CHUNK = 4 << 20  # written-behind pages are handed back to the kernel in chunks this big
 READ_RETRIES = 4

@@ -161,6 +161,22 @@ def test_mismatches_refuse_to_open(path: Path) -> None:
         ReplayBuffer.open(path)
 
 
+@pytest.mark.parametrize("capacity", [0, 4096, 70_000, (1 << 64) - 1])
+def test_forged_capacity_is_refused_and_repair_keeps_the_file(path: Path, capacity: int) -> None:
+    with ReplayBuffer.create(path, capacity_bytes=64 << 10) as buf:
+        buf.append(traj(0))
+    raw = bytearray(path.read_bytes())
+    fields = list(FILE_HEADER.unpack_from(raw))
+    fields[4] = capacity  # a header create() never writes, with a valid checksum
+    header = FILE_HEADER.pack(*fields)
+    raw[: len(header) + 4] = header + crc_extend(0, header).to_bytes(4, "little")
+    path.write_bytes(raw)
+    for kwargs in ({}, {"readonly": True}, {"repair": True}):  # repair cut the file to 4 KiB, or OverflowError
+        with pytest.raises(FormatError, match=f"capacity of {capacity:,} bytes, which create"):
+            ReplayBuffer.open(path, **kwargs)  # type: ignore[arg-type]
+    assert path.read_bytes() == raw
+
+
 def test_truncated_file(path: Path) -> None:
     with ReplayBuffer.create(path, capacity_bytes=64 << 10) as buf:
         for i in range(40):
