@@ -108,7 +108,7 @@ def test_limits_on_lines_and_files(tmp_path: Path) -> None:
     # Writing: the errors name the path given, not the temporary file written first.
     with pytest.raises(FileNotFoundError, match=r"the folder .*nodir does not exist; create it first") as missing:
         write_jsonl(tmp_path / "nodir" / "t.jsonl", [])
-    with pytest.raises(IsADirectoryError, match="is a directory; pass the path of the .jsonl file") as folder:
+    with pytest.raises(IsADirectoryError, match=r"is a directory; pass the path of the \.jsonl file") as folder:
         write_jsonl(tmp_path, [])
     assert ".tmp" not in str(missing.value) + str(folder.value)
 
