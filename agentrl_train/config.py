@@ -152,7 +152,7 @@ class RunConfig:
     resume: bool = _f(False, "resume from the run folder's latest checkpoint")
     record: bool = _f(True, "record every transition into the run's mmap replay buffer")
     replay_mb: int = _f(64, "replay buffer size in MiB")
-    shards: bool = _f(False, "also write Arrow shards of the trajectories")
+    shards: bool = _f(False, "also write every trajectory as Arrow shards: <out>/shards/rank<r>-NNNNN.arrow")
     tensorboard: bool = _f(True, "write TensorBoard event files")
     progress: bool = _f(True, "show a progress bar")
     max_updates_this_call: int = _f(0, "stop after this many updates in this invocation (0: run to the end); for resume tests")

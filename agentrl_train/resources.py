@@ -52,20 +52,32 @@ def _rss_mb() -> float:
 
 
 class CountingSink:
-    """A replay sink that counts the bytes of the records it appends (the recorder's ``append``)."""
+    """The recorder's sink: the run's replay buffer and/or shard writer, counting the bytes it records.
 
-    def __init__(self, sink: Any) -> None:
-        self.sink, self.bytes = sink, 0
+    Each trajectory is encoded once (``encode`` checks it); the replay buffer takes those bytes and
+    the shard writer the message.
+    """
 
-    def append(self, traj: Any) -> Any:
+    def __init__(self, replay: Any = None, shards: Any = None) -> None:
+        self.replay, self.shards, self.bytes = replay, shards, 0
+
+    def append(self, traj: Any) -> None:
         from agentrl_envs.data import encode
 
         payload = encode(traj)
         self.bytes += len(payload)
-        return self.sink.append_bytes(payload)
+        if self.replay is not None:
+            self.replay.append_bytes(payload)
+        if self.shards is not None:
+            self.shards.append(traj)
 
     def close(self) -> None:
-        self.sink.close()
+        try:
+            if self.shards is not None:
+                self.shards.close()
+        finally:
+            if self.replay is not None:
+                self.replay.close()
 
 
 class ResourceMeter:

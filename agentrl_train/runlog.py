@@ -121,3 +121,18 @@ def open_replay(out: Path, cfg: Any, dist: Any) -> Any:
     if cfg.run.resume and path.exists():
         return ReplayBuffer.open(path)
     return ReplayBuffer.create(path, capacity_bytes=cfg.run.replay_mb << 20, overwrite=True)
+
+
+def open_shards(out: Path, cfg: Any, dist: Any) -> Any:
+    """This rank's Arrow shard writer: ``<out>/shards/rank<r>-NNNNN.arrow`` (a resumed run numbers on).
+
+    A fresh run removes this rank's shards from an earlier run in the same folder, as the replay
+    buffer is overwritten; trajectories are written in batches of 64 and the last batch at the end.
+    """
+    from agentrl_envs.data import ShardWriter
+
+    folder = out / "shards"
+    if not cfg.run.resume and folder.is_dir():
+        for old in folder.glob(f"rank{dist.rank}-*.arrow"):
+            old.unlink()
+    return ShardWriter(folder, format="arrow", prefix=f"rank{dist.rank}", batch_size=64)

@@ -183,7 +183,12 @@ def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, 
     make_kwargs = {"split": cfg.env.split, "error_profile": cfg.env.error_profile, **cfg.env.env_kwargs}
     if cfg.env.mode == "candidates":
         make_kwargs["candidates"] = cfg.env.candidates
-    sink = resources.CountingSink(runlog.open_replay(out, cfg, dist)) if cfg.run.record else None
+    sink = None
+    if cfg.run.record or cfg.run.shards:
+        sink = resources.CountingSink(
+            runlog.open_replay(out, cfg, dist) if cfg.run.record else None,
+            runlog.open_shards(out, cfg, dist) if cfg.run.shards else None,
+        )
     wrap = None
     if sink is not None:
         from agentrl_envs.data import RecordVectorTrajectories

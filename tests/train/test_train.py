@@ -260,3 +260,25 @@ def test_anchor_drift_is_zero_at_the_start_and_penalises_a_moved_adapter(small_p
             for n, p in policy.lm.named_parameters():
                 if n in saved:
                     p.copy_(saved[n])
+
+
+def test_shards_option_writes_every_recorded_trajectory(tmp_path) -> None:
+    """``--shards``: the run's trajectories as Arrow shards, the same ones the replay buffer holds, across a resume."""
+    from agentrl_envs.data import ReplayBuffer, read_shards
+
+    run = tmp_path / "run"
+    (run / "shards").mkdir(parents=True)
+    (run / "shards" / "rank0-00007.arrow").write_bytes(b"an earlier run's shard")  # a fresh run starts over
+    train(small_config(tmp_path, updates=2, shards=True, max_updates_this_call=1), log=lambda *a, **k: None)
+    assert [p.name for p in sorted((run / "shards").iterdir())] == ["rank0-00000.arrow"]
+    train(small_config(tmp_path, updates=2, shards=True, resume=True), log=lambda *a, **k: None)
+    assert [p.name for p in sorted((run / "shards").iterdir())] == ["rank0-00000.arrow", "rank0-00001.arrow"]
+    sharded = list(read_shards(run / "shards"))
+    with ReplayBuffer.open(run / "replay-rank0.ring", readonly=True) as buf:
+        recorded = list(buf)
+    assert sharded and sharded == recorded
+    assert all(t.policy_id == "exec" and t.steps for t in sharded)
+    # shards without the replay buffer
+    train(small_config(tmp_path / "b", updates=1, shards=True, record=False), log=lambda *a, **k: None)
+    assert not (tmp_path / "b" / "run" / "replay-rank0.ring").exists()
+    assert sum(len(t.steps) for t in read_shards(tmp_path / "b" / "run" / "shards")) > 0
