@@ -382,7 +382,8 @@ class ShardWriter:
     """Append trajectories to a folder of shards; rolls to a new file past ``max_shard_bytes``.
 
     Args:
-        directory: created if missing. Existing shards are kept; numbering continues after them.
+        directory: created if missing. Existing shards are kept; numbering continues after them, and
+            writers sharing a folder (and prefix) take distinct file numbers.
         format: ``"arrow"`` (IPC stream, zero-copy reads) or ``"parquet"`` (compressed, smaller).
         max_shard_bytes: start a new file once the current one is at least this big.
         batch_size: trajectories buffered in memory per written batch (a row group in Parquet).
@@ -484,9 +485,23 @@ class ShardWriter:
         self.close()
 
     def _open_file(self) -> None:
-        name = f"{self.prefix}-{self._next_file:05d}{_SUFFIX[self.format]}"
-        self._next_file += 1
-        self._tmp = self.directory / f".{name}.tmp"
+        # Claim the number with an exclusive create of its temporary file, so that two writers on one
+        # folder (a second process, a second ShardWriter) never write, or rename over, the same file.
+        while True:
+            name = f"{self.prefix}-{self._next_file:05d}{_SUFFIX[self.format]}"
+            self._next_file += 1
+            final, tmp = self.directory / name, self.directory / f".{name}.tmp"
+            if final.exists():
+                continue
+            try:
+                os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            except FileExistsError:  # another writer's file in progress (or a crashed one's)
+                continue
+            if final.exists():  # the other writer renamed it into place between the two looks
+                tmp.unlink()
+                continue
+            break
+        self._tmp = tmp
         self._sink = pa.OSFile(str(self._tmp), "wb")
         if self.format == "arrow":
             self._writer = pa.ipc.new_stream(self._sink, SCHEMA)

@@ -61,6 +61,22 @@ def test_round_trip_and_rolling(tmp_path: Path, fmt: str) -> None:
     assert len(shard_paths(tmp_path / "shards")) == len(paths) + 1
 
 
+def test_writers_sharing_a_folder_take_distinct_files(tmp_path: Path) -> None:
+    """Two writers opened on one folder (two processes, two ranks) both number from the same point: neither
+    may write over the other's file, in progress or finished; a crashed writer's leftover is skipped."""
+    trajs = many(12)
+    (tmp_path / ".shard-00000.arrow.tmp").write_bytes(b"a crashed writer's file")
+    a, b = ShardWriter(tmp_path, max_shard_bytes=1, batch_size=1), ShardWriter(tmp_path, max_shard_bytes=1, batch_size=1)
+    for i, traj in enumerate(trajs):  # interleaved: each append finishes a file
+        (a if i % 2 else b).append(traj)
+    a.close()
+    b.close()
+    names = sorted(p.name for p in a.paths + b.paths)
+    assert len(names) == len(set(names)) == 12 and "shard-00000.arrow" not in names
+    assert sorted(t.task_id for t in read_shards(tmp_path)) == sorted(t.task_id for t in trajs)
+    assert (tmp_path / ".shard-00000.arrow.tmp").read_bytes() == b"a crashed writer's file"
+
+
 def test_plain_pyarrow_reads_flat_columns(tmp_path: Path) -> None:
     with ShardWriter(tmp_path, format="arrow") as writer:
         writer.extend(many(10))
