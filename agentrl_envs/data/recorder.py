@@ -90,10 +90,44 @@ class _Episode:
         return self.traj
 
 
-def _check_annotations(fields: dict[str, Any]) -> None:
+def _check_annotations(fields: dict[str, Any], num_envs: int | None = None) -> None:
+    """Refuse what ``make_step`` would refuse, now rather than after the env has stepped.
+
+    ``num_envs`` (vector envs): each field holds one value per sub-env.
+    """
     unknown = set(fields) - set(ANNOTATIONS)
     if unknown:
         raise TypeError(f"annotate() got unknown fields {sorted(unknown)}; use {', '.join(ANNOTATIONS)}")
+    for name, given in fields.items():
+        values = [given]
+        if num_envs is not None:
+            if isinstance(given, (str, bytes)) or not hasattr(given, "__len__"):
+                raise TypeError(f"annotate({name}=...) needs one value per sub-env ({num_envs}), got {type(given).__name__}")
+            if len(given) != num_envs:
+                raise ValueError(f"annotate({name}=...) needs one value per sub-env ({num_envs}), got {len(given)}")
+            values = list(given)
+        for value in values:
+            if not _note_ok(name, value):
+                kind = "a str" if name == "prompt" else "a number" if name in _SCALAR_NOTES else "an array of numbers"
+                raise TypeError(f"annotate({name}={value!r:.60}): use {kind}")
+
+
+_SCALAR_NOTES = ("log_prob", "value", "advantage")
+
+
+def _note_ok(name: str, value: Any) -> bool:
+    """Whether ``make_step`` takes ``value`` for the annotation ``name``."""
+    if name == "prompt":
+        return isinstance(value, str)
+    if isinstance(value, (str, bytes)):
+        return False
+    try:
+        if name in _SCALAR_NOTES:
+            float(value)  # what make_step does with it
+            return True
+        return np.asarray(value).dtype.kind in "biuf"
+    except (TypeError, ValueError):  # not a number, several numbers, a ragged list
+        return False
 
 
 class RecordTrajectories(gym.Wrapper[Any, Any, Any, Any]):
@@ -199,10 +233,7 @@ class RecordVectorTrajectories(VectorWrapper):
 
     def annotate(self, **fields: Any) -> None:
         """Attach per-sub-env policy-side fields to the next step: ``annotate(log_prob=lp_N, value=v_N)``."""
-        _check_annotations(fields)
-        for name, values in fields.items():
-            if len(values) != self.num_envs:
-                raise ValueError(f"annotate({name}=...) needs one value per sub-env ({self.num_envs}), got {len(values)}")
+        _check_annotations(fields, self.num_envs)
         self._notes.update(fields)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:

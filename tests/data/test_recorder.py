@@ -91,6 +91,12 @@ def test_annotations_partial_episodes_and_sinks(tmp_path: Path) -> None:
         env.step(agent.act(obs, info))
         with pytest.raises(TypeError, match="unknown fields"):
             env.annotate(logprob=1.0)
+        # refused when given, not after the env has stepped
+        for bad, use in ({"log_prob": "abc"}, "a number"), ({"value": [1.0, 2.0]}, "a number"), ({"prompt": 3}, "a str"):
+            with pytest.raises(TypeError, match=f"use {use}"):
+                env.annotate(**bad)
+        with pytest.raises(TypeError, match="an array of numbers"):
+            env.annotate(embedding=[[1.0], [2.0, 3.0]])
         env.reset(seed=2)  # cuts the first episode short: it is recorded as partial
         env.close()  # the second has no steps: nothing to record
         assert len(buf) == 1
@@ -212,6 +218,10 @@ def test_vector_env_cuts_episodes_per_sub_env(mode: AutoresetMode) -> None:
     assert all(len(t.steps) == 6 and t.truncated for t in recorded[1] if t.truncated)
     with pytest.raises(ValueError, match="one value per sub-env"):
         env.annotate(value=[1.0])
+    with pytest.raises(TypeError, match=r"one value per sub-env \(2\), got float"):
+        env.annotate(log_prob=0.5)  # a scalar was a raw len() TypeError
+    with pytest.raises(TypeError, match="use a number"):
+        env.annotate(value=["a", "b"])
 
 
 def test_vector_env_with_autoreset_disabled() -> None:
