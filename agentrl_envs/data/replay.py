@@ -169,9 +169,9 @@ class ReplayBuffer:
             StorageError: the disk cannot hold ``capacity_bytes``.
         """
         path = Path(path)
-        if not isinstance(capacity_bytes, int) or capacity_bytes < 1:
+        if not _is_int(capacity_bytes) or capacity_bytes < 1:
             raise ValueError(f"capacity_bytes={capacity_bytes!r}: use a positive number of bytes, e.g. 256 << 20")
-        capacity = max(MIN_CAPACITY, -(-capacity_bytes // mmap.PAGESIZE) * mmap.PAGESIZE)
+        capacity = max(MIN_CAPACITY, -(-int(capacity_bytes) // mmap.PAGESIZE) * mmap.PAGESIZE)
         if path.is_dir():
             raise FormatError(f"{path} is a directory; pass the path of the buffer file to create")
         if path.exists() and not overwrite:
@@ -399,6 +399,8 @@ class ReplayBuffer:
             n: how many.
             rng: a numpy Generator, a seed, or None for fresh entropy.
         """
+        if not _is_int(n) or n < 0:
+            raise ValueError(f"n={n!r}: use a number of trajectories >= 0")
         gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
         out: list[Trajectory] = []
         while len(out) < n:
@@ -411,6 +413,8 @@ class ReplayBuffer:
 
     def latest(self, n: int) -> list[Trajectory]:
         """The newest ``n`` trajectories (fewer if the buffer holds fewer), oldest first."""
+        if not _is_int(n):
+            raise ValueError(f"n={n!r}: use a number of trajectories")
         with self._lock:
             self._check_open()
             if self._readonly:
@@ -729,3 +733,8 @@ class ReplayBuffer:
             return  # no valid hint, and we rescanned since: no writer is appending (each append rewrites it)
         self._install(scan_index(mm, salt, cap))
         self._doubted_hint = hint  # the records, not this hint, are the truth until the hint changes
+
+
+def _is_int(value: object) -> bool:
+    """An int or a numpy integer, not a bool (``True`` is not a count)."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import struct
 from pathlib import Path
 
@@ -45,6 +46,12 @@ def test_append_get_sample_latest(path: Path) -> None:
         assert len(buf.latest(100)) == 10 and buf.latest(0) == []
         assert [t.task_id for t in buf.sample(5, rng=1)] == [t.task_id for t in buf.sample(5, rng=np.random.default_rng(1))]
         assert all(t.env_id == "test" for t in buf.sample(20))
+        assert len(buf.sample(np.int64(2), rng=0)) == 2 and len(buf.latest(np.int64(2))) == 2
+        for bad in ("2", None, 1.5, -1, True):  # raw TypeErrors from numpy, or an empty list for -1
+            with pytest.raises(ValueError, match=re.escape(f"n={bad!r}: use a number of trajectories")):
+                buf.sample(bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match=r"n=1\.5: use a number of trajectories"):
+            buf.latest(1.5)  # type: ignore[arg-type]
         assert [t.seed for t in buf] == list(range(10))
         emb = as_float32(buf.get(4).steps[0].embedding)
         assert emb.tolist() == [4.0, 5.0]
@@ -221,6 +228,14 @@ def test_directory_and_missing_paths(tmp_path: Path) -> None:
         ReplayBuffer.open(tmp_path / "missing.ring")
     with pytest.raises(FileNotFoundError, match=r"the folder .*nodir does not exist; create it first"):
         ReplayBuffer.create(tmp_path / "nodir" / "buffer.ring")  # not a message about a temporary file
+
+
+def test_capacity_may_be_a_numpy_integer(tmp_path: Path) -> None:
+    with ReplayBuffer.create(tmp_path / "buffer.ring", capacity_bytes=np.int64(64 << 10)) as buf:  # type: ignore[arg-type]
+        buf.append(traj(0))
+    for bad in (0, -5, 1.5, "64", True):
+        with pytest.raises(ValueError, match="use a positive number of bytes"):
+            ReplayBuffer.create(tmp_path / "other.ring", capacity_bytes=bad)  # type: ignore[arg-type]
 
 
 def test_refused_create_leaves_no_file(tmp_path: Path) -> None:
