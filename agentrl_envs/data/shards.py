@@ -410,8 +410,9 @@ class ShardWriter:
             raise ValueError(f"format={format!r}: use 'arrow' or 'parquet'")
         if compression not in _COMPRESSION:
             raise ValueError(f"compression={compression!r}: use one of {', '.join(map(repr, _COMPRESSION))}")
-        if max_shard_bytes < 1 or batch_size < 1:
-            raise ValueError("max_shard_bytes and batch_size must be positive")
+        for name, value in (("max_shard_bytes", max_shard_bytes), ("batch_size", batch_size)):
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}={value!r}: use a positive integer")
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", prefix):
             raise ValueError(f"prefix={prefix!r}: use letters, digits, '_', '-' or '.'")
         self.directory = Path(directory)

@@ -135,6 +135,11 @@ def test_refusals_and_damage(tmp_path: Path) -> None:
         ShardWriter(tmp_path / "x", format="csv")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="compression='gzip': use one of 'mixed', 'zstd', 'lz4'"):
         ShardWriter(tmp_path / "x", format="parquet", compression="gzip")  # type: ignore[arg-type]
+    for bad in (0, -1, "5", 2.5, None, True):
+        with pytest.raises(ValueError, match=r"max_shard_bytes=.*: use a positive integer"):
+            ShardWriter(tmp_path / "bad", max_shard_bytes=bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match=r"batch_size=.*: use a positive integer"):
+            ShardWriter(tmp_path / "bad", batch_size=bad)  # type: ignore[arg-type]
     with ShardWriter(tmp_path / "lz4", format="parquet", compression="lz4") as lz4:
         lz4.extend(many(3))
     assert pq.ParquetFile(lz4.paths[0]).metadata.row_group(0).column(0).compression == "LZ4"
