@@ -47,6 +47,11 @@ _TEXTS = ("prompt", "action")
 _TRAJ_TEXTS = ("env_id", "task_id", "episode_id", "domain", "split", "policy_id")
 
 
+def is_int(value: object) -> bool:
+    """An int or a numpy integer, not a bool (``True`` is not a count). The data layer's one check for counts."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
 @dataclass(frozen=True)
 class Limits:
     """Caps checked by :func:`encode`; raise one only if your data needs it.

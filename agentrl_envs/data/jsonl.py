@@ -28,6 +28,7 @@ from agentrl_envs.data.codec import (
     as_int32,
     float32_bytes,
     int32_bytes,
+    is_int,
     validate,
 )
 from agentrl_envs.data.errors import InvalidTrajectoryError, JSONLError
@@ -237,7 +238,7 @@ def read_jsonl(
             gives the file and line number.
     """
     path = Path(path)
-    if not isinstance(max_line_bytes, int) or max_line_bytes < 1:  # readline(0) reads nothing: the file would look empty
+    if not is_int(max_line_bytes) or max_line_bytes < 1:  # readline(0) reads nothing: the file would look empty
         raise ValueError(f"max_line_bytes={max_line_bytes!r}: use a positive number of bytes, e.g. {MAX_LINE_BYTES}")
     if path.is_dir():
         raise JSONLError(f"{path} is a directory; pass the path of a .jsonl file")

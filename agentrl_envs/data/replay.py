@@ -57,6 +57,7 @@ from agentrl_envs.data._open import (
 )
 from agentrl_envs.data._ring import HEADER_PAGE, HEADER_SIZE, KIND_RECORD, Entry, SeqRanges
 from agentrl_envs.data.codec import DEFAULT_LIMITS, Limits, Trajectory, decode, encode
+from agentrl_envs.data.codec import is_int as _is_int
 from agentrl_envs.data.errors import (
     BufferLockedError,
     CorruptRecordError,
@@ -733,8 +734,3 @@ class ReplayBuffer:
             return  # no valid hint, and we rescanned since: no writer is appending (each append rewrites it)
         self._install(scan_index(mm, salt, cap))
         self._doubted_hint = hint  # the records, not this hint, are the truth until the hint changes
-
-
-def _is_int(value: object) -> bool:
-    """An int or a numpy integer, not a bool (``True`` is not a count)."""
-    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))

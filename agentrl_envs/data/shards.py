@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from google.protobuf.message import DecodeError
 
-from agentrl_envs.data.codec import DEFAULT_LIMITS, Limits, Trajectory, validate
+from agentrl_envs.data.codec import DEFAULT_LIMITS, Limits, Trajectory, is_int, validate
 from agentrl_envs.data.errors import CorruptRecordError, FormatError, InvalidTrajectoryError, StorageError
 
 __all__ = [
@@ -411,7 +411,7 @@ class ShardWriter:
         if compression not in _COMPRESSION:
             raise ValueError(f"compression={compression!r}: use one of {', '.join(map(repr, _COMPRESSION))}")
         for name, value in (("max_shard_bytes", max_shard_bytes), ("batch_size", batch_size)):
-            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ValueError(f"{name}={value!r}: use a positive integer")
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", prefix):
             raise ValueError(f"prefix={prefix!r}: use letters, digits, '_', '-' or '.'")

@@ -94,7 +94,7 @@ def test_limits_on_lines_and_files(tmp_path: Path) -> None:
     path = _write_lines(tmp_path / "long.jsonl", b'{"env_id": "' + b"x" * 5000 + b'"}')
     with pytest.raises(JSONLError, match="longer than max_line_bytes=1,000"):
         list(read_jsonl(path, max_line_bytes=1000))
-    for bad in (-1, 0):  # -1 read the file as empty: no trajectories and no error
+    for bad in (-1, 0, True, 1.5):  # -1 read the file as empty: no trajectories and no error; True meant 1 byte
         with pytest.raises(ValueError, match=f"max_line_bytes={bad}: use a positive number of bytes"):
             list(read_jsonl(path, max_line_bytes=bad))
     path = _write_lines(tmp_path / "deep.jsonl", b'{"metadata": {}, "steps": [{"reward_components": {}}]}')
