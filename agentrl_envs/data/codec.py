@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cached_property
 from typing import Any
 
@@ -71,6 +71,12 @@ class Limits:
     max_steps: int = 100_000
     max_metadata_items: int = 1_000
     max_record_bytes: int = 256 << 20
+
+    def __post_init__(self) -> None:
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if not is_int(value) or value < 1:
+                raise ValueError(f"Limits({field.name}={value!r}): use a positive integer, e.g. {field.default:_}")
 
     @cached_property  # read on every encode
     def smallest_field_cap(self) -> int:

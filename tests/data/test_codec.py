@@ -143,6 +143,14 @@ def test_oversize_fields_and_records_are_refused() -> None:
         encode({"steps": []})  # type: ignore[arg-type]
 
 
+def test_limits_refuse_caps_that_are_not_positive_integers() -> None:
+    # a string cap failed later, inside encode, as a raw TypeError from min(); 0 refused every record
+    for bad in ("1000", 0, -1, 1.5, True, None):
+        with pytest.raises(ValueError, match=r"Limits\(max_text_bytes=.*\): use a positive integer, e.g. 1_048_576"):
+            Limits(max_text_bytes=bad)  # type: ignore[arg-type]
+    assert Limits(max_steps=np.int64(3)).max_steps == 3
+
+
 def test_empty_trajectory_encodes_to_nothing() -> None:
     assert encode(Trajectory()) == b""
     assert decode(b"") == Trajectory()
