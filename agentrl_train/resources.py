@@ -172,6 +172,8 @@ def load(run: str | Path) -> dict[str, Any]:
         ConfigError: the folder has none, or it is not valid JSON.
     """
     path = Path(run) / "resources.json"
+    if Path(run).exists() and not Path(run).is_dir():
+        raise ConfigError(f"--run {run}: not a folder; point at a ppo run folder (the one holding resources.json)")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:

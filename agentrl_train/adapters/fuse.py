@@ -528,6 +528,9 @@ def fuse_adapters(
     """
     if not adapters:
         raise ConfigError("no adapters to fuse; pass at least one, e.g. --adapter tool=runs/x/final")
+    if isinstance(atol, bool) or not isinstance(atol, (int, float)) or not math.isfinite(atol) or atol <= 0:
+        # nan passed every check (diff > nan is False); a negative bound failed after the whole fusion
+        raise ConfigError(f"atol={atol!r}: use a finite bound > 0, e.g. {DEFAULT_ATOL:g} (--atol)")
     for name in adapters:
         if not isinstance(name, str) or not name.strip():
             raise ConfigError(f"adapter names must be non-empty strings, got {name!r}; use --adapter NAME=DIR")

@@ -188,6 +188,8 @@ def test_resources_cli_prints_the_table_and_refuses_garbage(tmp_path: Path, caps
     assert "not valid JSON" in capsys.readouterr().err
     assert main(["resources", "--run", str(tmp_path / "nowhere")]) == 2
     assert "no resources.json" in capsys.readouterr().err
+    assert main(["resources", "--run", str(tmp_path / "resources.json")]) == 2  # a file: was a NotADirectoryError traceback
+    assert "not a folder" in capsys.readouterr().err
 
 
 def _opts(out: Path, updates: int, *extra: str) -> list[str]:

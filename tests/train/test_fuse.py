@@ -237,6 +237,14 @@ def test_no_adapters_and_non_empty_out(setup: dict, tmp_path: Path) -> None:
     assert (tmp_path / "out" / "keep.txt").read_text() == "mine"
 
 
+def test_a_bound_that_cannot_check_is_refused_before_fusing(setup: dict, tmp_path: Path) -> None:
+    # nan passed every self-check (diff > nan is False); -1 failed only after the whole fusion
+    for bad in (float("nan"), float("inf"), -1.0, 0.0, "1e-5", True):
+        with pytest.raises(ConfigError, match=r"atol=.*: use a finite bound > 0"):
+            fuse_adapters(setup["model"], setup["adapters"], tmp_path / "out", atol=bad)  # type: ignore[arg-type]
+        assert not (tmp_path / "out").exists()
+
+
 def test_errors_pickle() -> None:
     for exc in (AdapterNotFoundError("x"), AdapterMismatchError("y"), FusionCheckError("z")):
         again = pickle.loads(pickle.dumps(exc))
