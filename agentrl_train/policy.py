@@ -40,6 +40,8 @@ LORA_PRESETS: dict[str, dict[str, int]] = {
 
 
 def pick_device(name: str) -> torch.device:
+    if name not in ("auto", "cpu", "cuda"):  # torch.device("gpu") is a RuntimeError listing 20 device types
+        raise ConfigError(f"--device={name!r}: use auto, cpu or cuda")
     if name == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device=cuda: no CUDA device is visible; use --device auto or cpu")
     if name == "auto":

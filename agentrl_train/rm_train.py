@@ -75,10 +75,12 @@ class RMConfig:
         if self.loss not in ("pairwise", "pointwise"):
             raise ConfigError(f"--loss={self.loss!r}: use pairwise or pointwise")
         for name in ("steps", "groups", "lr", "rank", "max_tokens"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"--{name.replace('_', '-')}={getattr(self, name)!r}: use a value > 0")
+            if not (getattr(self, name) > 0 and math.isfinite(getattr(self, name))):  # lr=inf trained to garbage
+                raise ConfigError(f"--{name.replace('_', '-')}={getattr(self, name)!r}: use a finite value > 0")
         if not (math.isfinite(self.consistency) and self.consistency >= 0):
             raise ConfigError(f"--consistency={self.consistency!r}: use a finite value >= 0")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"--device={self.device!r}: use auto, cpu or cuda")
         if not 0 <= self.head_dropout < 1:
             raise ConfigError(f"--head-dropout={self.head_dropout!r}: use a value in [0, 1)")
         return self
@@ -330,6 +332,13 @@ def distill(
     log: Any = print,
 ) -> dict[str, Any]:
     """Distil a teacher reward model into a student (smaller base or rank), weighting rows by teacher certainty."""
+    for name, value in (("steps", steps), ("batch", batch), ("rank", rank), ("samples", samples)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"--{name}={value!r}: use an integer > 0")
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not (math.isfinite(lr) and lr > 0):
+        raise ConfigError(f"--lr={lr!r}: use a finite value > 0")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**32:
+        raise ConfigError(f"--seed={seed!r}: use an integer in [0, 2**32)")  # numpy's generators refuse negative seeds
     rows = load_rm_data(data)
     teacher = load_rm(teacher_dir, device=device, log=log)
     mean, var = teacher_stats(teacher, rows, samples, seed)

@@ -228,6 +228,30 @@ def test_bad_data_gives_clear_errors(tmp_path: Path) -> None:
         load_rm(tmp_path, **QUIET)
 
 
+def test_bad_settings_are_refused_before_any_work(tmp_path: Path) -> None:
+    from agentrl_train.policy import pick_device
+
+    with pytest.raises(ConfigError, match=r"--lr=inf: use a finite value > 0"):  # trained to accuracy 0 before
+        RMConfig(data="x", lr=math.inf).validate()
+    with pytest.raises(ConfigError, match=r"--device='gpu': use auto, cpu or cuda"):  # a raw torch RuntimeError before
+        pick_device("gpu")
+    with pytest.raises(ConfigError, match=r"--device='gpu'"):
+        RMConfig(data="x", device="gpu").validate()
+    missing = str(tmp_path / "nowhere")  # the settings are checked before the teacher or the data are read
+    bad: list[tuple[dict[str, Any], str]] = [
+        ({"samples": 0}, "--samples=0"),
+        ({"batch": -1}, "--batch=-1"),
+        ({"steps": True}, "--steps=True"),
+        ({"rank": 1.5}, "--rank=1.5"),
+        ({"lr": math.nan}, "--lr=nan"),
+        ({"seed": -1}, "--seed=-1"),  # numpy's default_rng(-1) was a raw ValueError after loading the teacher
+    ]
+    for kwargs, match in bad:
+        with pytest.raises(ConfigError, match=match):
+            distill(missing, "tiny", missing, str(tmp_path / "out"), **kwargs, **QUIET)
+    assert not (tmp_path / "out").exists()
+
+
 def test_cli_rm_eval_json(trained: dict[str, Any], rm_data: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from agentrl_train.cli import main
 
