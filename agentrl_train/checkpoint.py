@@ -10,6 +10,7 @@ was not stopped (same seed, CPU).
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import shutil
 from pathlib import Path
@@ -82,7 +83,7 @@ def save(
         (final / "complete").write_text("ok\n")
         (root / "latest.tmp").write_text(final.name + "\n")
         os.replace(root / "latest.tmp", root / "latest")
-        _prune(root, keep=keep)
+        _prune(root, keep=keep, current=update)
     dist.barrier()
     return final
 
@@ -111,7 +112,7 @@ def load_latest(
         envs = torch.load(folder / f"envs-rank{rank}.pt", weights_only=False)
     except FileNotFoundError as exc:
         raise CheckpointError(f"--resume: checkpoint {folder} lacks {Path(exc.filename or '').name}") from None
-    except (SafetensorError, RuntimeError, EOFError, OSError, ValueError) as exc:
+    except (SafetensorError, RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as exc:
         raise CheckpointError(f"--resume: checkpoint {folder} is corrupt ({type(exc).__name__}: {exc})") from None
     if state.get("world", 1) != world:
         raise CheckpointError(
@@ -140,7 +141,22 @@ def load_latest(
     return state
 
 
-def _prune(root: Path, keep: int) -> None:
-    done = sorted(p for p in root.glob("update-*") if (p / "complete").exists())
-    for p in done[: max(len(done) - max(keep, 1), 0)]:
+def _step(folder: Path) -> int | None:
+    """The update number of ``update-N`` (None for any other name)."""
+    digits = folder.name.removeprefix("update-")
+    return int(digits) if folder.name.startswith("update-") and digits.isdigit() else None
+
+
+def _prune(root: Path, keep: int, current: int) -> None:
+    """Keep the checkpoint of update ``current`` and the ``keep - 1`` newest before it, by update number.
+
+    By number, not name (``update-1000000`` sorts before ``update-999999``); checkpoints after
+    ``current`` (left by an earlier run in this folder) are not this run's to prune.
+    """
+    older = sorted(
+        (step, p)
+        for p in root.glob("update-*")
+        if (step := _step(p)) is not None and step < current and (p / "complete").exists()
+    )
+    for _, p in older[: max(len(older) - (max(keep, 1) - 1), 0)]:
         shutil.rmtree(p, ignore_errors=True)

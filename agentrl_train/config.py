@@ -21,7 +21,28 @@ import yaml
 
 from agentrl_envs.errors import ConfigError
 
-__all__ = ["EnvConfig", "ModelConfig", "PPOConfig", "RunConfig", "SFTConfig", "TrainConfig", "load_config", "option_names"]
+__all__ = [
+    "MAX_CANDIDATES",
+    "MAX_NUM_ENVS",
+    "MAX_REPLAY_MB",
+    "EnvConfig",
+    "ModelConfig",
+    "PPOConfig",
+    "RunConfig",
+    "SFTConfig",
+    "TrainConfig",
+    "load_config",
+    "make_run_dir",
+    "option_names",
+    "read_run_config",
+]
+
+MAX_SEED = 2**32 - 1  #: numpy's legacy seeding takes seeds in [0, 2**32 - 1]
+MAX_CANDIDATES = 64  #: each candidate is a forward pass per step; the env builds K distinct actions
+MAX_NUM_ENVS = 256  #: sub-envs per rank (under async each one is a process)
+MAX_REPLAY_MB = 1 << 20  #: 1 TiB: the replay buffer is one file of this size in the run folder
+#: gym.make keywords the trainer sets from its own options (env_kwargs may not set them)
+OWN_ENV_KWARGS = {"split": "--split", "error_profile": "--error-profile", "candidates": "--candidates"}
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
@@ -185,6 +206,15 @@ class TrainConfig:
         _choice("score_baseline", p.score_baseline, ("none", "reference"))
         for name in ("num_envs", "updates", "rollout_steps", "epochs", "micro_batch", "max_new_tokens", "max_prompt_tokens"):
             _positive(name, _get(self, name))
+        for name in ("tiny_corpus_episodes", "keep_checkpoints", "replay_mb"):
+            _positive(name, _get(self, name))
+        if r.eval_episodes < 1:
+            raise ConfigError(
+                f"--eval-episodes={r.eval_episodes}: use a value > 0 (to skip evaluation: --eval-every 0 --final-eval-splits '[]')"
+            )
+        _at_most("seed", r.seed, MAX_SEED, "numpy seeds are 32-bit")
+        _at_most("replay_mb", r.replay_mb, MAX_REPLAY_MB, "the buffer is one file of that size in the run folder")
+        _at_most("num_envs", e.num_envs, MAX_NUM_ENVS, "per process; under async each sub-env is a process")
         for name in ("episodes", "sft_epochs", "sft_batch", "sft_lr"):
             _positive(name, _get(self, name))
         for name in ("lr", "value_lr", "temperature", "grad_clip", "lora_alpha_ratio", "min_sigma"):
@@ -195,8 +225,10 @@ class TrainConfig:
             "critic_warmup",
             "eval_every",
             "checkpoint_every",
-            "eval_episodes",
             "tiny_pretrain_steps",
+            "max_updates_this_call",
+            "seed",
+            "threads",
         ):
             _non_negative(name, _get(self, name))
         for name in (
@@ -216,6 +248,12 @@ class TrainConfig:
                 raise ConfigError(f"--{_flag(name)}={_get(self, name)!r}: use a value in [0, 1]")
         if e.mode == "candidates" and e.candidates < 2:
             raise ConfigError(f"--candidates={e.candidates}: candidates mode needs K >= 2 candidates per step")
+        _at_most("candidates", e.candidates, MAX_CANDIDATES, "each candidate is scored by a forward pass every step")
+        for key in e.env_kwargs:
+            if key in OWN_ENV_KWARGS:
+                raise ConfigError(f"--env-kwargs: {key!r} has its own option; use {OWN_ENV_KWARGS[key]} instead")
+            if not isinstance(key, str) or not key.isidentifier():
+                raise ConfigError(f"--env-kwargs: key {key!r} is not a keyword name (e.g. {{candidates_difficulty: hard}})")
         if p.ent_end > p.ent_start:
             raise ConfigError(f"--ent-end={p.ent_end} is above --ent-start={p.ent_start}: the entropy coefficient decays")
         if not m.adapter.isidentifier():
@@ -253,6 +291,10 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
             data = yaml.safe_load(p.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ConfigError(f"--config {path}: no such file") from None
+        except IsADirectoryError:
+            raise ConfigError(f"--config {path}: is a folder; point at a YAML file (e.g. run.yaml)") from None
+        except OSError as exc:
+            raise ConfigError(f"--config {path}: cannot read it ({exc.strerror or exc})") from None
         except (yaml.YAMLError, UnicodeDecodeError) as exc:
             raise ConfigError(f"--config {path}: not valid YAML ({exc})") from None
         if data is None:
@@ -272,6 +314,22 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     return cfg.validate()
 
 
+def make_run_dir(cfg: TrainConfig) -> Path:
+    """Create the run folder ``--out`` (and its parents); ConfigError if a file is in the way."""
+    out = Path(cfg.run.out)
+    if not cfg.run.out:
+        raise ConfigError("--out='': name a run folder (e.g. runs/ppo)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ConfigError(f"--out {out}: a file (not a folder) is in the way; name a run folder instead") from None
+    except NotADirectoryError:
+        raise ConfigError(f"--out {out}: a part of that path is a file, not a folder; name a run folder instead") from None
+    except OSError as exc:
+        raise ConfigError(f"--out {out}: cannot create the run folder ({exc.strerror or exc})") from None
+    return out
+
+
 def dump_config(cfg: TrainConfig, path: Path) -> None:
     path.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False), encoding="utf-8")
 
@@ -283,8 +341,31 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
         if section not in SECTIONS or not isinstance(values, dict):
             raise ConfigError(f"config section {section!r}: expected one of {sorted(SECTIONS)}")
         for name, v in values.items():
-            _set(cfg, name, v, section=section)
+            _set(cfg, str(name), v, section=section)
     return cfg.validate()
+
+
+def read_run_config(folder: str | Path, option: str = "--run") -> TrainConfig:
+    """The TrainConfig of a run folder (its ``config.yaml``), or ConfigError naming that file.
+
+    Args:
+        folder: a ``--out`` folder of a ppo or sft run.
+        option: the option the folder came from, for the message (``--run``).
+    """
+    f = Path(folder) / "config.yaml"
+    if not f.is_file():
+        raise ConfigError(f"{option} {folder}: not a run folder (no config.yaml); point at the --out folder of a ppo or sft run")
+    try:
+        data = yaml.safe_load(f.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError, OSError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(f"{option} {folder}: {f} is damaged (not readable YAML: {reason})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{option} {folder}: {f} is damaged (not a mapping of sections model/env/ppo/sft/run)")
+    try:
+        return config_from_dict(data)
+    except ConfigError as exc:
+        raise ConfigError(f"{option} {folder}: {f} is damaged ({exc})") from None
 
 
 # -- internals -----------------------------------------------------------------------------------
@@ -371,3 +452,8 @@ def _positive(name: str, value: Any) -> None:
 def _non_negative(name: str, value: Any) -> None:
     if not value >= 0:
         raise ConfigError(f"--{_flag(name)}={value!r}: use a value >= 0")
+
+
+def _at_most(name: str, value: Any, limit: int, why: str) -> None:
+    if value > limit:
+        raise ConfigError(f"--{_flag(name)}={value!r}: use a value <= {limit} ({why})")

@@ -123,36 +123,68 @@ def evaluate_run(
 def load_run(run: str, checkpoint: str | None = None) -> tuple[Any, Any]:
     """A run folder's saved policy (``final/``, or ``checkpoints/NAME``; ``latest`` for the newest) and its config.
 
+    The folder's files are checked before the model is built: a damaged one is named in the error.
+
     Raises:
-        ConfigError: not a run folder, or no saved policy in it.
+        ConfigError: not a run folder, no saved policy in it, or a damaged file (named).
     """
     from pathlib import Path
 
-    import yaml
-    from safetensors.torch import load_file
-
     from agentrl_envs.errors import ConfigError
-    from agentrl_train.config import config_from_dict
+    from agentrl_train.config import read_run_config
     from agentrl_train.train import build_policy
 
     folder = Path(run)
-    if not (folder / "config.yaml").exists():
-        raise ConfigError(f"--run {run}: not a run folder (no config.yaml); point at the --out folder of a ppo or sft run")
-    cfg = config_from_dict(yaml.safe_load((folder / "config.yaml").read_text()))
+    cfg = read_run_config(folder, "--run")
     cfg.model.init_adapter = ""
+    if checkpoint:
+        f = _checkpoint_file(folder, checkpoint)
+    else:
+        final = folder / "final"
+        if not final.is_dir():
+            raise ConfigError(f"--run {run}: no final/ folder (the run did not finish); use --checkpoint latest")
+        for need in (final / cfg.model.adapter / "adapter_model.safetensors", final / "value_head.safetensors"):
+            if not need.is_file():
+                raise ConfigError(f"--run {run}: {need} is missing (a damaged final/); use --checkpoint latest")
     policy = build_policy(cfg, log=lambda *a, **k: None)
     if checkpoint:
-        ckpts = folder / "checkpoints"
-        name = (ckpts / "latest").read_text().strip() if checkpoint == "latest" and (ckpts / "latest").exists() else checkpoint
-        f = ckpts / name / "trainable.safetensors"
-        if not f.exists():
-            raise ConfigError(f"--checkpoint {checkpoint}: no {f}")
-        weights = load_file(f)
-        with torch.no_grad():
-            for n, p in policy.trainable_parameters():
-                p.copy_(weights[n])
+        _load_checkpoint_weights(policy, f, checkpoint)
     else:
-        if not (folder / "final").is_dir():
-            raise ConfigError(f"--run {run}: no final/ folder (the run did not finish); use --checkpoint latest")
-        policy.load_adapter_weights(folder / "final")
+        policy.load_adapter_weights(folder / "final", option="--run")
     return policy, cfg
+
+
+def _checkpoint_file(folder: Any, checkpoint: str) -> Any:
+    from agentrl_envs.errors import ConfigError
+
+    ckpts = folder / "checkpoints"
+    name = checkpoint
+    if checkpoint == "latest":
+        if not (ckpts / "latest").is_file():
+            raise ConfigError(f"--checkpoint latest: no {ckpts / 'latest'} (the run wrote no checkpoint)")
+        name = (ckpts / "latest").read_text(encoding="utf-8", errors="replace").strip()
+    if not name or "/" in name or "\\" in name or name in (".", ".."):
+        raise ConfigError(f"--checkpoint {checkpoint}: {name!r} is not a checkpoint name (e.g. update-000010, or latest)")
+    f = ckpts / name / "trainable.safetensors"
+    if not f.is_file():
+        have = sorted(p.name for p in ckpts.glob("update-*")) if ckpts.is_dir() else []
+        raise ConfigError(f"--checkpoint {checkpoint}: no {f}; this run has {', '.join(have) or 'no checkpoints'}")
+    return f
+
+
+def _load_checkpoint_weights(policy: Any, f: Any, checkpoint: str) -> None:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from agentrl_envs.errors import ConfigError
+
+    try:
+        weights = load_file(f)
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(f"--checkpoint {checkpoint}: {f} is damaged ({reason})") from None
+    with torch.no_grad():
+        for n, p in policy.trainable_parameters():
+            if n not in weights or weights[n].shape != p.shape:
+                raise ConfigError(f"--checkpoint {checkpoint}: {f} does not fit this run's model ({n})")
+            p.copy_(weights[n])

@@ -194,25 +194,49 @@ class Policy(nn.Module):
     def trainable_parameters(self) -> list[tuple[str, nn.Parameter]]:
         return [(n, p) for n, p in self.named_parameters() if p.requires_grad]
 
-    def load_adapter_weights(self, folder: str | Path) -> None:
-        """Load saved weights of this adapter (a ``save`` folder or a peft adapter folder)."""
+    def load_adapter_weights(self, folder: str | Path, option: str = "--init-adapter") -> None:
+        """Load saved weights of this adapter (a ``save`` folder or a peft adapter folder).
+
+        Raises:
+            ConfigError: naming ``option`` and the file: no adapter there, a damaged file, or weights
+                that do not fit this model.
+        """
         from peft.utils import set_peft_model_state_dict
-        from safetensors.torch import load_file
 
         folder = Path(folder)
         candidates = [folder / self.adapter, folder, *[p for p in folder.iterdir() if p.is_dir()]] if folder.is_dir() else []
         for sub in candidates:
             f = sub / "adapter_model.safetensors"
             if f.exists():
-                result = set_peft_model_state_dict(self.lm, load_file(f, device=str(self.device)), adapter_name=self.adapter)
+                weights = self._read_safetensors(f, option, folder)
+                try:
+                    result = set_peft_model_state_dict(self.lm, weights, adapter_name=self.adapter)
+                except Exception as exc:
+                    raise ConfigError(
+                        f"{option} {folder}: {f} does not fit this model ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+                    ) from None
                 bad = [k for k in getattr(result, "unexpected_keys", []) if "lora" in k]
                 if bad:
-                    raise ConfigError(f"--init-adapter {folder}: weights do not fit this model ({bad[0]} ...)")
+                    raise ConfigError(f"{option} {folder}: weights do not fit this model ({bad[0]} ...)")
                 vh = folder / "value_head.safetensors"
                 if vh.exists():
-                    self.value_head.load_state_dict(load_file(vh, device=str(self.device)))
+                    try:
+                        self.value_head.load_state_dict(self._read_safetensors(vh, option, folder))
+                    except RuntimeError as exc:
+                        reason = str(exc).splitlines()[0]
+                        raise ConfigError(f"{option} {folder}: {vh} does not fit this model's value head ({reason})") from None
                 return
-        raise ConfigError(f"--init-adapter {folder}: no adapter_model.safetensors there; point at a run's final/ folder")
+        raise ConfigError(f"{option} {folder}: no adapter_model.safetensors there; point at a run's final/ folder")
+
+    def _read_safetensors(self, f: Path, option: str, folder: Path) -> dict[str, torch.Tensor]:
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(f, device=str(self.device))
+        except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise ConfigError(f"{option} {folder}: {f} is damaged ({reason}); save or copy it again") from None
 
     def add_frozen_adapter(self, name: str, folder: str | Path) -> None:
         """Load a saved adapter (an earlier stage's) under ``name``, active beside the trained one and frozen.

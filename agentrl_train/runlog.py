@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import resource
 import time
 from pathlib import Path
@@ -15,16 +16,27 @@ __all__ = ["RunLogger", "open_replay", "progress"]
 class RunLogger:
     """Rank 0's log of a run: one JSON line per update and per evaluation, mirrored to TensorBoard."""
 
-    def __init__(self, out: Path, cfg: Any, enabled: bool = True) -> None:
+    def __init__(self, out: Path, cfg: Any, enabled: bool = True, history: list[dict[str, Any]] | None = None) -> None:
+        """``history``: the rows a resumed run's checkpoint holds; metrics.jsonl starts over from them.
+
+        So a resumed run's metrics.jsonl holds each update once, as an uninterrupted run's does (the rows
+        logged after the checkpoint by the interrupted call are logged again by this one), and a fresh
+        run in a used folder does not append to the earlier run's rows.
+        """
         self.out, self.enabled = out, enabled
-        self.history: list[dict[str, Any]] = []
+        self.history: list[dict[str, Any]] = list(history or [])
         self.started = time.time()
         self.writer = None
         if enabled and cfg.run.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(str(out / "tensorboard"))
-        self._f = open(out / "metrics.jsonl", "a", encoding="utf-8") if enabled else None
+        self._f = None
+        if enabled:
+            tmp = out / "metrics.jsonl.tmp"  # replaced in one step: a kill here leaves the old file whole
+            tmp.write_text("".join(json.dumps(row) + "\n" for row in self.history), encoding="utf-8")
+            os.replace(tmp, out / "metrics.jsonl")
+            self._f = open(out / "metrics.jsonl", "a", encoding="utf-8")
 
     def log(self, row: dict[str, Any]) -> None:
         row = {"kind": "update", "wall_s": round(time.time() - self.started, 3), **row}

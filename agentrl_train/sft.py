@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import random
-from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -21,7 +20,7 @@ import agentrl_envs  # noqa: F401  (registers the ids)
 from agentrl_envs.agents import OracleAgent
 from agentrl_envs.errors import ConfigError
 from agentrl_train import evaluate
-from agentrl_train.config import TrainConfig, dump_config
+from agentrl_train.config import TrainConfig, dump_config, make_run_dir
 from agentrl_train.rollout import episode_seed
 
 __all__ = ["oracle_transcripts", "sft"]
@@ -57,10 +56,11 @@ def oracle_transcripts(
 
 def sft(cfg: TrainConfig, log: Any = print) -> dict[str, Any]:
     """Train ``cfg.model.adapter`` on oracle transcripts of ``cfg.env.env``; writes ``final/`` and an eval table."""
-    from agentrl_train.train import build_policy
+    from agentrl_train.train import build_policy, check_env_id, check_env_kwargs
 
-    out = Path(cfg.run.out)
-    out.mkdir(parents=True, exist_ok=True)
+    check_env_id(cfg.env.env)  # before building a model: a typo should fail in a second
+    check_env_kwargs(cfg.env.env, cfg.env.env_kwargs)
+    out = make_run_dir(cfg)
     dump_config(cfg, out / "config.yaml")
     random.seed(cfg.run.seed)
     np.random.seed(cfg.run.seed)
@@ -103,7 +103,12 @@ def sft(cfg: TrainConfig, log: Any = print) -> dict[str, Any]:
     dump_config(cfg, out / "final" / "config.yaml")
     (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     table = evaluate.evaluate_splits(policy, cfg, cfg.run.final_eval_splits, cfg.run.eval_episodes)
-    (out / "eval.json").write_text(json.dumps(table, indent=2))
-    (out / "eval.md").write_text(evaluate.markdown_table(table))
-    log(evaluate.markdown_table(table))
+    if table:
+        (out / "eval.json").write_text(json.dumps(table, indent=2))
+        (out / "eval.md").write_text(evaluate.markdown_table(table))
+        log(evaluate.markdown_table(table))
+    else:  # an earlier run's table in this folder would describe weights final/ no longer holds
+        for stale in ("eval.json", "eval.md"):
+            (out / stale).unlink(missing_ok=True)
+        log("final evaluation skipped (--final-eval-splits is empty)")
     return {"steps": step, "final_loss": rows[-1]["loss"] if rows else None, "eval": table}

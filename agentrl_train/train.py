@@ -13,7 +13,6 @@ import json
 import math
 import random
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,12 +21,21 @@ import torch
 import agentrl_envs  # noqa: F401  (registers the ids)
 from agentrl_envs.errors import AgentRLError, ConfigError
 from agentrl_train import checkpoint, distributed, evaluate, ppo, resources, runlog
-from agentrl_train.config import TrainConfig, dump_config
+from agentrl_train.config import TrainConfig, dump_config, make_run_dir
 from agentrl_train.distributed import Dist, Trainable
 from agentrl_train.policy import Policy, load_base, lora_targets, pick_device
 from agentrl_train.rollout import EnvPool, Transition, candidate_logprobs, collect
 
-__all__ = ["PPOLoss", "accumulate", "build_policy", "check_env_id", "train", "unit_terms", "wrap_trainable"]
+__all__ = [
+    "PPOLoss",
+    "accumulate",
+    "build_policy",
+    "check_env_id",
+    "check_env_kwargs",
+    "train",
+    "unit_terms",
+    "wrap_trainable",
+]
 
 
 def build_policy(cfg: TrainConfig, log: Any = print) -> Policy:
@@ -154,13 +162,38 @@ def check_env_id(env_id: str) -> None:
         raise ConfigError(f"--env {env_id!r}: no such env id; use one of {known}")
 
 
+def check_env_kwargs(env_id: str, env_kwargs: dict[str, Any]) -> None:
+    """Raise :class:`ConfigError` naming ``--env-kwargs`` when a key is no keyword of ``env_id``'s constructor or gym.make.
+
+    An env whose constructor takes ``**kwargs`` accepts any key; its own checks then apply.
+    """
+    import inspect
+
+    import gymnasium as gym
+    from gymnasium.envs.registration import load_env_creator
+
+    spec = gym.spec(env_id)
+    creator = load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str) else spec.entry_point
+    try:
+        params = inspect.signature(creator).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: nothing to check against
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    known = (set(params) | set(inspect.signature(gym.make).parameters)) - {"id", "kwargs"}
+    for key in env_kwargs:
+        if key not in known:
+            import difflib
+
+            near = difflib.get_close_matches(str(key), sorted(known), n=1)
+            hint = f"did you mean {near[0]!r}?" if near else f"it takes {', '.join(sorted(known))}"
+            raise ConfigError(f"--env-kwargs: {env_id} takes no keyword {key!r}; {hint}")
+
+
 def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, Any]:
     """Run PPO; returns the final summary (also written to ``summary.json``)."""
     dist = dist or Dist()  # one process: every collective is a no-op
-    out = Path(cfg.run.out)
-    out.mkdir(parents=True, exist_ok=True)
-    if dist.is_main:
-        dump_config(cfg, out / "config.yaml")
+    out = make_run_dir(cfg)
 
     # -- seeding: the model seed is shared by every rank; env k's seeds depend on k only -----------
     random.seed(cfg.run.seed)
@@ -169,6 +202,7 @@ def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, 
     sgd_rng = np.random.default_rng(cfg.run.seed)
 
     check_env_id(cfg.env.env)  # before building a model: a typo should fail in a second
+    check_env_kwargs(cfg.env.env, cfg.env.env_kwargs)
     per_step = micro_batches_per_step(cfg, dist.world)
     policy = build_policy(cfg, log=log)
     dist.check_same_weights(policy)
@@ -205,15 +239,23 @@ def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, 
         make_kwargs=make_kwargs,
         wrap=wrap,
     )
-    logger = runlog.RunLogger(out, cfg, enabled=dist.is_main)
-    start_update, global_steps = 0, 0
+    start_update, global_steps, history = 0, 0, []
     if cfg.run.resume:
-        state = checkpoint.load_latest(out, policy, optimizer, pool, sgd_rng, rank=dist.rank, world=dist.world)
-        start_update, global_steps = state["update"], state["global_steps"]
-        logger.history = state.get("history", [])
+        try:
+            state = checkpoint.load_latest(out, policy, optimizer, pool, sgd_rng, rank=dist.rank, world=dist.world)
+        except BaseException:
+            pool.close()
+            if sink is not None:
+                sink.close()
+            raise
+        start_update, global_steps, history = state["update"], state["global_steps"], state.get("history", [])
         log(f"resumed from update {start_update} ({global_steps} env steps)")
     else:
         pool.reset()
+    # written once the run has started: a failed resume leaves the run's config.yaml and metrics.jsonl as they were
+    if dist.is_main:
+        dump_config(cfg, out / "config.yaml")
+    logger = runlog.RunLogger(out, cfg, enabled=dist.is_main, history=history)
 
     steps_per_update = cfg.ppo.rollout_steps * cfg.env.num_envs * dist.world
     trainable = wrap_trainable(policy, cfg, dist)
@@ -348,12 +390,17 @@ def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, 
     if update >= cfg.ppo.updates and dist.is_main:
         policy.save(out / "final")
         dump_config(cfg, out / "final" / "config.yaml")
-        table = evaluate.evaluate_splits(policy, cfg, cfg.run.final_eval_splits, cfg.run.eval_episodes)
-        summary["eval"] = table
-        (out / "eval.json").write_text(json.dumps(table, indent=2))
-        (out / "eval.md").write_text(evaluate.markdown_table(table))
+        if cfg.run.final_eval_splits:
+            table = evaluate.evaluate_splits(policy, cfg, cfg.run.final_eval_splits, cfg.run.eval_episodes)
+            summary["eval"] = table
+            (out / "eval.json").write_text(json.dumps(table, indent=2))
+            (out / "eval.md").write_text(evaluate.markdown_table(table))
+            log(evaluate.markdown_table(table))
+        else:  # an earlier run's table in this folder would describe weights final/ no longer holds
+            for stale in ("eval.json", "eval.md"):
+                (out / stale).unlink(missing_ok=True)
+            log("final evaluation skipped (--final-eval-splits is empty)")
         logger.plot_curve(out / "learning_curve.png")
-        log(evaluate.markdown_table(table))
     logger.close(summary)
     return summary
 

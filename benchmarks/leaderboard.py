@@ -131,12 +131,24 @@ def entry_oracle(b: Budget, runs: Path, retrain: bool) -> Rows:
     return _no_model(b, OracleAgent, (None,))
 
 
+class DamagedRun(ConfigError):
+    """A run folder the leaderboard would reuse cannot be read; its entry is skipped with a warning."""
+
+
 def _reusable(folder: Path, budget: dict[str, Any], done: str, retrain: bool) -> bool:
-    """True when ``folder`` holds a finished run (``done`` exists) trained with ``budget``."""
+    """True when ``folder`` holds a finished run (``done`` exists) trained with ``budget``.
+
+    Raises:
+        DamagedRun: its budget stamp is unreadable (training again would overwrite a run that may be fine).
+    """
     stamp = folder / "leaderboard-budget.json"
     if retrain or not (folder / done).exists() or not stamp.exists():
         return False
-    if json.loads(stamp.read_text()) != budget:
+    try:
+        saved = json.loads(stamp.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as exc:
+        raise DamagedRun(f"{stamp} is damaged ({exc}); delete {folder} or pass --retrain") from None
+    if saved != budget:
         print(f"leaderboard: {folder} was trained with another budget; training again", flush=True)
         return False
     print(f"leaderboard: reusing {folder}", flush=True)
@@ -196,18 +208,23 @@ def _run_args(b: Budget, folder: Path) -> list[str]:
 
 
 def _evaluate_run(b: Budget, folder: Path, difficulties: tuple[str | None, ...]) -> Rows:
-    """Greedy evaluation of an agentrl run folder's ``final/`` policy (or a model folder for TRL)."""
-    import yaml
+    """Greedy evaluation of an agentrl run folder's ``final/`` policy (or a model folder for TRL).
 
-    from agentrl_train.config import config_from_dict
+    Raises:
+        DamagedRun: its config.yaml or saved adapter cannot be read.
+    """
+    from agentrl_train.config import read_run_config
     from agentrl_train.evaluate import evaluate
     from agentrl_train.train import build_policy
 
-    cfg = config_from_dict(yaml.safe_load((folder / "config.yaml").read_text()))
-    cfg.model.init_adapter = ""
-    policy = build_policy(cfg, log=lambda *a, **k: None)
-    if (folder / "final").is_dir():
-        policy.load_adapter_weights(folder / "final")
+    try:
+        cfg = read_run_config(folder, "run folder")
+        cfg.model.init_adapter = ""
+        policy = build_policy(cfg, log=lambda *a, **k: None)
+        if (folder / "final").is_dir():
+            policy.load_adapter_weights(folder / "final", option="run folder")
+    except ConfigError as exc:
+        raise DamagedRun(f"{exc}; delete {folder} or pass --retrain") from None
     rows: Rows = {}
     for d in difficulties:
         view = f"candidates {d}" if d else "generate"
@@ -351,6 +368,22 @@ def entry_budget(b: Budget, entry: str) -> dict[str, Any]:
     return {k: getattr(b, k) for k in ("env", "episodes", "candidates", "seed", *BUDGET_FIELDS.get(entry, ()))}
 
 
+def _saved_results(cache: Path, budget: dict[str, Any]) -> dict[str, Any] | None:
+    """An entry's saved rows when ``cache`` holds them for ``budget``; None otherwise (a damaged cache is evaluated again)."""
+    if not cache.exists():
+        return None
+    try:
+        saved = json.loads(cache.read_text(encoding="utf-8"))
+        if saved["budget"] != budget:
+            return None
+        if not isinstance(saved["rows"], dict) or not isinstance(saved["seconds"], (int, float)):
+            raise ValueError("rows or seconds of the wrong type")
+    except (ValueError, OSError, KeyError, TypeError) as exc:
+        print(f"leaderboard: warning: {cache} is damaged ({exc}); evaluating again", file=sys.stderr, flush=True)
+        return None
+    return saved
+
+
 def main(argv: list[str] | None = None) -> int:
     defaults = Budget()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -386,17 +419,23 @@ def main(argv: list[str] | None = None) -> int:
     seconds: dict[str, float] = {}
     for entry in entries:
         cache = Path(args.runs) / "results" / f"{entry}.json"
-        if args.reuse_results and cache.exists() and json.loads(cache.read_text())["budget"] == entry_budget(b, entry):
-            saved = json.loads(cache.read_text())
+        saved = _saved_results(cache, entry_budget(b, entry)) if args.reuse_results else None
+        if saved is not None:
             results[entry], seconds[entry] = saved["rows"], saved["seconds"]
             print(f"leaderboard: {entry}: reusing the results in {cache}", flush=True)
             continue
         t0 = time.perf_counter()
-        results[entry] = RUNNERS[entry](b, Path(args.runs), args.retrain)
+        try:
+            results[entry] = RUNNERS[entry](b, Path(args.runs), args.retrain)
+        except DamagedRun as exc:
+            print(f"leaderboard: warning: skipping {entry}: {exc}", file=sys.stderr, flush=True)
+            continue
         seconds[entry] = time.perf_counter() - t0
         cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_text(json.dumps({"budget": entry_budget(b, entry), "rows": results[entry], "seconds": seconds[entry]}))
         print(f"leaderboard: {entry} done in {seconds[entry]:.0f} s", flush=True)
+    if not results:
+        raise ConfigError("every entry was skipped (see the warnings above); nothing to tabulate")
     table = markdown(results, b, command, seconds)
     Path(args.md).parent.mkdir(parents=True, exist_ok=True)
     Path(args.md).write_text(table, encoding="utf-8")

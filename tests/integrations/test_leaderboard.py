@@ -89,3 +89,34 @@ def test_bad_options_are_clear_errors(args: tuple[str, ...], message: str, tmp_p
     with pytest.raises(ConfigError, match=re.escape(message)):
         _module().main([*args, "--md", str(tmp_path / "x.md"), "--png", ""])
     assert not (tmp_path / "x.md").exists()
+
+
+def test_a_damaged_run_folder_is_skipped_with_a_warning(tmp_path: Path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("agentrl_train.config")
+    from agentrl_envs.errors import ConfigError
+
+    leaderboard = _module()
+    monkeypatch.setattr(leaderboard, "_agentrl", lambda args: pytest.fail(f"trained again over a damaged run: {args}"))
+    runs = tmp_path / "runs"
+    folder = runs / "agentrl-candidates-easy"
+    (folder / "final").mkdir(parents=True)
+    b = leaderboard.Budget(env="AgentRL/SQL-v0", episodes=1)
+    leaderboard._stamp(
+        folder, {"env": b.env, "candidates": b.candidates, "updates": b.ppo_updates, "seed": b.seed, "difficulty": "easy"}
+    )
+    (folder / "config.yaml").write_text("{{{ not yaml")
+    (runs / "results").mkdir()
+    (runs / "results" / "random.json").write_text('{"budget": ')  # a damaged results cache is evaluated again
+    md = tmp_path / "lb.md"
+    opts = ["--env", "AgentRL/SQL-v0", "--episodes", "1", "--runs", str(runs), "--md", str(md), "--png", ""]
+    assert leaderboard.main(["--entries", "random,agentrl-candidates", "--reuse-results", *opts]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert any("random.json is damaged" in line and "evaluating again" in line for line in err), err
+    (skip,) = [line for line in err if "skipping" in line]
+    assert skip.startswith("leaderboard: warning: skipping agentrl-candidates: ") and "config.yaml is damaged" in skip
+    assert "| random | candidates easy |" in md.read_text() and "| agentrl-candidates |" not in md.read_text()
+    # a damaged budget stamp is skipped too (training again would overwrite the run), and nothing left is an error
+    (folder / "leaderboard-budget.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="every entry was skipped"):
+        leaderboard.main(["--entries", "agentrl-candidates", *opts])
+    assert "leaderboard-budget.json is damaged" in capsys.readouterr().err

@@ -42,6 +42,21 @@ def test_yaml_then_flags(tmp_path) -> None:
         ({"anchor_coef": -1}, "--anchor-coef"),
         ({"reference_weight": 1.5}, r"--reference-weight=1\.5: use a value in \[0, 1\]"),
         ({"reference_weight": "nan"}, "finite"),
+        ({"seed": -1}, "--seed=-1: use a value >= 0"),
+        ({"seed": 2**32}, r"--seed=4294967296: use a value <= 4294967295"),
+        ({"replay_mb": 0}, "--replay-mb=0: use a value > 0"),
+        ({"replay_mb": -5}, "--replay-mb=-5"),
+        ({"replay_mb": 10**9}, r"--replay-mb=1000000000: use a value <= 1048576"),
+        ({"tiny_corpus_episodes": 0}, "--tiny-corpus-episodes=0: use a value > 0"),
+        ({"max_updates_this_call": -1}, "--max-updates-this-call=-1: use a value >= 0"),
+        ({"eval_episodes": 0}, "--eval-episodes=0: use a value > 0 .*--final-eval-splits"),
+        ({"candidates": 10**9}, r"--candidates=1000000000: use a value <= 64"),
+        ({"keep_checkpoints": 0}, "--keep-checkpoints=0: use a value > 0"),
+        ({"threads": -1}, "--threads=-1: use a value >= 0"),
+        ({"num_envs": 10**6}, r"--num-envs=1000000: use a value <= 256"),
+        ({"env_kwargs": "{split: test}"}, "--env-kwargs: 'split' has its own option; use --split"),
+        ({"env_kwargs": "{candidates: 8}"}, "use --candidates"),
+        ({"env_kwargs": "{1: 2}"}, "--env-kwargs: key 1 is not a keyword name"),
     ],
 )
 def test_bad_values_name_the_option(overrides, match) -> None:
@@ -65,6 +80,19 @@ def test_bad_yaml(tmp_path, text, match) -> None:
         load_config(f)
     with pytest.raises(ConfigError, match="no such file"):
         load_config(tmp_path / "missing.yaml")
+
+
+def test_config_that_is_a_folder_or_unreadable(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="is a folder; point at a YAML file"):
+        load_config(tmp_path)
+    (tmp_path / "bytes.yaml").write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(tmp_path / "bytes.yaml")
+
+
+def test_empty_final_eval_splits_parse_to_an_empty_list() -> None:
+    assert load_config(None, {"final_eval_splits": "[]"}).run.final_eval_splits == []
+    assert load_config(None, {"final_eval_splits": ""}).run.final_eval_splits == []
 
 
 def test_every_cli_option_has_help() -> None:
@@ -116,3 +144,41 @@ def test_nproc_checks_options_once_and_keeps_torchrun_logs_in_the_run_folder(mon
         str(run),
     ]
     assert argv[0].endswith("torchrun")
+
+
+def _one_line_error(capsys) -> str:  # type: ignore[no-untyped-def]
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    return err
+
+
+def test_cli_config_folder_and_out_file_are_one_line_errors(capsys, tmp_path) -> None:
+    assert main(["ppo", "--config", str(tmp_path), "--out", str(tmp_path / "run")]) == 2
+    assert f"--config {tmp_path}: is a folder" in _one_line_error(capsys)
+    (tmp_path / "afile").write_text("mine\n")
+    for command in ("ppo", "sft"):
+        assert main([command, "--out", str(tmp_path / "afile")]) == 2
+        assert f"--out {tmp_path / 'afile'}: a file (not a folder) is in the way" in _one_line_error(capsys)
+        assert main([command, "--out", str(tmp_path / "afile" / "run")]) == 2
+        assert "a part of that path is a file" in _one_line_error(capsys)
+    assert (tmp_path / "afile").read_text() == "mine\n"
+    assert main(["ppo", "--out", ""]) == 2
+    assert "--out='': name a run folder" in _one_line_error(capsys)
+
+
+def test_cli_unknown_env_kwargs_name_the_option_before_building_a_model(capsys, tmp_path, monkeypatch) -> None:
+    import agentrl_train.train as train_module
+
+    def no_model(*a, **k):  # type: ignore[no-untyped-def]
+        raise AssertionError("a model was built for a run with bad env_kwargs")
+
+    monkeypatch.setattr(train_module, "build_policy", no_model)
+    run = tmp_path / "run"
+    assert main(["ppo", "--env-kwargs", "{foo: 1}", "--out", str(run)]) == 2
+    err = _one_line_error(capsys)
+    assert "--env-kwargs: AgentRL/SQLPythonSMTP-v0 takes no keyword 'foo'" in err and "candidates_difficulty" in err
+    assert main(["ppo", "--env-kwargs", "{candidates_dificulty: hard}", "--out", str(run)]) == 2
+    assert "did you mean 'candidates_difficulty'?" in _one_line_error(capsys)
+    assert not (run / "config.yaml").exists()
+    # gym.make's own keywords pass
+    train_module.check_env_kwargs("AgentRL/SQL-v0", {"max_episode_steps": 3, "candidates_difficulty": "hard"})

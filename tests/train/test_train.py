@@ -282,3 +282,118 @@ def test_shards_option_writes_every_recorded_trajectory(tmp_path) -> None:
     train(small_config(tmp_path / "b", updates=1, shards=True, record=False), log=lambda *a, **k: None)
     assert not (tmp_path / "b" / "run" / "replay-rank0.ring").exists()
     assert sum(len(t.steps) for t in read_shards(tmp_path / "b" / "run" / "shards")) > 0
+
+
+def _rows(run, kind="update") -> list[dict]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if r["kind"] == kind]
+
+
+def _same_numbers(row: dict) -> dict:
+    return {k: v for k, v in row.items() if not k.startswith("time/") and k != "wall_s"}
+
+
+def test_a_resumed_run_logs_each_update_once(tmp_path) -> None:
+    """A run killed after logging update 3 but before checkpointing it: the resume logs update 3 again, once."""
+    run = tmp_path / "run"
+    train(small_config(tmp_path, updates=3, checkpoint_every=2, record=False), log=lambda *a, **k: None)
+    straight = _rows(run)
+    assert [r["update"] for r in straight] == [1, 2, 3]
+    ck = run / "checkpoints"
+    import shutil
+
+    shutil.rmtree(ck / "update-000003")
+    shutil.rmtree(run / "final")
+    (ck / "latest").write_text("update-000002\n")
+    train(small_config(tmp_path, updates=3, checkpoint_every=2, record=False, resume=True), log=lambda *a, **k: None)
+    resumed = _rows(run)
+    assert [r["update"] for r in resumed] == [1, 2, 3]
+    assert [_same_numbers(r) for r in resumed] == [_same_numbers(r) for r in straight]
+
+
+def test_empty_final_eval_splits_skip_the_final_eval_and_a_fresh_run_starts_its_own_metrics(tmp_path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "eval.json").write_text('{"test": "an earlier run\'s table"}')
+    (run / "metrics.jsonl").write_text(json.dumps({"kind": "update", "update": 7, "env_steps": 1}) + "\n")
+    logs: list[str] = []
+    summary = train(
+        small_config(tmp_path, updates=1, record=False, final_eval_splits=[]), log=lambda *a, **k: logs.append(str(a[0]))
+    )
+    assert summary["finished"] and "eval" not in summary
+    assert (run / "final" / "value_head.safetensors").exists() and (run / "learning_curve.png").exists()
+    assert not (run / "eval.json").exists() and not (run / "eval.md").exists()
+    assert "final evaluation skipped (--final-eval-splits is empty)" in logs and not any("| split |" in x for x in logs)
+    assert [r["update"] for r in _rows(run)] == [1]
+
+
+def test_failed_resume_leaves_config_and_metrics_alone(tmp_path) -> None:
+    run = tmp_path / "run"
+    train(small_config(tmp_path, updates=1, record=False), log=lambda *a, **k: None)
+    before = {f: (run / f).read_bytes() for f in ("config.yaml", "metrics.jsonl")}
+    ck = run / "checkpoints" / "update-000001"
+    for damaged in ("trainable.safetensors", "state.pt"):  # an unpicklable state.pt was a raw UnpicklingError
+        good = (ck / damaged).read_bytes()
+        (ck / damaged).write_bytes(b"not a checkpoint file")
+        with pytest.raises(checkpoint.CheckpointError, match="corrupt"):
+            train(small_config(tmp_path, updates=3, lr=1e-3, resume=True, record=False), log=lambda *a, **k: None)
+        assert {f: (run / f).read_bytes() for f in before} == before
+        (ck / damaged).write_bytes(good)
+
+
+def test_prune_goes_by_update_number_and_leaves_later_runs_alone(tmp_path) -> None:
+    root = tmp_path / "checkpoints"
+    for n in (8, 999_999, 1_000_000, 1_000_001, 2_000_000):
+        (root / f"update-{n:06d}").mkdir(parents=True)
+        (root / f"update-{n:06d}" / "complete").write_text("ok\n")
+    (root / "update-notes").mkdir()  # not a checkpoint name: never touched
+    checkpoint._prune(root, keep=2, current=1_000_001)
+    # the newest before 1000001 is 1000000 (a name sort would keep 999999); 2000000 is an earlier run's
+    assert sorted(p.name for p in root.iterdir()) == ["update-1000000", "update-1000001", "update-2000000", "update-notes"]
+
+
+def test_eval_on_damaged_run_folders_names_the_file(tmp_path, capsys) -> None:
+    import shutil
+
+    train(small_config(tmp_path, updates=1, record=False, final_eval_splits=[]), log=lambda *a, **k: None)
+    good = tmp_path / "run"
+    cases = {
+        "no-final": (lambda r: shutil.rmtree(r / "final"), "no final/ folder"),
+        "garbage-config": (lambda r: (r / "config.yaml").write_text("{{{ not yaml"), "config.yaml is damaged (not readable YAML"),
+        "list-config": (lambda r: (r / "config.yaml").write_text("- a\n- b\n"), "config.yaml is damaged (not a mapping"),
+        "bad-option-config": (
+            lambda r: (r / "config.yaml").write_text("ppo: {lr: fast}\n"),
+            "config.yaml is damaged (--lr='fast'",
+        ),
+        "binary-config": (lambda r: (r / "config.yaml").write_bytes(b"\xff\xfe\x00\x01"), "config.yaml is damaged"),
+        "truncated-adapter": (
+            lambda r: (r / "final" / "exec" / "adapter_model.safetensors").write_bytes(b"\x10\x00"),
+            "adapter_model.safetensors is damaged",
+        ),
+        "no-value-head": (lambda r: (r / "final" / "value_head.safetensors").unlink(), "value_head.safetensors is missing"),
+        "truncated-value-head": (
+            lambda r: (r / "final" / "value_head.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}"),
+            "value_head.safetensors",
+        ),
+    }
+    for name, (damage, message) in cases.items():
+        run = tmp_path / name
+        shutil.copytree(good, run)
+        damage(run)
+        capsys.readouterr()
+        assert main(["eval", "--run", str(run), "--episodes", "1"]) == 2, name
+        err = capsys.readouterr().err  # model loading may print progress bars before it
+        assert "Traceback" not in err and message in err.splitlines()[-1].partition("agentrl-train eval: error: ")[2], (name, err)
+    # checkpoints: a hostile name, a missing one, a damaged one
+    run = tmp_path / "ckpt"
+    shutil.copytree(good, run)
+    (run / "checkpoints" / "update-000001" / "trainable.safetensors").write_bytes(b"garbage")
+    for flag, message in (
+        ("../../etc", "is not a checkpoint name"),
+        ("update-000009", "this run has update-000001"),
+        ("latest", "trainable.safetensors is damaged"),
+    ):
+        capsys.readouterr()
+        assert main(["eval", "--run", str(run), "--checkpoint", flag, "--episodes", "1"]) == 2, flag
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and message in err.splitlines()[-1].partition("agentrl-train eval: error: ")[2], (flag, err)
