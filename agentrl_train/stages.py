@@ -91,7 +91,52 @@ def load_plan(path: str | None) -> dict[str, Any]:
     plan.setdefault("eval_episodes", 8)
     plan.setdefault("ppo", {})
     plan.setdefault("rm", {})
+    _check_values(plan, where)
     return plan
+
+
+def _check_values(plan: dict[str, Any], where: str) -> None:
+    """Every value a run would use, checked before the first minute of work (the reward model trains first)."""
+    from agentrl_train.preference_env import register
+    from agentrl_train.rm_train import RMConfig
+    from agentrl_train.train import check_env_id
+
+    register()
+    if not isinstance(plan["model"], str) or not plan["model"]:
+        raise ConfigError(f"{where}: model={plan['model']!r}: use 'tiny' or a local model folder")
+    if not isinstance(plan["compare_single"], bool):
+        raise ConfigError(f"{where}: compare_single={plan['compare_single']!r}: use true or false")
+    if plan["eval_split"] not in ("train", "test", "heldout"):
+        raise ConfigError(f"{where}: eval_split={plan['eval_split']!r}: use train, test or heldout")
+    episodes = plan["eval_episodes"]
+    if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
+        raise ConfigError(f"{where}: eval_episodes={episodes!r}: use a positive int (greedy episodes per probe)")
+    rm = plan["rm"]
+    for key in ("train_episodes", "test_episodes"):
+        value = rm.get(key, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{where}: rm: {key}={value!r}: use a positive int (oracle episodes)")
+    try:
+        check_env_id(str(rm.get("data_env", EXEC_ENV)))
+        cfg = RMConfig(data="plan", device=str(plan["ppo"].get("device", "auto")))
+        for key in ("steps", "groups", "lr", "rank", "consistency"):
+            if key in rm:
+                if isinstance(rm[key], bool) or not isinstance(rm[key], (int, float)):
+                    raise ConfigError(f"--{key}={rm[key]!r}: use a number")
+                setattr(cfg, key, type(getattr(cfg, key))(rm[key]))
+        cfg.validate()
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: rm: {exc}") from None
+    for st in plan["stages"]:
+        options = st.get("options") or {}
+        if not isinstance(options, dict):
+            raise ConfigError(f"{where}: stage {st['name']!r}: options must be a mapping of ppo options")
+        for env_id in st["envs"]:
+            try:
+                check_env_id(env_id)
+                _cfg(plan, Path("plan-check"), **{**options, **_env_opts(env_id, Path("rm")), "updates": st["updates"]})
+            except ConfigError as exc:
+                raise ConfigError(f"{where}: stage {st['name']!r} ({env_id}): {exc}") from None
 
 
 def _only(d: Any, allowed: set[str], where: str) -> None:

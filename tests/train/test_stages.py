@@ -107,6 +107,19 @@ def test_default_plan_is_shipped_and_valid() -> None:
         ("stages: [{name: a, envs: [X], updates: 0}]\n", "positive int"),
         ("stages: [{name: a, envs: [X], updates: 1}]\nrm: {stepz: 3}\n", "rm: unknown key"),
         ("stages: [\n", "not valid YAML"),
+        # values a run would use: each was accepted, then failed minutes later (after the reward model trained)
+        ("stages: [{name: a, envs: [Nope-v0], updates: 1}]\n", r"stage 'a' \(Nope-v0\): --env 'Nope-v0': no such env id"),
+        ("stages: [{name: a, envs: [AgentRL/SQL-v0], updates: 1}]\nppo: {bogus: 1}\n", "unknown option 'bogus'"),
+        ("stages: [{name: a, envs: [AgentRL/SQL-v0], updates: 1, options: {lr: -1}}]\n", r"--lr=-1.0: use a value > 0"),
+        ("stages: [{name: a, envs: [AgentRL/SQL-v0], updates: 1, options: 5}]\n", "options must be a mapping"),
+        ("stages: [{name: a, envs: [AgentRL/SQL-v0], updates: 1}]\neval_split: nope\n", "eval_split='nope'"),
+        ("stages: [{name: a, envs: [AgentRL/SQL-v0], updates: 1}]\neval_episodes: 0\n", "eval_episodes=0"),
+        ("stages: [{name: a, envs: [AgentRL/SQL-v0], updates: 1}]\ncompare_single: 'yes'\n", "compare_single='yes'"),
+        ("stages: [{name: a, envs: [AgentRL/SQL-v0], updates: 1}]\nmodel: 5\n", "model=5"),
+        ("stages: [{name: a, envs: [AgentRL/SQL-v0], updates: 1}]\nrm: {lr: x}\n", r"rm: --lr='x': use a number"),
+        ("stages: [{name: a, envs: [AgentRL/SQL-v0], updates: 1}]\nrm: {steps: -1}\n", r"rm: --steps=-1"),
+        ("stages: [{name: a, envs: [AgentRL/SQL-v0], updates: 1}]\nrm: {train_episodes: 0}\n", "train_episodes=0"),
+        ("stages: [{name: a, envs: [AgentRL/SQL-v0], updates: 1}]\nrm: {data_env: Nope}\n", r"rm: --env 'Nope'"),
     ],
 )
 def test_bad_plans_give_clear_errors(tmp_path: Path, text: str, match: str) -> None:
