@@ -213,3 +213,37 @@ def test_cli_refuses_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
     for argv, needle in cases:
         assert main(argv) == 2, argv
         assert needle in capsys.readouterr().err, argv
+
+
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (["--port", "-1"], "--port"),
+        (["--port", "65536"], "--port"),
+        (["--port", "http"], "--port"),
+        (["--max-new-tokens", "0"], "--max-new-tokens"),
+        (["--max-new-tokens", "-5"], "--max-new-tokens"),
+        (["--max-new-tokens", "1000000000"], "--max-new-tokens"),
+        (["--watch-interval-s", "0"], "--watch-interval-s"),
+        (["--watch-interval-s", "-1"], "--watch-interval-s"),
+        (["--watch-interval-s", "nan"], "--watch-interval-s"),
+        (["--watch-interval-s", "inf"], "--watch-interval-s"),
+        (["--watch-interval-s", "soon"], "--watch-interval-s"),
+        (["--threads", "0"], "--threads"),
+    ],
+)
+def test_cli_refuses_bad_numbers_at_parse_time(argv: list[str], option: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from agentrl_train.cli import build_parser
+
+    with pytest.raises(SystemExit) as info:  # the parser only: a bad number that got through must not start a server
+        build_parser().parse_args(["serve", "--model", "tiny", *argv])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}:" in err and repr(argv[1]) in err, err
+
+
+def test_cli_port_zero_parses() -> None:
+    from agentrl_train.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "--port", "0", "--max-new-tokens", "32768", "--watch-interval-s", "0.01"])
+    assert (args.port, args.max_new_tokens, args.watch_interval_s) == (0, 32768, 0.01)
