@@ -310,24 +310,20 @@ class ServeApp:
             fwd["authorization"] = headers["x-upstream-authorization"]
         try:
             r = await self._client.post(f"{self.upstream}/v1/chat/completions", json=body, headers=fwd)
-            answer = r.json()
-        except (httpx.HTTPError, ValueError) as exc:
+        except httpx.HTTPError as exc:
             self.router.record(target, ok=False, parsed=False, latency_s=time.perf_counter() - t0)
             raise HTTPError(
                 502, f"upstream {self.upstream} failed ({type(exc).__name__}); check that it is up", "upstream_error"
             ) from None
-        if (
-            r.status_code != 200
-            or not isinstance(answer, dict)
-            or not isinstance(answer.get("choices"), list)
-            or not answer["choices"]
-        ):
+        problem = _upstream_problem(r)
+        if problem is not None:
             self.router.record(target, ok=False, parsed=False, latency_s=time.perf_counter() - t0)
             raise HTTPError(
                 502 if r.status_code < 400 else r.status_code,
-                f"upstream answered {r.status_code}: {str(answer)[:300]}",
+                f"upstream {self.upstream} answered {r.status_code}: {problem}",
                 "upstream_error",
             )
+        answer = r.json()
         message = answer["choices"][0].get("message") or {}
         parsed = bool(message.get("tool_calls")) or _reply(str(message.get("content") or ""), "stop", req.tools)[2]
         self.router.record(target, ok=True, parsed=parsed, latency_s=time.perf_counter() - t0)
@@ -587,6 +583,29 @@ def _parse(model: type[Any], body: bytes) -> Any:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"
         raise HTTPError(400, f"bad request: {where}: {first['msg']} ({exc.error_count()} problem(s))") from None
+
+
+def _upstream_problem(r: Any) -> str | None:
+    """What is wrong with an upstream's answer to a chat completion, or None for a usable one.
+
+    Usable: status 200 and a JSON object whose ``choices[0]`` is an object with a ``message`` object (or none).
+    """
+    try:
+        answer = r.json()
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past Python's recursion limit
+        return f"a body that is not JSON ({r.text[:100]!r}); is --upstream an OpenAI-compatible server?"
+    if r.status_code != 200:
+        return str(answer)[:300]
+    choices = answer.get("choices") if isinstance(answer, dict) else None
+    if not isinstance(choices, list) or not choices:
+        got = "not a JSON object" if not isinstance(answer, dict) else "no choices"
+        return f"JSON that is not a chat completion ({got}: {str(answer)[:200]}); is --upstream an OpenAI-compatible server?"
+    first = choices[0]
+    message = first.get("message") if isinstance(first, dict) else None
+    if not isinstance(first, dict) or not isinstance(message, (dict, type(None))):
+        bad = "choices[0]" if not isinstance(first, dict) else "choices[0].message"
+        return f"a chat completion whose {bad} is not a JSON object ({str(first)[:200]}); is --upstream OpenAI-compatible?"
+    return None
 
 
 def _flatten(m: _Message) -> dict[str, str]:
