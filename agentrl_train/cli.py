@@ -139,6 +139,36 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _int_in(lo: int, hi: int) -> Any:
+    """An argparse type: an integer in [lo, hi] (argparse names the option and exits 2 otherwise)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer in {lo}-{hi}, got {text[:40]!r}") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"expected an integer in {lo}-{hi}, got {text[:40]!r}")
+        return value
+
+    parse.__name__ = "integer"  # what argparse calls the type in its own messages
+    return parse
+
+
+_port = _int_in(0, 65535)
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds > 0 (0 would poll in a busy loop; nan or inf never poll)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0, e.g. 2, got {text[:40]!r}") from None
+    if not 0 < value < 1e6:  # also false for nan
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0 and below 1e6, e.g. 2, got {text[:40]!r}")
+    return value
+
+
 def _add_serve_parser(sub: Any) -> None:
     p = sub.add_parser(
         "serve",
@@ -161,17 +191,25 @@ def _add_serve_parser(sub: Any) -> None:
         help="route in front of another OpenAI-compatible server (e.g. vLLM) instead of --model; NAME=UPSTREAM_MODEL",
     )
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1; any other needs a token)")
-    p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    p.add_argument("--port", type=_port, default=8000, help="port, 0 for any free one (default: 8000)")
     p.add_argument(
         "--token", default=None, help="bearer token required on every route but /health (default: $AGENTRL_SERVE_TOKEN)"
     )
     p.add_argument(
         "--watch", action="append", metavar="[NAME=]DIR", help="hot-reload the newest adapter a trainer writes under DIR"
     )
-    p.add_argument("--watch-interval-s", type=float, default=2.0, metavar="S", help="how often --watch looks (default: 2)")
+    p.add_argument(
+        "--watch-interval-s", type=_seconds, default=2.0, metavar="S", help="how often --watch looks, > 0 (default: 2)"
+    )
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"], help="where the model runs (default: cpu)")
-    p.add_argument("--threads", type=int, default=1, metavar="N", help="torch threads on CPU (default: 1)")
-    p.add_argument("--max-new-tokens", type=int, default=256, metavar="N", help="default and cap of max_tokens (default: 256)")
+    p.add_argument("--threads", type=_int_in(1, 1024), default=1, metavar="N", help="torch threads on CPU (default: 1)")
+    p.add_argument(
+        "--max-new-tokens",
+        type=_int_in(1, 32768),
+        default=256,
+        metavar="N",
+        help="default and cap of max_tokens, 1-32768 (default: 256)",
+    )
     p.add_argument(
         "--canary-min-episodes",
         type=int,

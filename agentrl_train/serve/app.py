@@ -41,6 +41,7 @@ from agentrl_train.serve.canary import CanaryRules, Decision, Deployment, Router
 __all__ = ["ChatRequest", "ServeApp"]
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
+MAX_SEED = 2**63 - 1
 BASE_NAMES = ("base",)
 VERSION_HEADER = "x-adapter-version"
 CONVERSATION_HEADERS = ("x-episode-id", "x-conversation-id")
@@ -81,20 +82,21 @@ class ChatRequest(BaseModel):
     model: str = Field(min_length=1, max_length=200)
     messages: list[_Message] = Field(min_length=1, max_length=4096)
     tools: list[dict[str, Any]] | None = Field(default=None, max_length=256)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    max_tokens: int | None = Field(default=None, ge=1, le=32768)
-    max_completion_tokens: int | None = Field(default=None, ge=1, le=32768)
-    seed: int | None = None
-    n: int = Field(default=1, ge=1, le=1)
-    stream: bool = False
+    # strict: true, "0.5" or 1.0 are refused by name, not coerced (a bool seed was seed 1, "no" was stream=False)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0, strict=True)
+    max_tokens: int | None = Field(default=None, ge=1, le=32768, strict=True)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=32768, strict=True)
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED, strict=True)  # torch's generator takes 64 bits
+    n: int = Field(default=1, ge=1, le=1, strict=True)
+    stream: bool = Field(default=False, strict=True)
 
 
 class _Feedback(BaseModel):
     model_config = ConfigDict(extra="ignore")
     episode_id: str = Field(min_length=1, max_length=200)
-    success: bool
-    api_error_rate: float = Field(default=0.0, ge=0.0, le=1.0)
-    timeout_rate: float = Field(default=0.0, ge=0.0, le=1.0)
+    success: bool = Field(strict=True)
+    api_error_rate: float = Field(default=0.0, ge=0.0, le=1.0, strict=True)
+    timeout_rate: float = Field(default=0.0, ge=0.0, le=1.0, strict=True)
 
 
 class _Load(BaseModel):
@@ -151,6 +153,15 @@ class ServeApp:
         if (engine is None) == (upstream is None):
             raise ConfigError("ServeApp needs exactly one of engine= (a local model) or upstream= (a server URL)")
         self.engine, self.upstream, self.token, self.log = engine, upstream, token, log
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ConfigError(f"--max-new-tokens {max_new_tokens!r}: use a positive integer, e.g. 256")
+        if engine is not None and max_new_tokens >= engine.max_positions:
+            raise ConfigError(
+                f"--max-new-tokens {max_new_tokens}: this model's context is {engine.max_positions} tokens, prompt "
+                f"included; use fewer, leaving room for the conversation (e.g. {min(256, engine.max_positions // 2)})"
+            )
+        if isinstance(watch_interval_s, bool) or not isinstance(watch_interval_s, (int, float)) or not 0 < watch_interval_s < 1e6:
+            raise ConfigError(f"--watch-interval-s {watch_interval_s!r}: use a number of seconds > 0, e.g. 2")
         self.max_new_tokens = max_new_tokens
         self.router = Router(rules, on_decision=self._after_decision, seed=seed, log=log)
         self.counters = _Counters()
@@ -164,6 +175,11 @@ class ServeApp:
         self._watch_task: asyncio.Task[None] | None = None
         for name, where in (adapters or {}).items():
             self._check_name(name)
+            if engine is not None and name == engine.model_name:
+                raise ConfigError(
+                    f"--adapter {name}={where}: {name!r} is the base model's name (--model {engine.model_name}), and "
+                    f"requests for {name!r} get the base without adapters; serve the adapter under another name"
+                )
             if engine is not None:
                 slot = engine.add_family(name, engine.prepare(None, where))
                 target = Target(name, 1, slot, where)
@@ -198,7 +214,10 @@ class ServeApp:
         try:
             body = await _read_body(receive, headers)
             status, answer, extra, ctype = await self._dispatch(scope["method"], scope["path"], headers, body)
-        except HTTPError as exc:
+        except Exception as exc:
+            if not isinstance(exc, HTTPError):  # a bug: an OpenAI-style 500 the client can read, the cause in the log
+                self.log(f"serve: {scope['method']} {scope['path'][:200]} failed ({type(exc).__name__}: {str(exc)[:300]})")
+                exc = HTTPError(500, f"internal error ({type(exc).__name__}); the server keeps serving", "server_error")
             status, ctype = exc.status, "application/json"
             answer = json.dumps({"error": {"message": exc.message, "type": exc.kind, "code": exc.status}}).encode()
         out = [(b"content-type", ctype.encode()), *((k.encode(), v.encode()) for k, v in extra.items())]
@@ -310,24 +329,20 @@ class ServeApp:
             fwd["authorization"] = headers["x-upstream-authorization"]
         try:
             r = await self._client.post(f"{self.upstream}/v1/chat/completions", json=body, headers=fwd)
-            answer = r.json()
-        except (httpx.HTTPError, ValueError) as exc:
+        except httpx.HTTPError as exc:
             self.router.record(target, ok=False, parsed=False, latency_s=time.perf_counter() - t0)
             raise HTTPError(
                 502, f"upstream {self.upstream} failed ({type(exc).__name__}); check that it is up", "upstream_error"
             ) from None
-        if (
-            r.status_code != 200
-            or not isinstance(answer, dict)
-            or not isinstance(answer.get("choices"), list)
-            or not answer["choices"]
-        ):
+        problem = _upstream_problem(r)
+        if problem is not None:
             self.router.record(target, ok=False, parsed=False, latency_s=time.perf_counter() - t0)
             raise HTTPError(
                 502 if r.status_code < 400 else r.status_code,
-                f"upstream answered {r.status_code}: {str(answer)[:300]}",
+                f"upstream {self.upstream} answered {r.status_code}: {problem}",
                 "upstream_error",
             )
+        answer = r.json()
         message = answer["choices"][0].get("message") or {}
         parsed = bool(message.get("tool_calls")) or _reply(str(message.get("content") or ""), "stop", req.tools)[2]
         self.router.record(target, ok=True, parsed=parsed, latency_s=time.perf_counter() - t0)
@@ -581,12 +596,65 @@ def _parse(model: type[Any], body: bytes) -> Any:
         raise HTTPError(400, f"the body is not JSON ({body[:60]!r}); send a JSON object") from None
     if not isinstance(data, dict):
         raise HTTPError(400, "the body must be a JSON object")
+    where = _lone_surrogate(data)
+    if where is not None:
+        raise HTTPError(
+            400,
+            f"bad request: {where or 'body'}: holds a lone UTF-16 surrogate (an escape like \\ud800 without its pair), "
+            "which is not text; send valid Unicode",
+        )
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "body"
         raise HTTPError(400, f"bad request: {where}: {first['msg']} ({exc.error_count()} problem(s))") from None
+
+
+def _upstream_problem(r: Any) -> str | None:
+    """What is wrong with an upstream's answer to a chat completion, or None for a usable one.
+
+    Usable: status 200 and a JSON object whose ``choices[0]`` is an object with a ``message`` object (or none).
+    """
+    try:
+        answer = r.json()
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past Python's recursion limit
+        return f"a body that is not JSON ({r.text[:100]!r}); is --upstream an OpenAI-compatible server?"
+    if r.status_code != 200:
+        return str(answer)[:300]
+    choices = answer.get("choices") if isinstance(answer, dict) else None
+    if not isinstance(choices, list) or not choices:
+        got = "not a JSON object" if not isinstance(answer, dict) else "no choices"
+        return f"JSON that is not a chat completion ({got}: {str(answer)[:200]}); is --upstream an OpenAI-compatible server?"
+    first = choices[0]
+    message = first.get("message") if isinstance(first, dict) else None
+    if not isinstance(first, dict) or not isinstance(message, (dict, type(None))):
+        bad = "choices[0]" if not isinstance(first, dict) else "choices[0].message"
+        return f"a chat completion whose {bad} is not a JSON object ({str(first)[:200]}); is --upstream OpenAI-compatible?"
+    return None
+
+
+def _lone_surrogate(data: Any) -> str | None:
+    """Where (``messages.0.content``) a string or key of decoded JSON holds a lone surrogate; None if nowhere.
+
+    ``json.loads`` accepts ``"\\ud800"``, but no UTF-8 encoder does: tokenizers, the upstream client and
+    logs would fail on it later. Iterative, so nesting depth costs no recursion.
+    """
+    stack: list[tuple[str, Any]] = [("", data)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return where
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                stack.append((f"{where}.{k}" if where else str(k), v))
+                stack.append((f"{where or 'body'} (a key)", k))  # popped first: a bad key never names a path
+        elif isinstance(value, list):
+            stack.extend((f"{where}.{i}" if where else str(i), v) for i, v in enumerate(value))
+    return None
 
 
 def _flatten(m: _Message) -> dict[str, str]:
@@ -614,10 +682,8 @@ def _flatten(m: _Message) -> dict[str, str]:
 
 def _reply(text: str, finish: str, tools: list[dict[str, Any]] | None) -> tuple[dict[str, Any], str, bool]:
     """The assistant message for generated text: ``tool_calls`` when it holds one call of a requested tool."""
-    names = {
-        t.get("function", {}).get("name") for t in tools or [] if isinstance(t, dict) and isinstance(t.get("function"), dict)
-    }
-    names.discard(None)
+    functions = [t["function"] for t in tools or [] if isinstance(t, dict) and isinstance(t.get("function"), dict)]
+    names = {f.get("name") for f in functions if isinstance(f.get("name"), str)}  # a dict "name" names no tool
     if names:
         try:
             call = parse_action(text, {n: _AnyArguments() for n in names})  # type: ignore[misc]

@@ -142,11 +142,23 @@ class Engine:
             if cfg_file is not None:
                 config = json.loads(cfg_file.read_text())
             raw = load_file(weights, device="cpu")
-        except (OSError, ValueError, SafetensorError) as exc:
+        except (OSError, ValueError, RecursionError, SafetensorError) as exc:
             raise ConfigError(f"adapter {str(path)[:200]!r}: cannot read it ({type(exc).__name__}: {str(exc)[:200]})") from None
+        if not isinstance(config, dict):
+            raise ConfigError(
+                f"adapter {str(path)[:200]!r}: adapter_config.json holds a {type(config).__name__}, not a JSON object; "
+                "save the adapter again with peft (the old version keeps serving)"
+            )
+        _scaling(config, str(path))  # r / lora_alpha that are not numbers are refused here, before any slot exists
         tensors = _peft_keys(raw, weights.name == "trainable.safetensors")
         if not tensors:
             raise AdapterMismatchError(f"adapter {str(path)[:200]!r}: {weights.name} holds no LoRA weights")
+        for key, tensor in tensors.items():
+            if not tensor.is_floating_point():
+                raise AdapterMismatchError(
+                    f"adapter {str(path)[:200]!r}: {key} holds {tensor.dtype} values, LoRA weights are floating point; "
+                    "the file is not an adapter (the old version keeps serving)"
+                )
         base = config.get("base_model_name_or_path")
         if base and Path(str(base)).name != Path(self.base_path).name:
             raise AdapterMismatchError(
@@ -158,8 +170,16 @@ class Engine:
             _check_fit(str(path), fam, tensors, config)
         else:
             self._check_model_fit(str(path), tensors)
+        dtype = next(self.lm.parameters()).dtype
         for k, v in tensors.items():
-            tensors[k] = v.to(self.device, dtype=next(self.lm.parameters()).dtype)
+            # after the cast: a finite float32 weight can overflow a float16/bfloat16 model's range
+            tensors[k] = v.to(self.device, dtype=dtype)
+            if not bool(torch.isfinite(tensors[k]).all()):
+                bad = int((~torch.isfinite(tensors[k])).sum())
+                raise AdapterMismatchError(
+                    f"adapter {str(path)[:200]!r}: {k} holds {bad} NaN or infinite value(s) (as {dtype}); "
+                    "the training run diverged or the file is damaged: serve an earlier checkpoint (the old version keeps serving)"
+                )
         return Prepared(str(path), tensors, config)
 
     def add_family(self, name: str, prepared: Prepared) -> str:
@@ -168,7 +188,13 @@ class Engine:
 
         if not prepared.config:
             raise ConfigError(f"adapter {name}={prepared.path}: the first version needs adapter_config.json (peft layout)")
-        config = LoraConfig(**{k: v for k, v in prepared.config.items() if k in LoraConfig.__dataclass_fields__})
+        try:
+            config = LoraConfig(**{k: v for k, v in prepared.config.items() if k in LoraConfig.__dataclass_fields__})
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(
+                f"adapter {name}={prepared.path}: adapter_config.json is not a LoRA config peft accepts "
+                f"({type(exc).__name__}: {str(exc)[:200]}); save the adapter again with peft"
+            ) from None
         config.inference_mode = True
         slot = self._new_slot_name()
         if self.peft is None:
@@ -179,7 +205,7 @@ class Engine:
             self.peft.add_adapter(slot, config)
         self._index(slot)
         shapes = {k: tuple(p.shape) for k, p in self._params[slot].items()}
-        fam = _Family(config, shapes, _scaling(prepared.config), count=1)
+        fam = _Family(config, shapes, _scaling(prepared.config, prepared.path), count=1)
         _check_fit(prepared.path, fam, prepared.tensors, prepared.config)
         self.families[name] = fam
         self._copy(slot, prepared)
@@ -238,6 +264,11 @@ class Engine:
         for key, tensor in tensors.items():
             m = re.match(r"^base_model\.model\.(.+)\.lora_([AB])\.weight$", key)
             layer = modules.get(m.group(1)) if m else None
+            if tensor.ndim != 2:
+                raise AdapterMismatchError(
+                    f"adapter {path[:200]!r}: {key} has shape {tuple(tensor.shape)}, a LoRA weight is a matrix; "
+                    "the file is damaged or not a LoRA adapter"
+                )
             if layer is None or not hasattr(layer, "in_features"):
                 raise AdapterMismatchError(
                     f"adapter {path[:200]!r}: {key} is not a layer of this base; it was trained on another model"
@@ -284,7 +315,7 @@ class Engine:
             if temperature <= 0:
                 tok = int(torch.argmax(logits))
             else:
-                tok = int(torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1, generator=gen))
+                tok = int(torch.multinomial(_probs(logits, temperature), 1, generator=gen))
             ids.append(tok)
             if tok in self.stop_ids:
                 return ids, "stop"
@@ -300,25 +331,50 @@ class Engine:
     def encode(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, max_tokens: int) -> list[int]:
         """Chat-template the messages; past ``max_tokens`` the oldest turns after the instruction go."""
         head, turns = messages[:2], messages[2:]
-        while True:
+
+        def render(drop: int) -> list[int]:  # the prompt without the oldest 2 * drop turns
             text = self.tokenizer.apply_chat_template(
-                head + turns, tools=tools or None, tokenize=False, add_generation_prompt=True
+                head + turns[2 * drop :], tools=tools or None, tokenize=False, add_generation_prompt=True
             )
-            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+        ids = render(0)
+        if len(ids) <= max_tokens:
+            return ids
+        # Fewer turns, fewer tokens: bisect on how many pairs to drop (a turn at a time re-rendered a
+        # 4,000-turn conversation 2,000 times, minutes of CPU for one request).
+        lo, hi = 0, (len(turns) + 1) // 2  # lo is too long; hi drops every turn
+        best = render(hi)
+        if len(best) > max_tokens:
+            raise ConfigError(
+                f"the prompt is {len(best)} tokens after dropping old turns; this model takes {max_tokens} "
+                "(its context minus max_tokens): send a shorter system prompt or instruction, or lower max_tokens"
+            )
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            ids = render(mid)
             if len(ids) <= max_tokens:
-                return list(ids)
-            if not turns:
-                raise ConfigError(
-                    f"the prompt is {len(ids)} tokens after dropping old turns; this model takes {max_tokens} "
-                    "(its context minus max_tokens): send a shorter system prompt or instruction, or lower max_tokens"
-                )
-            turns = turns[2:] if len(turns) >= 2 else []
+                hi, best = mid, ids
+            else:
+                lo = mid
+        return best
 
     def decode(self, ids: list[int]) -> str:
         """The reply's text: the end-of-turn token dropped, a closing ``</tool_call>`` kept."""
         if ids and ids[-1] in self.stop_ids and self.tokenizer.convert_ids_to_tokens(ids[-1]) != "</tool_call>":
             ids = ids[:-1]
         return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def _probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """softmax(logits / temperature) in float64, finite for any temperature > 0.
+
+    The largest logit is subtracted before dividing, so the top token's score is exactly 0 and the
+    others are <= 0 (at worst -inf, probability 0): a tiny temperature gives the greedy choice instead of
+    the inf - inf = NaN that dividing first gave (temperature 1e-300 failed every request).
+    """
+    scores = logits.double()
+    return torch.softmax((scores - scores.max()) / temperature, dim=-1)
 
 
 def _peft_keys(raw: dict[str, torch.Tensor], trainable: bool) -> dict[str, torch.Tensor]:
@@ -333,11 +389,28 @@ def _peft_keys(raw: dict[str, torch.Tensor], trainable: bool) -> dict[str, torch
     return out
 
 
-def _scaling(config: dict[str, Any]) -> dict[str, float]:
-    facts: dict[str, float] = {"r": float(config.get("r", 0)), "lora_alpha": float(config.get("lora_alpha", 0))}
+def _scaling(config: dict[str, Any], path: str = "") -> dict[str, float]:
+    """The r / alpha facts two versions of one name must share.
+
+    Raises:
+        AdapterMismatchError: one of them is not a number (or a pattern is not a JSON object).
+    """
+    facts: dict[str, float] = {}
+    items: list[tuple[str, Any]] = [("r", config.get("r", 0)), ("lora_alpha", config.get("lora_alpha", 0))]
     for kind in ("rank_pattern", "alpha_pattern"):
-        for k, v in sorted((config.get(kind) or {}).items()):
-            facts[f"{kind}.{k}"] = float(v)
+        pattern = config.get(kind) or {}
+        if not isinstance(pattern, dict):
+            raise AdapterMismatchError(
+                f"adapter {path[:200]!r}: adapter_config.json {kind} is {str(pattern)[:60]!r}, not a JSON object of numbers"
+            )
+        items += [(f"{kind}.{k}", v) for k, v in sorted(pattern.items())]
+    for key, value in items:
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise AdapterMismatchError(
+                f"adapter {path[:200]!r}: adapter_config.json {key} is {str(value)[:60]!r}, not a number; "
+                "save the adapter again with peft (the old version keeps serving)"
+            )
+        facts[key] = float(value)
     return facts
 
 
@@ -357,7 +430,7 @@ def _check_fit(path: str, fam: _Family, tensors: dict[str, torch.Tensor], config
                 "a different rank or base model needs its own --adapter name (the old version keeps serving)"
             )
     if config:
-        got = _scaling(config)
+        got = _scaling(config, path)
         for key, want in fam.scaling.items():
             if got.get(key) != want:
                 raise AdapterMismatchError(

@@ -213,3 +213,77 @@ def test_cli_refuses_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
     for argv, needle in cases:
         assert main(argv) == 2, argv
         assert needle in capsys.readouterr().err, argv
+
+
+@pytest.mark.parametrize(
+    ("status", "content", "needle"),
+    [
+        (200, b"<html>502 Bad Gateway</html>", "not JSON"),
+        (200, b"\xff\xfe\x00garbage", "not JSON"),
+        (200, b"[" * 100_000 + b"]" * 100_000, "not JSON"),
+        (200, b"[1, 2]", "not a JSON object"),
+        (200, b'{"id": "x"}', "no choices"),
+        (200, b'{"choices": []}', "no choices"),
+        (200, b'{"choices": "many"}', "no choices"),
+        (200, b'{"choices": [1]}', "choices[0] is not a JSON object"),
+        (200, b'{"choices": [{"message": "hi"}]}', "choices[0].message is not a JSON object"),
+        (200, b'{"choices": [{"message": ["hi"]}]}', "choices[0].message is not a JSON object"),
+        (500, b"Internal Server Error", "not JSON"),
+    ],
+)
+def test_proxy_upstream_garbage_is_a_502_that_says_what_came_back(status: int, content: bytes, needle: str) -> None:
+    app = _proxy()
+    body = {"model": "tools", "messages": [{"role": "user", "content": "go"}], "tools": [{"function": {"name": "sql"}}]}
+    with respx.mock() as mock:
+        mock.post("http://upstream.test/v1/chat/completions").mock(return_value=httpx.Response(status, content=content))
+        r = asyncio.run(_call(app, "POST", "/v1/chat/completions", body))
+    assert r.status_code == (502 if status < 400 else status), r.text
+    error = r.json()["error"]
+    assert error["type"] == "upstream_error" and "upstream http://upstream.test answered" in error["message"]
+    assert needle in error["message"], error["message"]
+    assert app.router.get("tools").stats["tools@1"].errors == 1
+
+
+def test_proxy_keeps_a_usable_answer_with_odd_optional_fields() -> None:
+    """No message at all, or content that is not text, is still an answer: only its shape is checked."""
+    app = _proxy()
+    body = {"model": "tools", "messages": [{"role": "user", "content": "go"}]}
+    for answer in ({"choices": [{"index": 0}]}, {"choices": [{"message": {"content": [{"type": "text"}]}}]}):
+        with respx.mock() as mock:
+            mock.post("http://upstream.test/v1/chat/completions").mock(return_value=httpx.Response(200, json=answer))
+            r = asyncio.run(_call(app, "POST", "/v1/chat/completions", body))
+        assert r.status_code == 200 and r.json()["system_fingerprint"] == "tools@1", r.text
+
+
+@pytest.mark.parametrize(
+    ("argv", "option"),
+    [
+        (["--port", "-1"], "--port"),
+        (["--port", "65536"], "--port"),
+        (["--port", "http"], "--port"),
+        (["--max-new-tokens", "0"], "--max-new-tokens"),
+        (["--max-new-tokens", "-5"], "--max-new-tokens"),
+        (["--max-new-tokens", "1000000000"], "--max-new-tokens"),
+        (["--watch-interval-s", "0"], "--watch-interval-s"),
+        (["--watch-interval-s", "-1"], "--watch-interval-s"),
+        (["--watch-interval-s", "nan"], "--watch-interval-s"),
+        (["--watch-interval-s", "inf"], "--watch-interval-s"),
+        (["--watch-interval-s", "soon"], "--watch-interval-s"),
+        (["--threads", "0"], "--threads"),
+    ],
+)
+def test_cli_refuses_bad_numbers_at_parse_time(argv: list[str], option: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from agentrl_train.cli import build_parser
+
+    with pytest.raises(SystemExit) as info:  # the parser only: a bad number that got through must not start a server
+        build_parser().parse_args(["serve", "--model", "tiny", *argv])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}:" in err and repr(argv[1]) in err, err
+
+
+def test_cli_port_zero_parses() -> None:
+    from agentrl_train.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "--port", "0", "--max-new-tokens", "32768", "--watch-interval-s", "0.01"])
+    assert (args.port, args.max_new_tokens, args.watch_interval_s) == (0, 32768, 0.01)

@@ -78,7 +78,71 @@ def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out["other_base"] = root / "other_base"
     (root / "empty").mkdir()
     out["empty"] = root / "empty"
+    for name, damage in BROKEN.items():
+        out[name] = _broken_copy(out["zero"], root / name, damage)
     return out
+
+
+def _truncate(weights: Path) -> None:
+    weights.write_bytes(weights.read_bytes()[:-100])
+
+
+def _poison(value: float) -> Any:
+    def damage(weights: Path) -> None:
+        from safetensors.torch import load_file, save_file
+
+        tensors = load_file(weights)
+        key = sorted(k for k in tensors if "lora_B" in k)[0]
+        tensors[key] = tensors[key].clone()
+        tensors[key].view(-1)[3] = value
+        save_file(tensors, weights)
+
+    return damage
+
+
+def _flatten_one(weights: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(weights)
+    key = sorted(tensors)[0]
+    tensors[key] = tensors[key].reshape(-1).contiguous()
+    save_file(tensors, weights)
+
+
+def _config(text: str) -> Any:
+    def damage(weights: Path) -> None:
+        (weights.parent / "adapter_config.json").write_text(text)
+
+    return damage
+
+
+def _config_field(**fields: Any) -> Any:
+    def damage(weights: Path) -> None:
+        cfg = weights.parent / "adapter_config.json"
+        cfg.write_text(json.dumps({**json.loads(cfg.read_text()), **fields}))
+
+    return damage
+
+
+#: adapter folders damaged the ways a crashed copy, a diverged run or a hand edit leave them
+BROKEN = {
+    "truncated": _truncate,
+    "nan": _poison(float("nan")),
+    "inf": _poison(float("-inf")),
+    "flat": _flatten_one,
+    "config_list": _config("[1, 2]"),
+    "config_deep": _config("[" * 100_000 + "]" * 100_000),
+    "config_r_text": _config_field(r="sixteen"),
+    "config_pattern_list": _config_field(rank_pattern=[1]),
+}
+
+
+def _broken_copy(good: Path, dest: Path, damage: Any) -> Path:
+    import shutil
+
+    shutil.copytree(good, dest)
+    damage(next(dest.rglob("adapter_model.safetensors")))
+    return dest
 
 
 @pytest.fixture(scope="module")
@@ -304,6 +368,40 @@ BAD = [
     ("POST", "/v1/chat/completions", {**PROMPT, "model": "policy", "stream": True}, 400, "stream"),
     ("POST", "/v1/chat/completions", {**PROMPT, "model": "policy", "max_tokens": 0}, 400, "max_tokens"),
     ("POST", "/v1/chat/completions", {**PROMPT, "model": "gpt-9"}, 404, "unknown model"),
+    *[
+        ("POST", "/v1/chat/completions", {**PROMPT, "model": "policy", "temperature": 1, field: value}, 400, f"{field}:")
+        for field, value in [
+            ("seed", -1),
+            ("seed", 2**63),  # past int64: torch took up to 2**64 - 1, and 2**64 was a 500
+            ("seed", 2**64),
+            ("seed", 1.5),
+            ("seed", True),
+            ("seed", "3"),
+            ("temperature", True),
+            ("temperature", "0.5"),
+            ("max_tokens", True),
+            ("max_tokens", 4.0),
+            ("stream", "no"),
+            ("n", "1"),
+        ]
+    ],
+    (
+        "POST",
+        "/v1/chat/completions",
+        b'{"model": "policy", "messages": [{"role": "user", "content": "a \\ud800 b"}]}',
+        400,
+        "messages.0.content: holds a lone UTF-16 surrogate",
+    ),
+    (
+        "POST",
+        "/v1/chat/completions",
+        b'{"model": "policy", "messages": [{"role": "user", "content": "x"}], "tools": [{"\\udfff": 1}]}',
+        400,
+        "tools.0 (a key): holds a lone UTF-16 surrogate",
+    ),
+    ("POST", "/v1/feedback", b'{"episode_id": "\\ud800", "success": true}', 400, "episode_id: holds a lone"),
+    ("POST", "/v1/adapters/policy", b'{"path": "/tmp/\\udc80"}', 400, "path: holds a lone"),
+    ("POST", "/v1/feedback", {"episode_id": "x", "success": "yes"}, 400, "success:"),
     ("POST", "/v1/chat/completions", b"{" * 5000 + b"}" * 5000, 400, "not JSON"),
     (
         "POST",
@@ -326,6 +424,15 @@ BAD = [
     ("POST", "/v1/adapters/policy", {"path": "@empty"}, 422, "no adapter_model"),
     ("POST", "/v1/adapters/policy", {"path": "@wrong_rank"}, 422, "shape"),
     ("POST", "/v1/adapters/policy", {"path": "@other_base"}, 422, "trained on base"),
+    ("POST", "/v1/adapters/policy", {"path": "@truncated"}, 422, "cannot read it"),
+    ("POST", "/v1/adapters/policy", {"path": "@nan"}, 422, "NaN or infinite"),
+    ("POST", "/v1/adapters/policy", {"path": "@inf"}, 422, "NaN or infinite"),
+    ("POST", "/v1/adapters/policy/canary", {"path": "@nan", "fraction": 0.5}, 422, "NaN or infinite"),
+    ("POST", "/v1/adapters/policy", {"path": "@flat"}, 422, "shape"),
+    ("POST", "/v1/adapters/policy", {"path": "@config_list"}, 422, "not a JSON object"),
+    ("POST", "/v1/adapters/policy", {"path": "@config_deep"}, 422, "cannot read it"),
+    ("POST", "/v1/adapters/policy", {"path": "@config_r_text"}, 422, "r is 'sixteen', not a number"),
+    ("POST", "/v1/adapters/policy", {"path": "@config_pattern_list"}, 422, "rank_pattern"),
     ("POST", "/v1/adapters/policy", {"path": "@a", "fraction": 0.5}, 400, "canary"),
     ("POST", "/v1/adapters/policy", {"path": "@a", "junk": 1}, 400, "junk"),
     ("POST", "/v1/adapters/ghost", {"path": "@a"}, 404, "unknown adapter"),
@@ -397,3 +504,108 @@ def test_the_cli_serves_an_agent_with_a_token(adapters: dict[str, Path]) -> None
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+def test_a_tiny_temperature_samples_like_greedy(server: tuple[str, Any, list[str]]) -> None:
+    """Dividing float32 logits by 1e-300 gave inf - inf = NaN probabilities: every such request was a 500."""
+    url, _, _ = server
+    with httpx.Client(base_url=url, timeout=120) as c:
+        greedy = _chat(c, "load", temperature=0, max_tokens=4)
+        assert greedy.status_code == 200, greedy.text
+        for temperature in (1e-8, 1e-300, 5e-324):
+            r = _chat(c, "load", temperature=temperature, seed=7, max_tokens=4)
+            assert r.status_code == 200, (temperature, r.text)
+            assert _text(r) == _text(greedy), temperature
+
+
+def test_sampling_probabilities_are_finite_for_any_temperature() -> None:
+    from agentrl_train.serve.engine import _probs
+
+    logits = torch.tensor([1.0, 3.0, 2.0, -5.0, -1e30])
+    for temperature in (5e-324, 1e-300, 1e-8, 0.7, 2.0):
+        p = _probs(logits, temperature)
+        assert p.dtype == torch.float64 and bool(torch.isfinite(p).all()) and abs(float(p.sum()) - 1) < 1e-9
+    assert _probs(logits, 1e-300).tolist() == [0.0, 1.0, 0.0, 0.0, 0.0]
+    assert torch.allclose(_probs(logits, 0.7), torch.softmax(logits.double() / 0.7, dim=-1))
+
+
+def test_a_tool_whose_name_is_not_a_string_is_no_500(server: tuple[str, Any, list[str]]) -> None:
+    """A dict "name" rendered in the template, then made the reply parser's set of names unhashable (a 500)."""
+    url, _, _ = server
+    tools = [{"type": "function", "function": {"name": {"a": 1}, "parameters": {}}}]
+    with httpx.Client(base_url=url, timeout=120) as c:
+        r = _chat(c, "policy", tools=tools, max_tokens=4)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["role"] == "assistant"
+
+
+def test_requests_without_a_json_content_type_are_read_as_json(server: tuple[str, Any, list[str]]) -> None:
+    url, _, _ = server
+    body = json.dumps({**PROMPT, "model": "policy", "max_tokens": 2}).encode()
+    with httpx.Client(base_url=url, timeout=120) as c:
+        for headers in ({}, {"content-type": "text/plain"}, {"content-type": "application/x-www-form-urlencoded"}):
+            r = c.post("/v1/chat/completions", content=body, headers=headers)
+            assert r.status_code == 200, (headers, r.text)
+
+
+def test_a_long_conversation_drops_old_turns_in_few_renders(server: tuple[str, Any, list[str]]) -> None:
+    """Dropping one pair of turns per render made a 4,000-turn body cost thousands of renders (minutes of CPU)."""
+    from agentrl_envs.errors import ConfigError
+
+    _, app, _ = server
+    engine = app.engine
+    head = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Count the rows."}]
+    turns = [{"role": "assistant" if i % 2 == 0 else "user", "content": f"turn {i} " + "word " * 20} for i in range(60)]
+    messages = head + turns
+    full = len(engine.encode(messages, None, 10**9))
+    limit = full // 2
+
+    def reference() -> list[int]:  # the old loop: drop two turns at a time until it fits
+        rest = turns
+        while True:
+            text = engine.tokenizer.apply_chat_template(head + rest, tokenize=False, add_generation_prompt=True)
+            ids = list(engine.tokenizer(text, add_special_tokens=False)["input_ids"])
+            if len(ids) <= limit:
+                return ids
+            rest = rest[2:]
+
+    renders = []
+    original = engine.tokenizer.apply_chat_template
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        renders.append(1)
+        return original(*args, **kwargs)
+
+    engine.tokenizer.apply_chat_template = counting
+    try:
+        got = engine.encode(messages, None, limit)
+    finally:
+        del engine.tokenizer.apply_chat_template
+    assert got == reference()
+    assert len(renders) <= 2 + 5, len(renders)  # the full prompt, none of the turns, then a bisection of 30 pairs
+    with pytest.raises(ConfigError, match="after dropping old turns"):
+        engine.encode(head, None, 3)
+
+
+def test_start_up_refuses_broken_adapters_and_a_name_that_is_the_base(adapters: dict[str, Path]) -> None:
+    from agentrl_envs.errors import ConfigError
+    from agentrl_train.serve.app import ServeApp
+    from agentrl_train.serve.engine import Engine
+
+    engine = Engine("tiny", log=lambda *a: None)
+    try:
+        for name in BROKEN:
+            with pytest.raises(ConfigError) as info:
+                ServeApp(engine, adapters={"policy": str(adapters[name])}, log=lambda s: None)
+            assert str(adapters[name]) in str(info.value), (name, info.value)
+        assert engine.peft is None and engine.families == {}, "a refused adapter must leave the engine untouched"
+        with pytest.raises(ConfigError, match="'tiny' is the base model's name"):
+            ServeApp(engine, adapters={"tiny": str(adapters["zero"])}, log=lambda s: None)
+        for bad in (0, -1, True, engine.max_positions):
+            with pytest.raises(ConfigError, match="--max-new-tokens"):
+                ServeApp(engine, max_new_tokens=bad, log=lambda s: None)
+        for bad in (0, -1.0, float("nan"), float("inf")):
+            with pytest.raises(ConfigError, match="--watch-interval-s"):
+                ServeApp(engine, watch_interval_s=bad, log=lambda s: None)
+    finally:
+        engine.close()
