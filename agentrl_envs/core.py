@@ -39,6 +39,8 @@ __all__ = ["AUTORESET_ACTION", "SETTABLE_ATTRIBUTES", "ToolUseEnv"]
 
 ACTION_MAX_CHARS = 200_000
 OBSERVATION_MAX_CHARS = 16_000
+#: K of ``candidates=K``: past the task's wrong calls the env pads with no-op guesses, so K=10**9 never returned
+MAX_CANDIDATES = 1024
 #: ``info["sandbox_tier"]`` of an env without the python tool: it runs no Python and starts no sandbox
 NO_PYTHON_TIER = "none"
 
@@ -167,8 +169,7 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
             raise ConfigError(f"max_steps={max_steps!r}: use a positive int or None for the default")
         if time_budget_s is not None and not time_budget_s > 0:
             raise ConfigError(f"time_budget_s={time_budget_s!r}: use a positive number of virtual seconds or None")
-        if not isinstance(candidates, int) or isinstance(candidates, bool) or candidates < 0:
-            raise ConfigError(f"candidates={candidates!r}: use 0 (off) or a positive int K")
+        _check_candidates(candidates)
         if candidates_difficulty not in ("easy", "hard"):
             raise ConfigError(f"candidates_difficulty={candidates_difficulty!r}: use 'easy' (default) or 'hard'")
         for name, value in (("python_timeout_s", python_timeout_s), ("sql_deadline_s", sql_deadline_s)):
@@ -433,8 +434,7 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
             super().__setattr__(name, value)
             return
         if name == "candidates":
-            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
-                raise ConfigError(f"candidates={value!r}: use 0 (off) or a positive int K")
+            _check_candidates(value)
             super().__setattr__(name, int(value))
             return
         if name in SETTABLE_ATTRIBUTES:
@@ -645,3 +645,8 @@ def _mail_domain(task: Task) -> str:
     from agentrl_envs.tasks.domains import DOMAINS
 
     return DOMAINS[task.domain].mail_domain
+
+
+def _check_candidates(value: Any) -> None:
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or not 0 <= int(value) <= MAX_CANDIDATES:
+        raise ConfigError(f"candidates={value!r}: use 0 (off) or a positive int K up to {MAX_CANDIDATES}")

@@ -106,6 +106,7 @@ BAD_VALUES = [
     ("aux_reward", "lots", "use None"),
     ("candidates", -1, "positive int"),
     ("candidates", 2.5, "positive int"),
+    ("candidates", 10**9, "up to 1024"),
     ("split", "test", "fixed when the env is made"),
     ("error_profile", "flaky", "fixed when the env is made"),
     ("max_steps_arg", 3, "gym.make"),

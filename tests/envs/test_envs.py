@@ -178,6 +178,7 @@ def test_step_contract_errors() -> None:
         {"max_steps": 0},
         {"candidates": -1},
         {"candidates": True},
+        {"candidates": 10**9},  # padded with no-op guesses one at a time: never returned
         {"error_profile": "no-such-profile"},
         {"error_profile": "/etc/passwd"},
         {"backend": "ftp://nowhere"},
