@@ -151,15 +151,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="first seed; episode i uses seed+i")
     p.add_argument("--split", default="train", choices=SPLITS, help="task split (default train)")
     p.add_argument("-o", "--output", required=True, help="Parquet file to write")
+    p.add_argument("--force", action="store_true", help="overwrite the output file if it exists")
     p.set_defaults(func=cmd_export_sft)
     return parser
 
 
 def cmd_export_sft(args: argparse.Namespace) -> int:
+    from agentrl_envs._output import check_output
     from agentrl_envs.chat import export_sft
 
     _check_id(args.env_id)
-    summary = export_sft(args.env_id, args.output, episodes=args.episodes, agent=args.agent, seed=args.seed, split=args.split)
+    output = check_output(args.output, force=args.force, example="sft.parquet")  # before the episodes, not after
+    summary = export_sft(args.env_id, output, episodes=args.episodes, agent=args.agent, seed=args.seed, split=args.split)
     print(
         f"wrote {summary['episodes']} episodes ({summary['solved']} solved, {summary['messages']} messages) to {summary['path']}"
     )

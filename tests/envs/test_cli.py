@@ -263,3 +263,90 @@ def test_python_found_through_a_relative_path_entry(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith("python ok") and "42" in out.stdout, out.stdout
+
+
+# -- output files: checked before the work, written whole -----------------------------------------
+
+
+def _fit_log(tmp_path: Path) -> Path:
+    log = tmp_path / "calls.jsonl"
+    log.write_text(
+        "".join(json.dumps({"ts": i, "endpoint": "/v1/sql", "status": 200, "latency_ms": 5 + i}) + "\n" for i in range(20))
+    )
+    return log
+
+
+def _unwritable_outputs(tmp_path: Path) -> list[tuple[str, str]]:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    cases = [
+        (str(tmp_path), "is a directory"),
+        (str(tmp_path / "missing" / "out.x"), "does not exist"),
+        (str(a_file / "out.x"), "does not exist"),
+        (str(tmp_path / ("n" * 300 + ".x")), "cannot be written"),
+        ("", "give a file name"),
+    ]
+    if Path("/proc/self").is_dir():  # a folder no one can create files in (root included)
+        cases.append(("/proc/self/out.x", "cannot be written"))
+    return cases
+
+
+def _listing(tmp_path: Path) -> set[str]:
+    return {str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")}
+
+
+def test_fit_profile_refuses_an_output_it_cannot_write(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = _fit_log(tmp_path)
+    for output, message in _unwritable_outputs(tmp_path):
+        before = _listing(tmp_path)
+        code, out, err = run(["fit-profile", str(log), "-o", output], capsys)
+        assert code == 2, (output, err)
+        assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert _listing(tmp_path) == before  # nothing half-written, no temporary file left
+
+
+def test_export_sft_refuses_an_output_it_cannot_write_before_playing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import agentrl_envs.chat
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("export_sft ran although its output cannot be written")
+
+    monkeypatch.setattr(agentrl_envs.chat, "export_sft", never)
+    for output, message in _unwritable_outputs(tmp_path):
+        before = _listing(tmp_path)
+        code, out, err = run(["export-sft", "AgentRL/SQL-v0", "--episodes", "1", "-o", output], capsys)
+        assert code == 2, (output, err)
+        assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert _listing(tmp_path) == before
+
+
+def test_export_sft_refuses_to_overwrite_without_force(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "sft.parquet"
+    out.write_bytes(b"mine, not yours")
+    code, _, err = run(["export-sft", "AgentRL/SQL-v0", "--episodes", "1", "-o", str(out)], capsys)
+    assert code == 2 and "--force" in err
+    assert out.read_bytes() == b"mine, not yours"
+    code, printed, err = run(["export-sft", "AgentRL/SQL-v0", "--episodes", "1", "-o", str(out), "--force"], capsys)
+    assert code == 0, err
+    assert "wrote 1 episodes" in printed and out.read_bytes()[:4] == b"PAR1"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sft.parquet"]  # no temporary file left
+
+
+def test_a_failed_export_sft_write_leaves_the_old_file_and_no_temporary_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pyarrow.parquet as pq
+
+    def disk_full(table: object, where: str) -> None:
+        Path(where).write_bytes(b"PAR1 half")
+        raise OSError(28, "No space left on device")
+
+    out = tmp_path / "sft.parquet"
+    out.write_bytes(b"the old export")
+    monkeypatch.setattr(pq, "write_table", disk_full)
+    code, _, err = run(["export-sft", "AgentRL/SQL-v0", "--episodes", "1", "-o", str(out), "--force"], capsys)
+    assert code == 2 and "No space left on device" in err and "Traceback" not in err
+    assert out.read_bytes() == b"the old export"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sft.parquet"]
