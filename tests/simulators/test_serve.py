@@ -336,3 +336,27 @@ def test_task_fingerprints_are_what_the_server_accepts() -> None:
         assert status == 204, reply
     finally:
         app.close()
+
+
+# -- the virtual clock header -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e309", "1e300", "-1", "abc", "", "0x10", "1" * 400])
+def test_a_virtual_time_that_is_no_finite_time_is_400_and_poisons_nothing(value: str) -> None:
+    server = SimulatorServer(load_profile("rate-limited"), app=SimulatorApp(python_sandbox=False))
+    with running(server) as url, httpx.Client(base_url=url) as client:
+        token = open_episode(client, "ep-at", FP)
+        owner = {EPISODE_TOKEN_HEADER: token}
+        for _ in range(20):  # enough calls that the profile would have drawn a 429 and kept its window
+            r = client.post("/v1/episodes/ep-at/sql", json={"query": "SELECT 1"}, headers={**owner, "X-AgentRL-At": value})
+            assert r.status_code == 400, r.text
+            error = r.json()["error"]
+            assert error["type"] == "bad_request" and "X-AgentRL-At" in error["message"] and "0 to 1e+09" in error["message"]
+        for step in range(40):  # the clock is untouched: calls at sane times get sane answers
+            r = client.post(
+                "/v1/episodes/ep-at/sql", json={"query": "SELECT 1"}, headers={**owner, "X-AgentRL-At": str(10.0 * step)}
+            )
+            assert r.status_code in (200, 429), r.text
+            assert float(r.json()["error"]["retry_after_s"] if r.status_code == 429 else 0) <= 10
+        r = client.post("/v1/episodes/ep-at/sql", json={"query": "SELECT 1"}, headers=owner)  # absent: time 0
+        assert r.status_code in (200, 429), r.text
