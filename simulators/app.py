@@ -513,20 +513,26 @@ class SimulatorApp:
         files = payload.get("files") or {}
         if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
             return _err(400, "bad_request", "files must be an object of {relative path: text}")
+        problem = _layout_problem(files)
+        if problem is not None:
+            return _err(400, "bad_request", f"could not set up the workspace: files: {problem}")
         fingerprint = payload.get("database")
+        if fingerprint is not None and not isinstance(fingerprint, str):
+            return _err(
+                400,
+                "bad_request",
+                f"database must be a template fingerprint (a string) or null, got {type(fingerprint).__name__}",
+            )
+        sender = payload.get("sender")
+        if sender is not None and not (isinstance(sender, str) and len(sender) <= 320):
+            return _err(400, "bad_request", "sender must be an email address (a string of at most 320 characters) or null")
         database = None
         if fingerprint is not None:
-            image = self.templates.get(str(fingerprint))
+            image = self.templates.get(fingerprint)
             if image is None:
-                return _err(409, "unknown_database", f"no template database {str(fingerprint)[:64]!r}; PUT it first")
+                return _err(409, "unknown_database", f"no template database {fingerprint[:64]!r}; PUT it first")
             database = ReadOnlyDatabase(image, deadline_s=self.sql_deadline_s)
-        for rel in files:
-            norm = os.path.normpath(rel) if rel and "\x00" not in rel and len(rel) <= 255 else ""
-            if not norm or norm.startswith("..") or os.path.isabs(norm) or norm.startswith("results" + os.sep):
-                if database is not None:
-                    database.close()
-                return _err(400, "bad_request", f"could not set up the workspace: file {rel[:64]!r} is outside the workspace")
-        sender = str(payload.get("sender") or "agent@agentrl.example")
+        sender = sender or "agent@agentrl.example"
         domains = payload.get("mail_domains")
         if domains is not None and not (isinstance(domains, list) and all(isinstance(d, str) and d for d in domains)):
             if database is not None:
@@ -614,6 +620,37 @@ def _failure(exc: Exception) -> Reply:
         return _err(507, "out_of_memory", "the service ran out of memory on this call; ask for less data (LIMIT, fewer columns)")
     detail = exc.strerror if isinstance(exc, OSError) else str(exc)[:300]  # an OSError's text names host paths
     return _err(500, "internal", f"{type(exc).__name__}: {detail}")
+
+
+def _layout_problem(files: dict[str, str]) -> str | None:
+    """Why the setup ``files`` cannot be laid out in a fresh workspace (None when they can): a path
+    outside it, empty, too long, naming a folder or ``results/`` (the sql tool's), two names for one
+    file, or a file that another one needs as its folder. Checked when the episode opens, because the
+    workspace is made later, on first use, where a failure would be the service's 500."""
+    seen: dict[str, str] = {}
+    for rel in files:
+        shown = repr(rel[:64])
+        if not rel or "\x00" in rel:
+            return f"file {shown} is outside the workspace (give a relative path such as data/notes.txt)"
+        if len(rel) > 255:
+            return f"file {shown}... has a path of {len(rel)} characters; the limit is 255"
+        norm = os.path.normpath(rel)
+        if norm.startswith("..") or os.path.isabs(norm):
+            return f"file {shown} is outside the workspace (give a relative path such as data/notes.txt)"
+        if rel.endswith(("/", os.sep)) or norm == ".":
+            return f"file {shown} names a folder, not a file"
+        if norm == RESULTS or norm.startswith(RESULTS + os.sep):
+            return f"file {shown} is in {RESULTS}/, which the sql tool keeps for its query results"
+        if norm in seen:
+            return f"files {seen[norm][:64]!r} and {shown} are the same file"
+        seen[norm] = rel
+    for norm, rel in seen.items():
+        parent = os.path.dirname(norm)
+        while parent:
+            if parent in seen:
+                return f"file {seen[parent][:64]!r} is also the folder of file {rel[:64]!r}"
+            parent = os.path.dirname(parent)
+    return None
 
 
 def _inside(workspace: str, rel: str) -> str | None:
