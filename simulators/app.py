@@ -157,6 +157,8 @@ class _Episode:
     pending: PendingResults = field(default_factory=lambda: PendingResults())
     # State a tool's route keeps for the episode, by tool (the http tool's company service); made on first use.
     services: dict[str, Any] | None = None
+    # Set (under ``lock``) when the episode is closed: a call that was waiting for the lock answers 409.
+    closed: bool = False
     _path: str | None = None
     _mailbox: Mailbox | None = None
 
@@ -187,6 +189,8 @@ class _Episode:
         return self.pending.nbytes
 
     def discard(self) -> None:
+        """Drop the database, workspace and mail (the caller holds ``lock``); later calls answer 409."""
+        self.closed = True
         if self.database is not None:
             self.database.close()
             self.database = None
@@ -405,6 +409,8 @@ class SimulatorApp:
         if route is None:
             return _err(404, "unknown_tool", f"no tool {tool[:64]!r}; tools are {', '.join(TOOL_ROUTES)}")
         with episode.lock:
+            if episode.closed:
+                return _closed(episode_id)
             try:
                 return route.handler(self, episode, payload)
             except WorkspaceError as exc:  # the agent broke its own workspace: its error, not the service's
@@ -423,34 +429,37 @@ class SimulatorApp:
         result_name = os.path.normpath(rel) if rel and "\x00" not in rel and len(rel) <= 255 else ""
         is_result = os.path.dirname(result_name) == RESULTS
         try:
-            with episode.lock:
-                full = _inside(episode.workspace, rel)
-        except WorkspaceError as exc:
-            return _err(409, "workspace", str(exc))
-        if full is None and not is_result:
-            return _err(400, "bad_request", f"file {rel[:64]!r} is outside the workspace")
-        try:
             if isinstance(payload.get("text"), str):
                 data = payload["text"].encode("utf-8")
             elif isinstance(payload.get("b64"), str):
                 data = base64.b64decode(payload["b64"], validate=True)
             else:
                 return _err(400, "bad_request", "expected {'text': str} or {'b64': str}")
-            if len(data) > MAX_FILE_BYTES:
-                return _err(413, "too_large", f"file over {MAX_FILE_BYTES} bytes")
-            if is_result:
-                with episode.lock:
+        except ValueError as exc:
+            return _err(400, "bad_request", f"could not write {rel[:64]!r}: {exc}")
+        if len(data) > MAX_FILE_BYTES:
+            return _err(413, "too_large", f"file over {MAX_FILE_BYTES} bytes")
+        # Under the episode's lock to the end: a close waits for the write, so it never lands in a
+        # workspace already removed (which would make its folders again, and leak them).
+        with episode.lock:
+            if episode.closed:
+                return _closed(episode_id)
+            try:
+                full = _inside(episode.workspace, rel)
+                if full is None and not is_result:
+                    return _err(400, "bad_request", f"file {rel[:64]!r} is outside the workspace")
+                if is_result:
                     write_files(episode.workspace, {result_name: data})
-                return 204, None
-            assert full is not None
-            os.makedirs(os.path.dirname(full), exist_ok=True)
-            with open(full, "wb") as f:
-                f.write(data)
-        except WorkspaceError as exc:
-            return _err(409, "workspace", str(exc))
-        except (OSError, ValueError) as exc:
-            detail = exc.strerror if isinstance(exc, OSError) else exc
-            return _err(400, "bad_request", f"could not write {rel[:64]!r}: {detail}")
+                    return 204, None
+                assert full is not None
+                os.makedirs(os.path.dirname(full), exist_ok=True)
+                with open(full, "wb") as f:
+                    f.write(data)
+            except WorkspaceError as exc:
+                return _err(409, "workspace", str(exc))
+            except (OSError, ValueError) as exc:
+                detail = exc.strerror if isinstance(exc, OSError) else exc
+                return _err(400, "bad_request", f"could not write {rel[:64]!r}: {detail}")
         return 204, None
 
     def get_file(self, episode_id: str, rel: str) -> Reply:
@@ -460,6 +469,8 @@ class SimulatorApp:
             return _err(404, "unknown_episode", f"no open episode {episode_id[:64]!r}")
         try:
             with episode.lock:
+                if episode.closed:  # its workspace is gone: asking for it would make it again
+                    return _closed(episode_id)
                 full = _inside(episode.workspace, rel)
         except WorkspaceError as exc:
             return _err(409, "workspace", str(exc))
@@ -545,17 +556,27 @@ class SimulatorApp:
                 if database is not None:
                     database.close()
                 return denied
-            self.close_episode(episode_id)
+            replaced = self._episodes.pop(episode_id, None)
             episode = _Episode(self.workspace_root, dict(files), database, sender, allowed)
             self._episodes[episode_id] = episode
+        if replaced is not None:  # outside self._lock: this waits for a call in flight on it
+            self._retire(replaced)
         return _okr({"episode_id": episode_id, "episode_token": episode.token}, status=201)
 
     def close_episode(self, episode_id: str) -> None:
-        """Drop an episode's database, workspace and mailbox (no error if it is not open)."""
+        """Drop an episode's database, workspace and mailbox (no error if it is not open).
+
+        A call on the episode in flight finishes first (this waits for it); calls that were waiting
+        behind it answer 409 ``episode_closed``, so nothing makes the workspace again after it is removed.
+        """
         episode = self._episodes.pop(episode_id, None)
-        if episode is None:
-            return
-        episode.discard()
+        if episode is not None:
+            self._retire(episode)
+
+    def _retire(self, episode: _Episode) -> None:
+        """Discard an episode no longer in ``_episodes``, once no call is using it."""
+        with episode.lock:
+            episode.discard()
         del episode
         if self._closes.closed(len(self._episodes)):
             release_memory()
@@ -574,7 +595,7 @@ class SimulatorApp:
         if episode is None:
             return None
         with episode.lock:
-            return episode.workspace
+            return None if episode.closed else episode.workspace
 
 
 def match_route(method: str, path: str) -> tuple[str, tuple[str, ...]]:
@@ -611,6 +632,10 @@ def content_digest(tables: dict[str, Any]) -> str:
 def template_fingerprint(label: str, tables: dict[str, Any]) -> str:
     """The fingerprint the server accepts for ``tables``: ``<label>-<first 16 hex digits of the digest>``."""
     return f"{label}-{content_digest(tables)[:16]}"
+
+
+def _closed(episode_id: str) -> Reply:
+    return _err(409, "episode_closed", f"episode {episode_id[:64]!r} was closed while this call waited for it")
 
 
 def _failure(exc: Exception) -> Reply:
