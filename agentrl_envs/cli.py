@@ -22,7 +22,7 @@ import sys
 import time
 import urllib.parse
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 import gymnasium as gym
@@ -34,6 +34,9 @@ from agentrl_envs.tasks.sampler import SPLITS
 from agentrl_envs.text_table import format_table
 
 __all__ = ["main"]
+
+#: ``serve --max-upload-mb`` at most: 1 TiB, ``ServeLimits.max_upload_bytes``'s limit
+MAX_UPLOAD_MB = 1 << 20
 
 #: one line of ``play``'s help per tool: its shorthand and what it does
 PLAY_SHORTHANDS = {
@@ -95,6 +98,8 @@ def _parser() -> argparse.ArgumentParser:
     _openai_args(p)
     p.set_defaults(func=cmd_eval)
 
+    from agentrl_envs.simulator_server_processes import MAX_WORKERS
+
     p = sub.add_parser("serve", help="serve the simulator API over HTTP (see GET /openapi.json)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=_port, default=8765, help="port (default 8765; 0 picks a free one)")
@@ -106,21 +111,24 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="bearer token clients must send (default $AGENTRL_SERVE_TOKEN); required unless --host is a loopback address",
     )
-    p.add_argument("--python-workers", type=_positive, default=4, help="threads running Python calls (default 4)")
+    p.add_argument("--python-workers", type=_int_in(1, 4096), default=4, help="threads running Python calls, 1-4096 (default 4)")
     p.add_argument(
         "--per-client",
-        type=_positive,
+        type=_int_in(1, 4096),
         default=1024,
-        help="calls one client address may have in flight (every loopback client shares one); 429 past it (default 1024)",
+        help="calls one client address may have in flight, 1-4096 (every loopback client shares one); 429 past it (default 1024)",
     )
     p.add_argument(
         "--workers",
-        type=_positive,
+        type=_int_in(1, MAX_WORKERS),
         default=1,
-        help="server processes, one port each from --port on (default 1); give clients all the URLs it prints",
+        help=f"server processes, 1-{MAX_WORKERS}, one port each from --port on (default 1); give clients all the URLs it prints",
     )
     p.add_argument(
-        "--max-upload-mb", type=_positive, default=1024, help="largest template database upload in MiB of JSON (default 1024)"
+        "--max-upload-mb",
+        type=_int_in(1, MAX_UPLOAD_MB),
+        default=1024,
+        help=f"largest template database upload in MiB of JSON, 1-{MAX_UPLOAD_MB} (default 1024)",
     )
     p.set_defaults(func=cmd_serve)
 
@@ -196,6 +204,18 @@ def _non_negative(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
     return value
+
+
+def _int_in(lo: int, hi: int) -> Callable[[str], int]:
+    """An argparse type: a whole number from ``lo`` to ``hi``."""
+
+    def parse(text: str) -> int:
+        value = _int(text)
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"expected a whole number from {lo} to {hi}, got {text[:40]!r}")
+        return value
+
+    return parse
 
 
 def _port(text: str) -> int:

@@ -350,3 +350,63 @@ def test_a_failed_export_sft_write_leaves_the_old_file_and_no_temporary_one(
     assert code == 2 and "No space left on device" in err and "Traceback" not in err
     assert out.read_bytes() == b"the old export"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sft.parquet"]
+
+
+# -- serve: limits refused at parse time, naming the option -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--port", "99999"),
+        ("--port", "65536"),
+        ("--port", "-1"),
+        ("--port", "http"),
+        ("--max-upload-mb", "0"),
+        ("--max-upload-mb", "-5"),
+        ("--max-upload-mb", "nan"),
+        ("--max-upload-mb", "1.5"),
+        ("--max-upload-mb", "1048577"),
+        ("--max-upload-mb", "9" * 40),
+        ("--python-workers", "4097"),
+        ("--per-client", "100000"),
+        ("--workers", "65"),
+        ("--workers", "0"),
+    ],
+)
+def test_serve_refuses_out_of_range_options_at_parse_time(
+    flag: str, value: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("serve was reached")
+
+    monkeypatch.setattr("agentrl_envs.simulator_server.serve", never)
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--port", "0", flag, value] if flag != "--port" else ["serve", flag, value])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}:" in err and "ServeLimits" not in err and "Traceback" not in err, err
+
+
+def test_serve_parses_the_largest_limits_it_accepts() -> None:
+    args = _parser().parse_args(
+        [
+            "serve",
+            "--port",
+            "65535",
+            "--max-upload-mb",
+            "1048576",
+            "--python-workers",
+            "4096",
+            "--per-client",
+            "4096",
+            "--workers",
+            "64",
+        ]
+    )
+    from agentrl_envs.simulator_server import ServeLimits
+
+    limits = ServeLimits(
+        python_workers=args.python_workers, per_client=args.per_client, max_upload_bytes=args.max_upload_mb << 20
+    )
+    assert limits.max_upload_bytes == 1 << 40 and args.workers == 64
