@@ -35,6 +35,10 @@ from agentrl_envs.text_table import format_table
 
 __all__ = ["main"]
 
+#: ``--seed`` at most (seeds are stored as int64, e.g. in export-sft's Parquet)
+MAX_SEED = (1 << 63) - 1
+#: ``--candidates`` at most (each one is generated, and ``play`` prints each)
+MAX_CANDIDATES = 1000
 #: ``serve --max-upload-mb`` at most: 1 TiB, ``ServeLimits.max_upload_bytes``'s limit
 MAX_UPLOAD_MB = 1 << 20
 
@@ -85,14 +89,14 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("play", help="play an episode by typing tool calls")
     _env_args(p)
-    p.add_argument("--seed", type=int, default=0, help="reset seed (default 0)")
+    p.add_argument("--seed", type=_int_in(0, MAX_SEED), default=0, help="reset seed, 0 to 2**63-1 (default 0)")
     p.set_defaults(func=cmd_play)
 
     p = sub.add_parser("eval", help="run an agent for N episodes and print a summary table")
     _env_args(p, split_default="train,test,heldout")
     p.add_argument("--agent", choices=("oracle", "random", "openai"), default="oracle", help="which agent plays (default oracle)")
     p.add_argument("--episodes", type=_positive, default=20, help="episodes per split (default 20)")
-    p.add_argument("--seed", type=int, default=0, help="first seed; episode i uses seed+i")
+    p.add_argument("--seed", type=_int_in(0, MAX_SEED), default=0, help="first seed, 0 to 2**63-1; episode i uses seed+i")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     _openai_args(p)
@@ -156,7 +160,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("env_id", metavar="ID", help="environment id, e.g. AgentRL/SQL-v0 (see 'agentrl-envs list')")
     p.add_argument("--agent", choices=("oracle", "random"), default="oracle", help="which agent plays (default oracle)")
     p.add_argument("--episodes", type=_positive, default=100, help="episodes to write (default 100)")
-    p.add_argument("--seed", type=int, default=0, help="first seed; episode i uses seed+i")
+    p.add_argument("--seed", type=_int_in(0, MAX_SEED), default=0, help="first seed, 0 to 2**63-1; episode i uses seed+i")
     p.add_argument("--split", default="train", choices=SPLITS, help="task split (default train)")
     p.add_argument("-o", "--output", required=True, help="Parquet file to write")
     p.add_argument("--force", action="store_true", help="overwrite the output file if it exists")
@@ -169,6 +173,10 @@ def cmd_export_sft(args: argparse.Namespace) -> int:
     from agentrl_envs.chat import export_sft
 
     _check_id(args.env_id)
+    if args.seed + args.episodes - 1 > MAX_SEED:
+        raise agentrl_envs.ConfigError(
+            f"--seed {args.seed} with --episodes {args.episodes}: the last episode's seed would pass 2**63-1; use a smaller --seed"
+        )
     output = check_output(args.output, force=args.force, example="sft.parquet")  # before the episodes, not after
     summary = export_sft(args.env_id, output, episodes=args.episodes, agent=args.agent, seed=args.seed, split=args.split)
     print(
@@ -181,7 +189,9 @@ def _env_args(p: argparse.ArgumentParser, split_default: str = "train") -> None:
     p.add_argument("env_id", metavar="ID", help="environment id, e.g. AgentRL/SQL-v0 (see 'agentrl-envs list')")
     p.add_argument("--split", default=split_default, help=f"split, or a comma-separated list ({', '.join(SPLITS)})")
     p.add_argument("--domain", default=None, help="restrict to one domain of the split")
-    p.add_argument("--candidates", type=_non_negative, default=0, help="show K candidate actions each step")
+    p.add_argument(
+        "--candidates", type=_int_in(0, MAX_CANDIDATES), default=0, help=f"show K candidate actions each step, 0-{MAX_CANDIDATES}"
+    )
     p.add_argument("--long-horizon", action="store_true", help="chained sub-tasks (SQLPythonSMTP only)")
     p.add_argument("--max-steps", type=_positive, default=None, help="step limit (default: 3 x the gold plan's calls + 4)")
     p.add_argument(
@@ -196,13 +206,6 @@ def _positive(text: str) -> int:
     value = _int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    value = _int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
     return value
 
 

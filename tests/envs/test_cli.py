@@ -410,3 +410,29 @@ def test_serve_parses_the_largest_limits_it_accepts() -> None:
         python_workers=args.python_workers, per_client=args.per_client, max_upload_bytes=args.max_upload_mb << 20
     )
     assert limits.max_upload_bytes == 1 << 40 and args.workers == 64
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["eval", "AgentRL/SQL-v0", "--seed", "-5"],
+        ["eval", "AgentRL/SQL-v0", "--seed", str(2**63)],
+        ["play", "AgentRL/SQL-v0", "--seed", "-1"],
+        ["export-sft", "AgentRL/SQL-v0", "--seed", "9" * 30, "-o", "x.parquet"],
+        ["eval", "AgentRL/SQL-v0", "--candidates", "99999999"],
+        ["play", "AgentRL/SQL-v0", "--candidates", "-1"],
+    ],
+)
+def test_seeds_and_candidates_out_of_range_are_refused_at_parse_time(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {argv[2]}:" in err and "Traceback" not in err, err
+
+
+def test_export_sft_refuses_seeds_past_int64_before_playing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "sft.parquet"
+    code, _, err = run(["export-sft", "AgentRL/SQL-v0", "--seed", str(2**63 - 2), "--episodes", "3", "-o", str(out)], capsys)
+    assert code == 2 and "--seed" in err and "2**63-1" in err, err
+    assert not out.exists()
