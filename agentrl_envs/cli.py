@@ -39,6 +39,8 @@ __all__ = ["main"]
 MAX_SEED = (1 << 63) - 1
 #: ``--candidates`` at most (each one is generated, and ``play`` prints each)
 MAX_CANDIDATES = 1000
+#: ``serve --sql-deadline-s`` and ``--python-timeout-s`` at most: a day (1e300 s overflowed the CPU-time rlimit)
+MAX_SERVICE_S = 86400.0
 #: ``serve --max-upload-mb`` at most: 1 TiB, ``ServeLimits.max_upload_bytes``'s limit
 MAX_UPLOAD_MB = 1 << 20
 
@@ -404,8 +406,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     profile = load_profile(args.profile)
     for flag, value in (("--sql-deadline-s", args.sql_deadline_s), ("--python-timeout-s", args.python_timeout_s)):
-        if not 0 < value < float("inf"):  # also refuses nan, which argparse's float accepts
-            raise agentrl_envs.ConfigError(f"{flag} {value}: use a finite number of seconds above 0, e.g. 5.0")
+        if not 0 < value <= MAX_SERVICE_S:  # also refuses nan and inf, which argparse's float accepts
+            raise agentrl_envs.ConfigError(
+                f"{flag} {value}: use a finite number of seconds above 0 and at most {MAX_SERVICE_S:g} (a day), e.g. 5.0"
+            )
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
     check_bind(args.host, token)
     limits = ServeLimits(

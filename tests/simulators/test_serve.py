@@ -307,7 +307,7 @@ def test_cli_refuses_a_public_bind_without_a_token(monkeypatch: pytest.MonkeyPat
     assert cli.main(["serve", "--host", "0.0.0.0", "--port", "0", "--token", "short"]) == 2
 
 
-@pytest.mark.parametrize("value", ["nan", "inf", "0", "-1"])
+@pytest.mark.parametrize("value", ["nan", "inf", "0", "-1", "1e300", "86401"])
 @pytest.mark.parametrize("flag", ["--python-timeout-s", "--sql-deadline-s"])
 def test_cli_refuses_a_service_limit_no_run_can_have(
     flag: str, value: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
