@@ -456,6 +456,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_pg_sweep(args: argparse.Namespace) -> int:
     from agentrl_envs.backends.postgres import sweep
 
+    if not args.url.strip():  # libpq would take it for "the local server's defaults", then drop what it finds there
+        raise agentrl_envs.ConfigError(
+            "the URL is empty: give postgresql://user:password@host:port/dbname of the backends' account"
+        )
     report = sweep(args.url, dry_run=args.dry_run)
     verb = "would drop" if args.dry_run else "dropped"
     for name in report.schemas:

@@ -234,12 +234,24 @@ def test_bad_error_profile_exits_2(profile: str, capsys: pytest.CaptureFixture[s
 
 
 @pytest.mark.parametrize(
-    "url", ["not a url", "postgresql://x:y@127.0.0.1:1/db", "postgresql://x@[::1/db", "host=127.0.0.1 port=notaport"]
+    "url",
+    [
+        "not a url",
+        "postgresql://x:y@127.0.0.1:1/db",
+        "postgresql://x@[::1/db",
+        "host=127.0.0.1 port=notaport",
+        "",
+        "  ",
+        "x" * 100_000,
+    ],
+    ids=["words", "unreachable", "bracket", "bad-port", "empty", "blank", "huge"],
 )
 def test_pg_sweep_bad_or_unreachable_urls_exit_2(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(["pg-sweep", url, "--dry-run"], capsys)
     assert code == 2
-    assert "error:" in err and "Traceback" not in err
+    assert "error:" in err and "Traceback" not in err and len(err) < 2000, err[:300]
+    if not url.strip():
+        assert "the URL is empty" in err
 
 
 def test_python_found_through_a_relative_path_entry(tmp_path: Path) -> None:
