@@ -448,3 +448,19 @@ def test_export_sft_refuses_seeds_past_int64_before_playing(tmp_path: Path, caps
     code, _, err = run(["export-sft", "AgentRL/SQL-v0", "--seed", str(2**63 - 2), "--episodes", "3", "-o", str(out)], capsys)
     assert code == 2 and "--seed" in err and "2**63-1" in err, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["make-rm-data", "AgentRL/SQL-v0", "--episodes", "1", "-o", ""],
+        ["check-rewards", "AgentRL/SQL-v0", "--episodes", "1", "--out", " ", "--no-progress"],
+    ],
+)
+def test_an_empty_output_directory_is_refused_not_taken_for_here(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run(argv, capsys)
+    assert code == 2 and "output directory is empty" in err, err
+    assert list(tmp_path.iterdir()) == []
