@@ -107,7 +107,9 @@ def _parser() -> argparse.ArgumentParser:
     from agentrl_envs.simulator_server_processes import MAX_WORKERS
 
     p = sub.add_parser("serve", help="serve the simulator API over HTTP (see GET /openapi.json)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument(
+        "--host", type=_host, default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)"
+    )
     p.add_argument("--port", type=_port, default=8765, help="port (default 8765; 0 picks a free one)")
     p.add_argument("--profile", default="none", help="fault profile injected server-side (a name or a YAML path)")
     p.add_argument("--sql-deadline-s", type=float, default=2.0, help="deadline of one SQL query in seconds (default 2.0)")
@@ -221,6 +223,15 @@ def _int_in(lo: int, hi: int) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+def _host(text: str) -> str:
+    """An argparse type: a host name or IP address (at most 253 characters, no spaces or control characters)."""
+    if not text or len(text) > 253 or not text.isprintable() or any(c.isspace() for c in text):
+        raise argparse.ArgumentTypeError(
+            f"expected a host name or IP address such as 127.0.0.1 (0.0.0.0 for every interface), got {text[:40]!r}"
+        )
+    return text
 
 
 def _port(text: str) -> int:

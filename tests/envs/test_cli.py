@@ -464,3 +464,12 @@ def test_an_empty_output_directory_is_refused_not_taken_for_here(
     code, _, err = run(argv, capsys)
     assert code == 2 and "output directory is empty" in err, err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("host", ["", "a b", "h" * 5000, "local\nhost", "\x1b[31m"])
+def test_serve_refuses_a_host_that_is_no_address_at_parse_time(host: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--host", host, "--token", "s3cret-token-for-tests-0123456789"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --host:" in err and len(err) < 2000, err[:300]
