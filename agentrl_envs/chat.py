@@ -244,8 +244,11 @@ def export_sft(
             ("episode_return", pa.float64()),
         ]
     )
+    from agentrl_envs._output import write_atomically
+
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table(rows, schema=schema), str(path))
+    table = pa.table(rows, schema=schema)
+    write_atomically(Path(path), lambda tmp: pq.write_table(table, tmp), flag="path")
     return {"episodes": episodes, "solved": sum(rows["success"]), "messages": sum(map(len, rows["messages"])), "path": str(path)}
 
 

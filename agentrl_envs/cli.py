@@ -22,7 +22,7 @@ import sys
 import time
 import urllib.parse
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TextIO
 
 import gymnasium as gym
@@ -34,6 +34,15 @@ from agentrl_envs.tasks.sampler import SPLITS
 from agentrl_envs.text_table import format_table
 
 __all__ = ["main"]
+
+#: ``--seed`` at most (seeds are stored as int64, e.g. in export-sft's Parquet)
+MAX_SEED = (1 << 63) - 1
+#: ``--candidates`` at most (each one is generated, and ``play`` prints each)
+MAX_CANDIDATES = 1000
+#: ``serve --sql-deadline-s`` and ``--python-timeout-s`` at most: a day (1e300 s overflowed the CPU-time rlimit)
+MAX_SERVICE_S = 86400.0
+#: ``serve --max-upload-mb`` at most: 1 TiB, ``ServeLimits.max_upload_bytes``'s limit
+MAX_UPLOAD_MB = 1 << 20
 
 #: one line of ``play``'s help per tool: its shorthand and what it does
 PLAY_SHORTHANDS = {
@@ -82,21 +91,25 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("play", help="play an episode by typing tool calls")
     _env_args(p)
-    p.add_argument("--seed", type=int, default=0, help="reset seed (default 0)")
+    p.add_argument("--seed", type=_int_in(0, MAX_SEED), default=0, help="reset seed, 0 to 2**63-1 (default 0)")
     p.set_defaults(func=cmd_play)
 
     p = sub.add_parser("eval", help="run an agent for N episodes and print a summary table")
     _env_args(p, split_default="train,test,heldout")
     p.add_argument("--agent", choices=("oracle", "random", "openai"), default="oracle", help="which agent plays (default oracle)")
     p.add_argument("--episodes", type=_positive, default=20, help="episodes per split (default 20)")
-    p.add_argument("--seed", type=int, default=0, help="first seed; episode i uses seed+i")
+    p.add_argument("--seed", type=_int_in(0, MAX_SEED), default=0, help="first seed, 0 to 2**63-1; episode i uses seed+i")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     _openai_args(p)
     p.set_defaults(func=cmd_eval)
 
+    from agentrl_envs.simulator_server_processes import MAX_WORKERS
+
     p = sub.add_parser("serve", help="serve the simulator API over HTTP (see GET /openapi.json)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument(
+        "--host", type=_host, default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)"
+    )
     p.add_argument("--port", type=_port, default=8765, help="port (default 8765; 0 picks a free one)")
     p.add_argument("--profile", default="none", help="fault profile injected server-side (a name or a YAML path)")
     p.add_argument("--sql-deadline-s", type=float, default=2.0, help="deadline of one SQL query in seconds (default 2.0)")
@@ -106,21 +119,24 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="bearer token clients must send (default $AGENTRL_SERVE_TOKEN); required unless --host is a loopback address",
     )
-    p.add_argument("--python-workers", type=_positive, default=4, help="threads running Python calls (default 4)")
+    p.add_argument("--python-workers", type=_int_in(1, 4096), default=4, help="threads running Python calls, 1-4096 (default 4)")
     p.add_argument(
         "--per-client",
-        type=_positive,
+        type=_int_in(1, 4096),
         default=1024,
-        help="calls one client address may have in flight (every loopback client shares one); 429 past it (default 1024)",
+        help="calls one client address may have in flight, 1-4096 (every loopback client shares one); 429 past it (default 1024)",
     )
     p.add_argument(
         "--workers",
-        type=_positive,
+        type=_int_in(1, MAX_WORKERS),
         default=1,
-        help="server processes, one port each from --port on (default 1); give clients all the URLs it prints",
+        help=f"server processes, 1-{MAX_WORKERS}, one port each from --port on (default 1); give clients all the URLs it prints",
     )
     p.add_argument(
-        "--max-upload-mb", type=_positive, default=1024, help="largest template database upload in MiB of JSON (default 1024)"
+        "--max-upload-mb",
+        type=_int_in(1, MAX_UPLOAD_MB),
+        default=1024,
+        help=f"largest template database upload in MiB of JSON, 1-{MAX_UPLOAD_MB} (default 1024)",
     )
     p.set_defaults(func=cmd_serve)
 
@@ -148,18 +164,25 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("env_id", metavar="ID", help="environment id, e.g. AgentRL/SQL-v0 (see 'agentrl-envs list')")
     p.add_argument("--agent", choices=("oracle", "random"), default="oracle", help="which agent plays (default oracle)")
     p.add_argument("--episodes", type=_positive, default=100, help="episodes to write (default 100)")
-    p.add_argument("--seed", type=int, default=0, help="first seed; episode i uses seed+i")
+    p.add_argument("--seed", type=_int_in(0, MAX_SEED), default=0, help="first seed, 0 to 2**63-1; episode i uses seed+i")
     p.add_argument("--split", default="train", choices=SPLITS, help="task split (default train)")
     p.add_argument("-o", "--output", required=True, help="Parquet file to write")
+    p.add_argument("--force", action="store_true", help="overwrite the output file if it exists")
     p.set_defaults(func=cmd_export_sft)
     return parser
 
 
 def cmd_export_sft(args: argparse.Namespace) -> int:
+    from agentrl_envs._output import check_output
     from agentrl_envs.chat import export_sft
 
     _check_id(args.env_id)
-    summary = export_sft(args.env_id, args.output, episodes=args.episodes, agent=args.agent, seed=args.seed, split=args.split)
+    if args.seed + args.episodes - 1 > MAX_SEED:
+        raise agentrl_envs.ConfigError(
+            f"--seed {args.seed} with --episodes {args.episodes}: the last episode's seed would pass 2**63-1; use a smaller --seed"
+        )
+    output = check_output(args.output, force=args.force, example="sft.parquet")  # before the episodes, not after
+    summary = export_sft(args.env_id, output, episodes=args.episodes, agent=args.agent, seed=args.seed, split=args.split)
     print(
         f"wrote {summary['episodes']} episodes ({summary['solved']} solved, {summary['messages']} messages) to {summary['path']}"
     )
@@ -170,7 +193,9 @@ def _env_args(p: argparse.ArgumentParser, split_default: str = "train") -> None:
     p.add_argument("env_id", metavar="ID", help="environment id, e.g. AgentRL/SQL-v0 (see 'agentrl-envs list')")
     p.add_argument("--split", default=split_default, help=f"split, or a comma-separated list ({', '.join(SPLITS)})")
     p.add_argument("--domain", default=None, help="restrict to one domain of the split")
-    p.add_argument("--candidates", type=_non_negative, default=0, help="show K candidate actions each step")
+    p.add_argument(
+        "--candidates", type=_int_in(0, MAX_CANDIDATES), default=0, help=f"show K candidate actions each step, 0-{MAX_CANDIDATES}"
+    )
     p.add_argument("--long-horizon", action="store_true", help="chained sub-tasks (SQLPythonSMTP only)")
     p.add_argument("--max-steps", type=_positive, default=None, help="step limit (default: 3 x the gold plan's calls + 4)")
     p.add_argument(
@@ -188,11 +213,25 @@ def _positive(text: str) -> int:
     return value
 
 
-def _non_negative(text: str) -> int:
-    value = _int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
-    return value
+def _int_in(lo: int, hi: int) -> Callable[[str], int]:
+    """An argparse type: a whole number from ``lo`` to ``hi``."""
+
+    def parse(text: str) -> int:
+        value = _int(text)
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"expected a whole number from {lo} to {hi}, got {text[:40]!r}")
+        return value
+
+    return parse
+
+
+def _host(text: str) -> str:
+    """An argparse type: a host name or IP address (at most 253 characters, no spaces or control characters)."""
+    if not text or len(text) > 253 or not text.isprintable() or any(c.isspace() for c in text):
+        raise argparse.ArgumentTypeError(
+            f"expected a host name or IP address such as 127.0.0.1 (0.0.0.0 for every interface), got {text[:40]!r}"
+        )
+    return text
 
 
 def _port(text: str) -> int:
@@ -378,8 +417,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     profile = load_profile(args.profile)
     for flag, value in (("--sql-deadline-s", args.sql_deadline_s), ("--python-timeout-s", args.python_timeout_s)):
-        if not 0 < value < float("inf"):  # also refuses nan, which argparse's float accepts
-            raise agentrl_envs.ConfigError(f"{flag} {value}: use a finite number of seconds above 0, e.g. 5.0")
+        if not 0 < value <= MAX_SERVICE_S:  # also refuses nan and inf, which argparse's float accepts
+            raise agentrl_envs.ConfigError(
+                f"{flag} {value}: use a finite number of seconds above 0 and at most {MAX_SERVICE_S:g} (a day), e.g. 5.0"
+            )
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
     check_bind(args.host, token)
     limits = ServeLimits(
@@ -426,6 +467,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_pg_sweep(args: argparse.Namespace) -> int:
     from agentrl_envs.backends.postgres import sweep
 
+    if not args.url.strip():  # libpq would take it for "the local server's defaults", then drop what it finds there
+        raise agentrl_envs.ConfigError(
+            "the URL is empty: give postgresql://user:password@host:port/dbname of the backends' account"
+        )
     report = sweep(args.url, dry_run=args.dry_run)
     verb = "would drop" if args.dry_run else "dropped"
     for name in report.schemas:

@@ -71,6 +71,8 @@ __all__ = ["ServeLimits", "SimulatorServer", "check_bind", "serve"]
 
 _INLINE = {("GET", "/health"), ("GET", "/openapi.json")}
 MIN_TOKEN_CHARS = 16
+#: Latest virtual time (``X-AgentRL-At``, seconds) a call may carry: ~31 years, far past any episode's clock
+MAX_AT_S = 1e9
 #: weight of the latest call in a lane's moving average of service times
 SERVICE_WEIGHT = 1 / 16
 
@@ -256,10 +258,15 @@ class SimulatorServer:
             )
         if (method, path) in _INLINE:
             return self.direct.app.handle_bytes(method, path, body)
-        try:
-            at_s = float(headers.get(AT_HEADER.lower(), "0"))
-        except ValueError:
-            at_s = 0.0
+        at_s = _virtual_time(headers.get(AT_HEADER.lower()))
+        if at_s is None:
+            return _error(
+                400,
+                "bad_request",
+                f"the {AT_HEADER} header {headers[AT_HEADER.lower()][:40]!r} is not a virtual time: send the episode's "
+                f"clock, a finite number of seconds from 0 to {MAX_AT_S:g}, or leave the header out",
+                {},
+            )
         lane = self._lanes[_lane_of(method, path)]
         client = str((scope.get("client") or ("",))[0])
         refused = self._refusal(lane, client, len(body))
@@ -317,6 +324,18 @@ class SimulatorServer:
         for lane in self._lanes.values():
             lane.executor.shutdown(wait=False, cancel_futures=True)
         self.direct.close()
+
+
+def _virtual_time(text: str | None) -> float | None:
+    """The ``X-AgentRL-At`` header as seconds (0 when absent); None when it is no finite time in
+    [0, ``MAX_AT_S``] (inf or nan would stay in a fault window's end and refuse every later call)."""
+    if text is None:
+        return 0.0
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0.0 <= value <= MAX_AT_S else None  # nan fails both comparisons
 
 
 def _lane_of(method: str, path: str) -> str:

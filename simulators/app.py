@@ -157,6 +157,8 @@ class _Episode:
     pending: PendingResults = field(default_factory=lambda: PendingResults())
     # State a tool's route keeps for the episode, by tool (the http tool's company service); made on first use.
     services: dict[str, Any] | None = None
+    # Set (under ``lock``) when the episode is closed: a call that was waiting for the lock answers 409.
+    closed: bool = False
     _path: str | None = None
     _mailbox: Mailbox | None = None
 
@@ -187,6 +189,8 @@ class _Episode:
         return self.pending.nbytes
 
     def discard(self) -> None:
+        """Drop the database, workspace and mail (the caller holds ``lock``); later calls answer 409."""
+        self.closed = True
         if self.database is not None:
             self.database.close()
             self.database = None
@@ -405,6 +409,8 @@ class SimulatorApp:
         if route is None:
             return _err(404, "unknown_tool", f"no tool {tool[:64]!r}; tools are {', '.join(TOOL_ROUTES)}")
         with episode.lock:
+            if episode.closed:
+                return _closed(episode_id)
             try:
                 return route.handler(self, episode, payload)
             except WorkspaceError as exc:  # the agent broke its own workspace: its error, not the service's
@@ -423,34 +429,37 @@ class SimulatorApp:
         result_name = os.path.normpath(rel) if rel and "\x00" not in rel and len(rel) <= 255 else ""
         is_result = os.path.dirname(result_name) == RESULTS
         try:
-            with episode.lock:
-                full = _inside(episode.workspace, rel)
-        except WorkspaceError as exc:
-            return _err(409, "workspace", str(exc))
-        if full is None and not is_result:
-            return _err(400, "bad_request", f"file {rel[:64]!r} is outside the workspace")
-        try:
             if isinstance(payload.get("text"), str):
                 data = payload["text"].encode("utf-8")
             elif isinstance(payload.get("b64"), str):
                 data = base64.b64decode(payload["b64"], validate=True)
             else:
                 return _err(400, "bad_request", "expected {'text': str} or {'b64': str}")
-            if len(data) > MAX_FILE_BYTES:
-                return _err(413, "too_large", f"file over {MAX_FILE_BYTES} bytes")
-            if is_result:
-                with episode.lock:
+        except ValueError as exc:
+            return _err(400, "bad_request", f"could not write {rel[:64]!r}: {exc}")
+        if len(data) > MAX_FILE_BYTES:
+            return _err(413, "too_large", f"file over {MAX_FILE_BYTES} bytes")
+        # Under the episode's lock to the end: a close waits for the write, so it never lands in a
+        # workspace already removed (which would make its folders again, and leak them).
+        with episode.lock:
+            if episode.closed:
+                return _closed(episode_id)
+            try:
+                full = _inside(episode.workspace, rel)
+                if full is None and not is_result:
+                    return _err(400, "bad_request", f"file {rel[:64]!r} is outside the workspace")
+                if is_result:
                     write_files(episode.workspace, {result_name: data})
-                return 204, None
-            assert full is not None
-            os.makedirs(os.path.dirname(full), exist_ok=True)
-            with open(full, "wb") as f:
-                f.write(data)
-        except WorkspaceError as exc:
-            return _err(409, "workspace", str(exc))
-        except (OSError, ValueError) as exc:
-            detail = exc.strerror if isinstance(exc, OSError) else exc
-            return _err(400, "bad_request", f"could not write {rel[:64]!r}: {detail}")
+                    return 204, None
+                assert full is not None
+                os.makedirs(os.path.dirname(full), exist_ok=True)
+                with open(full, "wb") as f:
+                    f.write(data)
+            except WorkspaceError as exc:
+                return _err(409, "workspace", str(exc))
+            except (OSError, ValueError) as exc:
+                detail = exc.strerror if isinstance(exc, OSError) else exc
+                return _err(400, "bad_request", f"could not write {rel[:64]!r}: {detail}")
         return 204, None
 
     def get_file(self, episode_id: str, rel: str) -> Reply:
@@ -460,6 +469,8 @@ class SimulatorApp:
             return _err(404, "unknown_episode", f"no open episode {episode_id[:64]!r}")
         try:
             with episode.lock:
+                if episode.closed:  # its workspace is gone: asking for it would make it again
+                    return _closed(episode_id)
                 full = _inside(episode.workspace, rel)
         except WorkspaceError as exc:
             return _err(409, "workspace", str(exc))
@@ -513,20 +524,26 @@ class SimulatorApp:
         files = payload.get("files") or {}
         if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
             return _err(400, "bad_request", "files must be an object of {relative path: text}")
+        problem = _layout_problem(files)
+        if problem is not None:
+            return _err(400, "bad_request", f"could not set up the workspace: files: {problem}")
         fingerprint = payload.get("database")
+        if fingerprint is not None and not isinstance(fingerprint, str):
+            return _err(
+                400,
+                "bad_request",
+                f"database must be a template fingerprint (a string) or null, got {type(fingerprint).__name__}",
+            )
+        sender = payload.get("sender")
+        if sender is not None and not (isinstance(sender, str) and len(sender) <= 320):
+            return _err(400, "bad_request", "sender must be an email address (a string of at most 320 characters) or null")
         database = None
         if fingerprint is not None:
-            image = self.templates.get(str(fingerprint))
+            image = self.templates.get(fingerprint)
             if image is None:
-                return _err(409, "unknown_database", f"no template database {str(fingerprint)[:64]!r}; PUT it first")
+                return _err(409, "unknown_database", f"no template database {fingerprint[:64]!r}; PUT it first")
             database = ReadOnlyDatabase(image, deadline_s=self.sql_deadline_s)
-        for rel in files:
-            norm = os.path.normpath(rel) if rel and "\x00" not in rel and len(rel) <= 255 else ""
-            if not norm or norm.startswith("..") or os.path.isabs(norm) or norm.startswith("results" + os.sep):
-                if database is not None:
-                    database.close()
-                return _err(400, "bad_request", f"could not set up the workspace: file {rel[:64]!r} is outside the workspace")
-        sender = str(payload.get("sender") or "agent@agentrl.example")
+        sender = sender or "agent@agentrl.example"
         domains = payload.get("mail_domains")
         if domains is not None and not (isinstance(domains, list) and all(isinstance(d, str) and d for d in domains)):
             if database is not None:
@@ -539,17 +556,27 @@ class SimulatorApp:
                 if database is not None:
                     database.close()
                 return denied
-            self.close_episode(episode_id)
+            replaced = self._episodes.pop(episode_id, None)
             episode = _Episode(self.workspace_root, dict(files), database, sender, allowed)
             self._episodes[episode_id] = episode
+        if replaced is not None:  # outside self._lock: this waits for a call in flight on it
+            self._retire(replaced)
         return _okr({"episode_id": episode_id, "episode_token": episode.token}, status=201)
 
     def close_episode(self, episode_id: str) -> None:
-        """Drop an episode's database, workspace and mailbox (no error if it is not open)."""
+        """Drop an episode's database, workspace and mailbox (no error if it is not open).
+
+        A call on the episode in flight finishes first (this waits for it); calls that were waiting
+        behind it answer 409 ``episode_closed``, so nothing makes the workspace again after it is removed.
+        """
         episode = self._episodes.pop(episode_id, None)
-        if episode is None:
-            return
-        episode.discard()
+        if episode is not None:
+            self._retire(episode)
+
+    def _retire(self, episode: _Episode) -> None:
+        """Discard an episode no longer in ``_episodes``, once no call is using it."""
+        with episode.lock:
+            episode.discard()
         del episode
         if self._closes.closed(len(self._episodes)):
             release_memory()
@@ -568,7 +595,7 @@ class SimulatorApp:
         if episode is None:
             return None
         with episode.lock:
-            return episode.workspace
+            return None if episode.closed else episode.workspace
 
 
 def match_route(method: str, path: str) -> tuple[str, tuple[str, ...]]:
@@ -607,6 +634,10 @@ def template_fingerprint(label: str, tables: dict[str, Any]) -> str:
     return f"{label}-{content_digest(tables)[:16]}"
 
 
+def _closed(episode_id: str) -> Reply:
+    return _err(409, "episode_closed", f"episode {episode_id[:64]!r} was closed while this call waited for it")
+
+
 def _failure(exc: Exception) -> Reply:
     """The answer to a call that raised: 507 when memory ran out (the call asked for too much),
     else 500 (a bug or a broken service)."""
@@ -614,6 +645,37 @@ def _failure(exc: Exception) -> Reply:
         return _err(507, "out_of_memory", "the service ran out of memory on this call; ask for less data (LIMIT, fewer columns)")
     detail = exc.strerror if isinstance(exc, OSError) else str(exc)[:300]  # an OSError's text names host paths
     return _err(500, "internal", f"{type(exc).__name__}: {detail}")
+
+
+def _layout_problem(files: dict[str, str]) -> str | None:
+    """Why the setup ``files`` cannot be laid out in a fresh workspace (None when they can): a path
+    outside it, empty, too long, naming a folder or ``results/`` (the sql tool's), two names for one
+    file, or a file that another one needs as its folder. Checked when the episode opens, because the
+    workspace is made later, on first use, where a failure would be the service's 500."""
+    seen: dict[str, str] = {}
+    for rel in files:
+        shown = repr(rel[:64])
+        if not rel or "\x00" in rel:
+            return f"file {shown} is outside the workspace (give a relative path such as data/notes.txt)"
+        if len(rel) > 255:
+            return f"file {shown}... has a path of {len(rel)} characters; the limit is 255"
+        norm = os.path.normpath(rel)
+        if norm.startswith("..") or os.path.isabs(norm):
+            return f"file {shown} is outside the workspace (give a relative path such as data/notes.txt)"
+        if rel.endswith(("/", os.sep)) or norm == ".":
+            return f"file {shown} names a folder, not a file"
+        if norm == RESULTS or norm.startswith(RESULTS + os.sep):
+            return f"file {shown} is in {RESULTS}/, which the sql tool keeps for its query results"
+        if norm in seen:
+            return f"files {seen[norm][:64]!r} and {shown} are the same file"
+        seen[norm] = rel
+    for norm, rel in seen.items():
+        parent = os.path.dirname(norm)
+        while parent:
+            if parent in seen:
+                return f"file {seen[parent][:64]!r} is also the folder of file {rel[:64]!r}"
+            parent = os.path.dirname(parent)
+    return None
 
 
 def _inside(workspace: str, rel: str) -> str | None:

@@ -66,8 +66,9 @@ _AT = {
     "name": "X-AgentRL-At",
     "in": "header",
     "required": False,
-    "schema": {"type": "number"},
-    "description": "the episode's virtual time when the call goes out (used by server-side fault profiles)",
+    "schema": {"type": "number", "minimum": 0, "maximum": 1e9},
+    "description": "the episode's virtual time in seconds when the call goes out (used by server-side fault profiles); "
+    "0 when absent; anything but a finite number from 0 to 1e9 is answered 400",
 }
 
 OPENAPI: dict[str, Any] = {

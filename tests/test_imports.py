@@ -36,3 +36,19 @@ def test_error_profiles_ship_with_the_package() -> None:
 
     assert "none" in error_profiles.available()
     assert "name: none" in error_profiles.read_text("none")
+
+
+def test_python_dash_m_agentrl_envs_is_the_command_and_imports_no_torch() -> None:
+    listed = subprocess.run([sys.executable, "-m", "agentrl_envs", "list"], capture_output=True, text=True, timeout=300)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert "AgentRL/SQL-v0" in listed.stdout
+    refused = subprocess.run(
+        [sys.executable, "-m", "agentrl_envs", "serve", "--port", "99999"], capture_output=True, text=True, timeout=300
+    )
+    assert refused.returncode == 2 and "--port" in refused.stderr and "Traceback" not in refused.stderr
+    mods = _modules_after(
+        "import runpy, sys\nsys.argv = ['agentrl_envs', 'list']\n"
+        "try:\n    runpy.run_module('agentrl_envs', run_name='__main__')\nexcept SystemExit as exc:\n    assert exc.code == 0, exc.code"
+    )
+    assert "agentrl_envs.cli" in mods
+    assert not {"torch", "transformers", "peft"} & mods

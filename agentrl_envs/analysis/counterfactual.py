@@ -572,6 +572,8 @@ def _smtp_variants(
 
 
 def _writable_dir(out_dir: str | Path) -> Path:
+    if not str(out_dir).strip():  # Path("") is the current directory: the files would land wherever one stands
+        raise ConfigError("the output directory is empty: pass a folder name such as reward-report (. for this one)")
     path = Path(out_dir)
     try:
         path.mkdir(parents=True, exist_ok=True)

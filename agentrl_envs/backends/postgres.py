@@ -345,7 +345,7 @@ def sweep(url: str, dry_run: bool = False, connect_timeout_s: float = 5.0) -> Sw
     try:
         info: dict[str, Any] = psycopg.conninfo.conninfo_to_dict(url.replace("postgresql+psycopg://", "postgresql://", 1))
     except psycopg.ProgrammingError as exc:
-        raise ConfigError(f"PostgreSQL URL {url[:200]!r}: {exc}") from None
+        raise ConfigError(f"PostgreSQL URL {url[:200]!r}: {str(exc)[:300]}") from None  # libpq quotes all of it
     info.setdefault("connect_timeout", max(1, int(connect_timeout_s)))
     try:
         conn = psycopg.connect(autocommit=True, **info)

@@ -52,11 +52,8 @@ checks that both recover the parameters of synthetic logs drawn from known profi
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
-import os
 import re
-import tempfile
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -67,6 +64,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from agentrl_envs._output import check_output, write_atomically
 from agentrl_envs.errors import ConfigError
 from agentrl_envs.faults.logs import MAX_LINE_BYTES, Call, LogReader, parse_line
 from agentrl_envs.faults.profile import (
@@ -526,15 +524,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def cmd_fit_profile(args: argparse.Namespace) -> int:
     """Fit, print the goodness-of-fit summary, write the YAML. User errors raise ConfigError."""
-    output = Path(args.output)
-    if output.is_symlink():
-        raise ConfigError(f"-o {args.output!r} is a symbolic link; give the path of a regular file (it is not followed)")
-    if output.is_dir():
-        raise ConfigError(f"-o {args.output!r} is a directory; give a file name such as profile.yaml")
-    if output.exists() and not args.force:
-        raise ConfigError(f"-o {args.output!r} exists; pass --force to overwrite it")
-    if not output.parent.is_dir():
-        raise ConfigError(f"-o {args.output!r}: directory {str(output.parent)!r} does not exist")
+    output = check_output(args.output, force=args.force, example="profile.yaml")
     reader = LogReader(_rules(args.endpoint_map))
     for path in args.logs:
         reader.read_path(path)
@@ -555,24 +545,13 @@ def cmd_fit_profile(args: argparse.Namespace) -> int:
 
 
 def _write_atomically(output: Path, text: str) -> None:
-    """Write ``text`` to ``output`` through a fresh temporary file in the same directory.
+    """Write ``text`` to ``output`` whole or not at all (see :func:`agentrl_envs._output.write_atomically`)."""
 
-    The temporary name is unpredictable and created with O_CREAT | O_EXCL | O_NOFOLLOW
-    (``tempfile.mkstemp``), so a file or symbolic link planted where it would go is never opened,
-    and the rename replaces ``output`` itself: a link planted there after the check is replaced,
-    not followed.
-    """
-    fd, tmp = tempfile.mkstemp(prefix=f".{output.name}.", suffix=".tmp", dir=output.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+    def write(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
-            f.flush()
-            os.fchmod(f.fileno(), 0o644)
-        os.replace(tmp, output)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+
+    write_atomically(output, write)
 
 
 def _rules(specs: Sequence[str]) -> list[tuple[re.Pattern[str], str]]:

@@ -126,11 +126,7 @@ def build_database(tables: dict[str, dict[str, Any]]) -> bytes:
                 raise ValueError(f"table name {name!r} is reserved by SQLite")
             if not isinstance(table, dict) or not table.get("columns"):
                 raise ValueError(f"table {name!r}: expected {{'columns': [[name, type], ...], 'rows': [...]}} with columns")
-            cols = table["columns"]
-            for col_name, col_type in cols:
-                _check_identifier(col_name)
-                if col_type not in ("INTEGER", "REAL", "TEXT"):
-                    raise ValueError(f"column {name}.{col_name}: unsupported type {col_type!r}")
+            cols = _columns(name, table["columns"])
             primary_key, indexes = table_keys(name, table)
             ddl = ", ".join(f'"{c}" {t}' for c, t in cols)
             if primary_key:
@@ -138,7 +134,7 @@ def build_database(tables: dict[str, dict[str, Any]]) -> bytes:
             conn.execute(f'CREATE TABLE "{name}" ({ddl})')
             marks = ", ".join("?" for _ in cols)
             rows = table.get("rows", [])
-            _check_lengths(name, rows)
+            _check_rows(name, cols, rows)
             conn.executemany(f'INSERT INTO "{name}" VALUES ({marks})', rows)
             for i, columns in enumerate(indexes):
                 conn.execute(f'CREATE INDEX "{name}_ix{i}" ON "{name}" (' + ", ".join(f'"{c}"' for c in columns) + ")")
@@ -146,7 +142,7 @@ def build_database(tables: dict[str, dict[str, Any]]) -> bytes:
         return conn.serialize()
     except sqlite3.IntegrityError as exc:
         raise ValueError(f"could not build the database: {exc} (primary key values must be unique and not NULL)") from None
-    except (sqlite3.Error, TypeError) as exc:
+    except (sqlite3.Error, TypeError, OverflowError) as exc:
         raise ValueError(f"could not build the database: {exc}") from None
     finally:
         conn.close()
@@ -169,7 +165,7 @@ def table_keys(name: str, table: dict[str, Any]) -> tuple[tuple[str, ...], tuple
         if not isinstance(value, (list, tuple)) or not 1 <= len(value) <= MAX_KEY_COLUMNS:
             raise ValueError(f"table {name!r}: {what} must be a list of 1-{MAX_KEY_COLUMNS} column names, got {str(value)[:80]}")
         for column in value:
-            if column not in names:
+            if not isinstance(column, str) or column not in names:
                 raise ValueError(
                     f"table {name!r}: {what} names {str(column)[:64]!r}, which is not a column; columns: {sorted(names)}"
                 )
@@ -185,19 +181,57 @@ def table_keys(name: str, table: dict[str, Any]) -> tuple[tuple[str, ...], tuple
     return primary_key, tuple(key(ix, f"index {i}") for i, ix in enumerate(raw_ix))
 
 
-def _check_lengths(table: str, rows: Any) -> None:
-    """Episode connections cannot read values past ``MAX_STRING_BYTES``: refuse them up front."""
+def _columns(table: str, cols: Any) -> list[tuple[str, str]]:
+    """A table's ``columns`` as (name, type) pairs, or a ValueError naming the table and the entry."""
+    if not isinstance(cols, (list, tuple)):
+        raise ValueError(f'table {table!r}: columns must be a list of [name, type] pairs such as ["id", "INTEGER"]')
+    pairs = []
+    for i, col in enumerate(cols):
+        if not isinstance(col, (list, tuple)) or len(col) != 2:
+            raise ValueError(
+                f'table {table!r}: columns[{i}] must be a [name, type] pair such as ["id", "INTEGER"], got {str(col)[:80]}'
+            )
+        col_name, col_type = col
+        _check_identifier(col_name)
+        if col_type not in ("INTEGER", "REAL", "TEXT"):
+            raise ValueError(f"column {table}.{col_name}: unsupported type {str(col_type)[:40]!r}; use INTEGER, REAL or TEXT")
+        pairs.append((col_name, col_type))
+    return pairs
+
+
+#: What SQLite's INTEGER holds: a signed 64-bit integer.
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _check_rows(table: str, cols: list[tuple[str, str]], rows: Any) -> None:
+    """Refuse rows SQLite would refuse or store wrongly, naming the table, row and column: not a list
+    of lists with one value per column, a value that is not null, a number or a string, an integer
+    past 64 bits, or a string longer than episode connections can read (``MAX_STRING_BYTES``)."""
     if not isinstance(rows, (list, tuple)):
-        return
-    for row in rows:
-        for value in row if isinstance(row, (list, tuple)) else ():
-            if (
-                isinstance(value, str)
-                and len(value) * 4 > MAX_STRING_BYTES
-                and len(value.encode("utf-8", "surrogatepass")) > MAX_STRING_BYTES
-            ):
+        raise ValueError(f"table {table!r}: rows must be a list of rows (lists of values), got {type(rows).__name__}")
+    width = len(cols)
+    for r, row in enumerate(rows):
+        if not isinstance(row, (list, tuple)) or len(row) != width:
+            got = f"{len(row)} values" if isinstance(row, (list, tuple)) else type(row).__name__
+            raise ValueError(f"table {table!r}: rows[{r}] must be a list of {width} values, one per column; got {got}")
+        for c, value in enumerate(row):
+            if value is None or isinstance(value, float):
+                continue
+            if isinstance(value, int):
+                if not INT64_MIN <= value <= INT64_MAX:
+                    raise ValueError(
+                        f"table {table!r}: rows[{r}] column {cols[c][0]!r}: an integer of {value.bit_length()} bits does "
+                        "not fit SQLite's 64-bit INTEGER; store it as TEXT or REAL"
+                    )
+            elif isinstance(value, str):
+                if len(value) * 4 > MAX_STRING_BYTES and len(value.encode("utf-8", "surrogatepass")) > MAX_STRING_BYTES:
+                    raise ValueError(
+                        f"table {table!r}: a value is longer than {MAX_STRING_BYTES:,} bytes, the longest a query can read"
+                    )
+            else:
                 raise ValueError(
-                    f"table {table!r}: a value is longer than {MAX_STRING_BYTES:,} bytes, the longest a query can read"
+                    f"table {table!r}: rows[{r}] column {cols[c][0]!r}: a {type(value).__name__} is not a value; "
+                    "use null, a number or a string"
                 )
 
 

@@ -234,12 +234,24 @@ def test_bad_error_profile_exits_2(profile: str, capsys: pytest.CaptureFixture[s
 
 
 @pytest.mark.parametrize(
-    "url", ["not a url", "postgresql://x:y@127.0.0.1:1/db", "postgresql://x@[::1/db", "host=127.0.0.1 port=notaport"]
+    "url",
+    [
+        "not a url",
+        "postgresql://x:y@127.0.0.1:1/db",
+        "postgresql://x@[::1/db",
+        "host=127.0.0.1 port=notaport",
+        "",
+        "  ",
+        "x" * 100_000,
+    ],
+    ids=["words", "unreachable", "bracket", "bad-port", "empty", "blank", "huge"],
 )
 def test_pg_sweep_bad_or_unreachable_urls_exit_2(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(["pg-sweep", url, "--dry-run"], capsys)
     assert code == 2
-    assert "error:" in err and "Traceback" not in err
+    assert "error:" in err and "Traceback" not in err and len(err) < 2000, err[:300]
+    if not url.strip():
+        assert "the URL is empty" in err
 
 
 def test_python_found_through_a_relative_path_entry(tmp_path: Path) -> None:
@@ -263,3 +275,201 @@ def test_python_found_through_a_relative_path_entry(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith("python ok") and "42" in out.stdout, out.stdout
+
+
+# -- output files: checked before the work, written whole -----------------------------------------
+
+
+def _fit_log(tmp_path: Path) -> Path:
+    log = tmp_path / "calls.jsonl"
+    log.write_text(
+        "".join(json.dumps({"ts": i, "endpoint": "/v1/sql", "status": 200, "latency_ms": 5 + i}) + "\n" for i in range(20))
+    )
+    return log
+
+
+def _unwritable_outputs(tmp_path: Path) -> list[tuple[str, str]]:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    cases = [
+        (str(tmp_path), "is a directory"),
+        (str(tmp_path / "missing" / "out.x"), "does not exist"),
+        (str(a_file / "out.x"), "does not exist"),
+        (str(tmp_path / ("n" * 300 + ".x")), "cannot be written"),
+        ("", "give a file name"),
+    ]
+    if Path("/proc/self").is_dir():  # a folder no one can create files in (root included)
+        cases.append(("/proc/self/out.x", "cannot be written"))
+    return cases
+
+
+def _listing(tmp_path: Path) -> set[str]:
+    return {str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")}
+
+
+def test_fit_profile_refuses_an_output_it_cannot_write(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = _fit_log(tmp_path)
+    for output, message in _unwritable_outputs(tmp_path):
+        before = _listing(tmp_path)
+        code, out, err = run(["fit-profile", str(log), "-o", output], capsys)
+        assert code == 2, (output, err)
+        assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert _listing(tmp_path) == before  # nothing half-written, no temporary file left
+
+
+def test_export_sft_refuses_an_output_it_cannot_write_before_playing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import agentrl_envs.chat
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("export_sft ran although its output cannot be written")
+
+    monkeypatch.setattr(agentrl_envs.chat, "export_sft", never)
+    for output, message in _unwritable_outputs(tmp_path):
+        before = _listing(tmp_path)
+        code, out, err = run(["export-sft", "AgentRL/SQL-v0", "--episodes", "1", "-o", output], capsys)
+        assert code == 2, (output, err)
+        assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert _listing(tmp_path) == before
+
+
+def test_export_sft_refuses_to_overwrite_without_force(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "sft.parquet"
+    out.write_bytes(b"mine, not yours")
+    code, _, err = run(["export-sft", "AgentRL/SQL-v0", "--episodes", "1", "-o", str(out)], capsys)
+    assert code == 2 and "--force" in err
+    assert out.read_bytes() == b"mine, not yours"
+    code, printed, err = run(["export-sft", "AgentRL/SQL-v0", "--episodes", "1", "-o", str(out), "--force"], capsys)
+    assert code == 0, err
+    assert "wrote 1 episodes" in printed and out.read_bytes()[:4] == b"PAR1"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sft.parquet"]  # no temporary file left
+
+
+def test_a_failed_export_sft_write_leaves_the_old_file_and_no_temporary_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pyarrow.parquet as pq
+
+    def disk_full(table: object, where: str) -> None:
+        Path(where).write_bytes(b"PAR1 half")
+        raise OSError(28, "No space left on device")
+
+    out = tmp_path / "sft.parquet"
+    out.write_bytes(b"the old export")
+    monkeypatch.setattr(pq, "write_table", disk_full)
+    code, _, err = run(["export-sft", "AgentRL/SQL-v0", "--episodes", "1", "-o", str(out), "--force"], capsys)
+    assert code == 2 and "No space left on device" in err and "Traceback" not in err
+    assert out.read_bytes() == b"the old export"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sft.parquet"]
+
+
+# -- serve: limits refused at parse time, naming the option -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--port", "99999"),
+        ("--port", "65536"),
+        ("--port", "-1"),
+        ("--port", "http"),
+        ("--max-upload-mb", "0"),
+        ("--max-upload-mb", "-5"),
+        ("--max-upload-mb", "nan"),
+        ("--max-upload-mb", "1.5"),
+        ("--max-upload-mb", "1048577"),
+        ("--max-upload-mb", "9" * 40),
+        ("--python-workers", "4097"),
+        ("--per-client", "100000"),
+        ("--workers", "65"),
+        ("--workers", "0"),
+    ],
+)
+def test_serve_refuses_out_of_range_options_at_parse_time(
+    flag: str, value: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("serve was reached")
+
+    monkeypatch.setattr("agentrl_envs.simulator_server.serve", never)
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--port", "0", flag, value] if flag != "--port" else ["serve", flag, value])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}:" in err and "ServeLimits" not in err and "Traceback" not in err, err
+
+
+def test_serve_parses_the_largest_limits_it_accepts() -> None:
+    args = _parser().parse_args(
+        [
+            "serve",
+            "--port",
+            "65535",
+            "--max-upload-mb",
+            "1048576",
+            "--python-workers",
+            "4096",
+            "--per-client",
+            "4096",
+            "--workers",
+            "64",
+        ]
+    )
+    from agentrl_envs.simulator_server import ServeLimits
+
+    limits = ServeLimits(
+        python_workers=args.python_workers, per_client=args.per_client, max_upload_bytes=args.max_upload_mb << 20
+    )
+    assert limits.max_upload_bytes == 1 << 40 and args.workers == 64
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["eval", "AgentRL/SQL-v0", "--seed", "-5"],
+        ["eval", "AgentRL/SQL-v0", "--seed", str(2**63)],
+        ["play", "AgentRL/SQL-v0", "--seed", "-1"],
+        ["export-sft", "AgentRL/SQL-v0", "--seed", "9" * 30, "-o", "x.parquet"],
+        ["eval", "AgentRL/SQL-v0", "--candidates", "99999999"],
+        ["play", "AgentRL/SQL-v0", "--candidates", "-1"],
+    ],
+)
+def test_seeds_and_candidates_out_of_range_are_refused_at_parse_time(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {argv[2]}:" in err and "Traceback" not in err, err
+
+
+def test_export_sft_refuses_seeds_past_int64_before_playing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "sft.parquet"
+    code, _, err = run(["export-sft", "AgentRL/SQL-v0", "--seed", str(2**63 - 2), "--episodes", "3", "-o", str(out)], capsys)
+    assert code == 2 and "--seed" in err and "2**63-1" in err, err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["make-rm-data", "AgentRL/SQL-v0", "--episodes", "1", "-o", ""],
+        ["check-rewards", "AgentRL/SQL-v0", "--episodes", "1", "--out", " ", "--no-progress"],
+    ],
+)
+def test_an_empty_output_directory_is_refused_not_taken_for_here(
+    argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run(argv, capsys)
+    assert code == 2 and "output directory is empty" in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("host", ["", "a b", "h" * 5000, "local\nhost", "\x1b[31m"])
+def test_serve_refuses_a_host_that_is_no_address_at_parse_time(host: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["serve", "--host", host, "--token", "s3cret-token-for-tests-0123456789"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --host:" in err and len(err) < 2000, err[:300]

@@ -159,6 +159,54 @@ def test_unbuildable_database_is_400(client: httpx.Client, tables: Any) -> None:
     _error(client.put(f"/v1/databases/{template_fingerprint('bad', tables)}", json={"tables": tables}), 400, "bad_database")
 
 
+@pytest.mark.parametrize(
+    ("table", "names"),
+    [
+        ({"columns": [["a"]], "rows": []}, "columns[0]"),
+        ({"columns": ["a"], "rows": []}, "columns[0]"),
+        ({"columns": [["a", "TEXT", "x"]], "rows": []}, "columns[0]"),
+        ({"columns": [["a", "TEXT"], 5], "rows": []}, "columns[1]"),
+        ({"columns": "ab", "rows": []}, "columns must be a list"),
+        ({"columns": {"a": "TEXT"}, "rows": []}, "columns must be a list"),
+        ({"columns": [["a", ["TEXT"]]], "rows": []}, "unsupported type"),
+        ({"columns": [["a", "INTEGER"]], "rows": "abc"}, "rows must be a list"),
+        ({"columns": [["a", "INTEGER"]], "rows": {"a": 1}}, "rows must be a list"),
+        ({"columns": [["a", "INTEGER"]], "rows": [5]}, "rows[0] must be a list of 1 values"),
+        ({"columns": [["a", "INTEGER"]], "rows": [[1], [1, 2]]}, "rows[1] must be a list of 1 values"),
+        ({"columns": [["a", "INTEGER"]], "rows": [[{"x": 1}]]}, "rows[0] column 'a': a dict"),
+        ({"columns": [["a", "INTEGER"]], "rows": [[[1]]]}, "rows[0] column 'a': a list"),
+        ({"columns": [["a", "INTEGER"]], "rows": [], "primary_key": [["a"]]}, "primary_key names"),
+        ({"columns": [["a", "INTEGER"]], "rows": [], "indexes": [[{"a": 1}]]}, "index 0 names"),
+    ],
+)
+def test_a_table_that_cannot_be_laid_out_is_400_naming_the_field(client: httpx.Client, table: Any, names: str) -> None:
+    tables = {"t": table}
+    error = _error(
+        client.put(f"/v1/databases/{template_fingerprint('bad', tables)}", json={"tables": tables}), 400, "bad_database"
+    )
+    assert names in error["message"] and "unpack" not in error["message"] and "unhashable" not in error["message"]
+
+
+@pytest.mark.parametrize("value", [2**63, -(2**63) - 1, 2**64, 10**400], ids=["2**63", "-2**63-1", "2**64", "10**400"])
+def test_an_integer_past_64_bits_is_400_bad_database(client: httpx.Client, value: int) -> None:
+    tables = {"t": {"columns": [["id", "INTEGER"], ["n", "INTEGER"]], "rows": [[1, 0], [2, value]]}}
+    body = json.dumps({"tables": tables})  # a raw body: httpx's json= may refuse 400 digits
+    r = client.put(
+        f"/v1/databases/{template_fingerprint('big', tables)}", content=body, headers={"content-type": "application/json"}
+    )
+    error = _error(r, 400, "bad_database")
+    assert "rows[1] column 'n'" in error["message"] and "64-bit" in error["message"]
+
+
+@pytest.mark.parametrize("value", [2**63 - 1, -(2**63)])
+def test_the_64_bit_extremes_are_kept(client: httpx.Client, value: int) -> None:
+    tables = {"t": {"columns": [["n", "INTEGER"]], "rows": [[value]]}}
+    fp = template_fingerprint("edge", tables)
+    assert client.put(f"/v1/databases/{fp}", json={"tables": tables}).status_code == 204
+    assert client.post("/v1/episodes", json={"episode_id": "e1", "database": fp}).status_code == 201
+    assert client.post("/v1/episodes/e1/sql", json={"query": "SELECT n FROM t"}).json()["result"]["rows"] == [[value]]
+
+
 def test_files_are_written_into_the_workspace(client: httpx.Client, app: SimulatorApp) -> None:
     files = {"data/notes.txt": "héllo\r\nworld", "top.csv": "a,b\n1,2\n"}
     assert client.post("/v1/episodes", json={"episode_id": "e1", "files": files}).status_code == 201
@@ -175,6 +223,46 @@ def test_files_outside_the_workspace_are_refused(client: httpx.Client, ws_root: 
     assert os.listdir(ws_root) == []
     assert not (ws_root.parent / "escape.txt").exists()
     assert not os.path.exists("/tmp/agentrl-abs.txt")
+
+
+@pytest.mark.parametrize(
+    ("files", "names"),
+    [
+        ({"a": "x", "a/b": "y"}, "'a' is also the folder of file 'a/b'"),
+        ({"d/e/f.txt": "y", "d/e": "x"}, "'d/e' is also the folder of file 'd/e/f.txt'"),
+        ({"results": "x"}, "in results/"),
+        ({"d/": "x"}, "names a folder"),
+        ({".": "x"}, "names a folder"),
+        ({"a.txt": "x", "./a.txt": "y"}, "are the same file"),
+        ({"x" * 300: "x"}, "the limit is 255"),
+        ({"a\x00b": "x"}, "outside the workspace"),
+    ],
+)
+def test_setup_files_that_cannot_be_laid_out_are_400_naming_them(
+    client: httpx.Client, ws_root: Path, files: dict[str, str], names: str
+) -> None:
+    error = _error(client.post("/v1/episodes", json={"episode_id": "e1", "files": files}), 400, "bad_request")
+    assert "files:" in error["message"] and names in error["message"], error
+    assert os.listdir(ws_root) == []
+    _error(client.post("/v1/episodes/e1/python", json={"code": "print(1)"}), 404, "unknown_episode")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("sender", ["a@b.example"]),
+        ("sender", {"a": 1}),
+        ("sender", 5),
+        ("sender", "a" * 321),
+        ("database", ["x"]),
+        ("database", 5),
+    ],
+)
+def test_setup_fields_of_the_wrong_type_are_400_naming_the_field(
+    client: httpx.Client, ws_root: Path, field: str, value: Any
+) -> None:
+    error = _error(client.post("/v1/episodes", json={"episode_id": "e1", field: value}), 400, "bad_request")
+    assert error["message"].startswith(field), error
 
 
 @pytest.mark.parametrize("files", [["a.txt"], {"a.txt": 5}, {"a.txt": None}], ids=["list", "int", "null"])

@@ -8,6 +8,7 @@ order (what has started, what has finished), never about how long something took
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import threading
 import time
@@ -306,7 +307,7 @@ def test_cli_refuses_a_public_bind_without_a_token(monkeypatch: pytest.MonkeyPat
     assert cli.main(["serve", "--host", "0.0.0.0", "--port", "0", "--token", "short"]) == 2
 
 
-@pytest.mark.parametrize("value", ["nan", "inf", "0", "-1"])
+@pytest.mark.parametrize("value", ["nan", "inf", "0", "-1", "1e300", "86401"])
 @pytest.mark.parametrize("flag", ["--python-timeout-s", "--sql-deadline-s"])
 def test_cli_refuses_a_service_limit_no_run_can_have(
     flag: str, value: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
@@ -335,4 +336,107 @@ def test_task_fingerprints_are_what_the_server_accepts() -> None:
         status, reply = app.put_database(fingerprint("sales", 7, TABLES), {"tables": TABLES})
         assert status == 204, reply
     finally:
+        app.close()
+
+
+# -- the virtual clock header -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e309", "1e300", "-1", "abc", "", "0x10", "1" * 400])
+def test_a_virtual_time_that_is_no_finite_time_is_400_and_poisons_nothing(value: str) -> None:
+    server = SimulatorServer(load_profile("rate-limited"), app=SimulatorApp(python_sandbox=False))
+    with running(server) as url, httpx.Client(base_url=url) as client:
+        token = open_episode(client, "ep-at", FP)
+        owner = {EPISODE_TOKEN_HEADER: token}
+        for _ in range(20):  # enough calls that the profile would have drawn a 429 and kept its window
+            r = client.post("/v1/episodes/ep-at/sql", json={"query": "SELECT 1"}, headers={**owner, "X-AgentRL-At": value})
+            assert r.status_code == 400, r.text
+            error = r.json()["error"]
+            assert error["type"] == "bad_request" and "X-AgentRL-At" in error["message"] and "0 to 1e+09" in error["message"]
+        for step in range(40):  # the clock is untouched: calls at sane times get sane answers
+            r = client.post(
+                "/v1/episodes/ep-at/sql", json={"query": "SELECT 1"}, headers={**owner, "X-AgentRL-At": str(10.0 * step)}
+            )
+            assert r.status_code in (200, 429), r.text
+            assert float(r.json()["error"]["retry_after_s"] if r.status_code == 429 else 0) <= 10
+        r = client.post("/v1/episodes/ep-at/sql", json={"query": "SELECT 1"}, headers=owner)  # absent: time 0
+        assert r.status_code in (200, 429), r.text
+
+
+# -- closing an episode while a call on it is in flight ----------------------------------------------
+
+
+class CountingLock:
+    """A lock that counts the threads waiting to acquire it (so a test can wait for them by count)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counter = threading.Lock()
+        self.waiting = 0
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        with self._counter:
+            self.waiting += 1
+        try:
+            return self._lock.acquire(blocking, timeout)
+        finally:
+            with self._counter:
+                self.waiting -= 1
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+@pytest.mark.parametrize(
+    "late_call",
+    [
+        ("tool", ("ep-c", "python", {"code": "late"})),
+        ("put_file", ("ep-c", "notes.txt", {"text": "late"})),
+        ("get_file", ("ep-c", "notes.txt")),
+    ],
+    ids=["python", "put_file", "get_file"],
+)
+def test_a_close_racing_calls_in_flight_waits_for_them_and_leaks_no_workspace(tmp_path: Any, late_call: Any) -> None:
+    app = SimulatorApp(python_sandbox=False, workspace_root=str(tmp_path))
+    app.runner.close()
+    runner = GatedRunner()
+    app.runner = runner  # type: ignore[assignment]
+    answers: dict[str, Any] = {}
+    try:
+        assert app.open_episode({"episode_id": "ep-c", "files": {"notes.txt": "hi"}})[0] == 201
+        lock = CountingLock()
+        app._episodes["ep-c"].lock = lock  # type: ignore[assignment]
+
+        def call(name: str, method: str, args: tuple[Any, ...]) -> None:
+            answers[name] = getattr(app, method)(*args)
+
+        first = threading.Thread(target=call, args=("first", "tool", ("ep-c", "python", {"code": "first"})))
+        first.start()
+        wait_for("the first call to run", lambda: runner.started == 1)  # it holds the episode, its workspace made
+        late = threading.Thread(target=call, args=("late", *late_call))
+        late.start()
+        wait_for("the late call to wait for the episode", lambda: lock.waiting == 1)
+        closer = threading.Thread(target=call, args=("close", "close_episode", ("ep-c",)))
+        closer.start()
+        wait_for("the close to wait for the episode (or return)", lambda: lock.waiting == 2 or not closer.is_alive())
+        closed_early = not closer.is_alive()
+        runner.gate.set()
+        for thread in (first, late, closer):
+            thread.join(timeout=WAIT_STEPS * 0.01)
+            assert not thread.is_alive()
+        assert answers["first"][0] == 200
+        assert answers["late"][0] in (200, 204, 409), answers["late"]
+        if answers["late"][0] == 409:
+            assert answers["late"][1]["error"]["type"] == "episode_closed"
+        assert "ep-c" not in app._episodes
+        assert os.listdir(tmp_path) == [], "the episode's workspace outlived its close"
+        assert not closed_early, "close_episode returned while a call on the episode was in flight"
+    finally:
+        runner.gate.set()
         app.close()
