@@ -29,6 +29,7 @@ import gymnasium as gym
 
 import agentrl_envs
 from agentrl_envs.actions import format_call
+from agentrl_envs.core import MAX_CANDIDATES, MAX_SERVICE_S
 from agentrl_envs.errors import AgentRLError
 from agentrl_envs.tasks.sampler import SPLITS
 from agentrl_envs.text_table import format_table
@@ -37,10 +38,6 @@ __all__ = ["main"]
 
 #: ``--seed`` at most (seeds are stored as int64, e.g. in export-sft's Parquet)
 MAX_SEED = (1 << 63) - 1
-#: ``--candidates`` at most (each one is generated, and ``play`` prints each)
-MAX_CANDIDATES = 1000
-#: ``serve --sql-deadline-s`` and ``--python-timeout-s`` at most: a day (1e300 s overflowed the CPU-time rlimit)
-MAX_SERVICE_S = 86400.0
 #: ``serve --max-upload-mb`` at most: 1 TiB, ``ServeLimits.max_upload_bytes``'s limit
 MAX_UPLOAD_MB = 1 << 20
 

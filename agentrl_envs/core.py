@@ -41,6 +41,8 @@ ACTION_MAX_CHARS = 200_000
 OBSERVATION_MAX_CHARS = 16_000
 #: K of ``candidates=K``: past the task's wrong calls the env pads with no-op guesses, so K=10**9 never returned
 MAX_CANDIDATES = 1024
+#: ``python_timeout_s`` and ``sql_deadline_s`` at most: a day
+MAX_SERVICE_S = 86400.0
 #: ``info["sandbox_tier"]`` of an env without the python tool: it runs no Python and starts no sandbox
 NO_PYTHON_TIER = "none"
 
@@ -173,8 +175,11 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
         if candidates_difficulty not in ("easy", "hard"):
             raise ConfigError(f"candidates_difficulty={candidates_difficulty!r}: use 'easy' (default) or 'hard'")
         for name, value in (("python_timeout_s", python_timeout_s), ("sql_deadline_s", sql_deadline_s)):
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < float("inf"):
-                raise ConfigError(f"{name}={value!r}: use a finite number of seconds above 0, e.g. 5.0")
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value <= MAX_SERVICE_S:
+                # 1e300 failed later inside the sandbox's CPU-time limit with a raw ValueError
+                raise ConfigError(
+                    f"{name}={value!r}: use a number of seconds above 0 and at most {MAX_SERVICE_S:g} (a day), e.g. 5.0"
+                )
         self.split = split
         self.domain = domain
         self.error_profile = error_profile

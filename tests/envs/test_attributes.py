@@ -194,8 +194,8 @@ def test_settable_attribute_list_is_what_the_env_accepts() -> None:
     env.close()
 
 
-@pytest.mark.parametrize("value", [0.0, -1.0, float("nan"), float("inf"), True, "5"])
+@pytest.mark.parametrize("value", [0.0, -1.0, float("nan"), float("inf"), 1e300, 86400.5, True, "5"])
 @pytest.mark.parametrize("name", ["python_timeout_s", "sql_deadline_s"])
 def test_make_refuses_a_service_limit_no_run_can_have(name: str, value: Any) -> None:
-    with pytest.raises(ConfigError, match=f"{name}=.*: use a finite number of seconds above 0"):
+    with pytest.raises(ConfigError, match=f"{name}=.*: use a number of seconds above 0 and at most 86400"):
         gym.make("AgentRL/SQL-v0", **{name: value})
