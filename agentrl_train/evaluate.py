@@ -3,6 +3,7 @@ default, or sampled from the policy with seeds fixed per episode."""
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -83,6 +84,27 @@ def evaluate(
 
 def evaluate_splits(policy: Any, cfg: Any, splits: list[str], episodes: int) -> dict[str, dict[str, Any]]:
     return {s: evaluate(policy, cfg, s, episodes) for s in splits}
+
+
+def final_eval(policy: Any, cfg: Any, out: Any, log: Any) -> dict[str, dict[str, Any]]:
+    """The end-of-run table over ``--final-eval-splits``, written to ``out/eval.json`` and ``eval.md`` and logged.
+
+    With no splits nothing is evaluated, and an earlier run's table in ``out`` is removed: it would
+    describe weights ``final/`` no longer holds.
+    """
+    from pathlib import Path
+
+    out = Path(out)
+    if not cfg.run.final_eval_splits:
+        for stale in ("eval.json", "eval.md"):
+            (out / stale).unlink(missing_ok=True)
+        log("final evaluation skipped (--final-eval-splits is empty)")
+        return {}
+    table = evaluate_splits(policy, cfg, cfg.run.final_eval_splits, cfg.run.eval_episodes)
+    (out / "eval.json").write_text(json.dumps(table, indent=2))
+    (out / "eval.md").write_text(markdown_table(table))
+    log(markdown_table(table))
+    return table
 
 
 def markdown_table(table: dict[str, dict[str, Any]]) -> str:

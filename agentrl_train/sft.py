@@ -102,13 +102,5 @@ def sft(cfg: TrainConfig, log: Any = print) -> dict[str, Any]:
     policy.save(out / "final")
     dump_config(cfg, out / "final" / "config.yaml")
     (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    table = evaluate.evaluate_splits(policy, cfg, cfg.run.final_eval_splits, cfg.run.eval_episodes)
-    if table:
-        (out / "eval.json").write_text(json.dumps(table, indent=2))
-        (out / "eval.md").write_text(evaluate.markdown_table(table))
-        log(evaluate.markdown_table(table))
-    else:  # an earlier run's table in this folder would describe weights final/ no longer holds
-        for stale in ("eval.json", "eval.md"):
-            (out / stale).unlink(missing_ok=True)
-        log("final evaluation skipped (--final-eval-splits is empty)")
+    table = evaluate.final_eval(policy, cfg, out, log)
     return {"steps": step, "final_loss": rows[-1]["loss"] if rows else None, "eval": table}

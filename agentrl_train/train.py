@@ -9,7 +9,6 @@ table and the learning curve.
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import time
@@ -390,16 +389,9 @@ def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, 
     if update >= cfg.ppo.updates and dist.is_main:
         policy.save(out / "final")
         dump_config(cfg, out / "final" / "config.yaml")
-        if cfg.run.final_eval_splits:
-            table = evaluate.evaluate_splits(policy, cfg, cfg.run.final_eval_splits, cfg.run.eval_episodes)
+        table = evaluate.final_eval(policy, cfg, out, log)
+        if table:
             summary["eval"] = table
-            (out / "eval.json").write_text(json.dumps(table, indent=2))
-            (out / "eval.md").write_text(evaluate.markdown_table(table))
-            log(evaluate.markdown_table(table))
-        else:  # an earlier run's table in this folder would describe weights final/ no longer holds
-            for stale in ("eval.json", "eval.md"):
-                (out / stale).unlink(missing_ok=True)
-            log("final evaluation skipped (--final-eval-splits is empty)")
         logger.plot_curve(out / "learning_curve.png")
     logger.close(summary)
     return summary
