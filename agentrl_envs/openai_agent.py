@@ -456,7 +456,7 @@ def _check_step_output(observation: Any, info: Any) -> None:
 
 def _count_of(value: Any) -> int:
     """A step count from info, 0 when it is no non-negative int."""
-    return int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 0 else 0
+    return int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= 0 else 0
 
 
 def _rate(reported: Any, count: int, calls: int) -> float:

@@ -78,11 +78,7 @@ class CandidatesDiscrete(gym.Wrapper[Any, Any, Any, Any], gym.utils.RecordConstr
             raise ConfigError(f"CandidatesDiscrete wraps an agentrl env, got {type(core).__name__}")
         if core.candidates < 2:
             raise ConfigError(f"CandidatesDiscrete needs the env made with candidates=K >= 2, got candidates={core.candidates}")
-        if (
-            not isinstance(features, numbers.Integral)
-            or isinstance(features, (bool, np.bool_))
-            or not 1 <= int(features) <= MAX_FEATURES
-        ):
+        if not isinstance(features, (int, np.integer)) or isinstance(features, bool) or not 1 <= int(features) <= MAX_FEATURES:
             raise ConfigError(
                 f"features={features!r}: use a positive int up to {MAX_FEATURES} (hash buckets per block), e.g. 128"
             )
@@ -155,7 +151,7 @@ def _index(action: Any) -> int | None:
     if isinstance(action, numbers.Integral):
         return int(action)
     if isinstance(action, numbers.Real) and math.isfinite(action) and float(action).is_integer():
-        return int(action)
+        return int(float(action))
     return None
 
 
