@@ -9,6 +9,8 @@ what a learner sees (the instruction, the last observation, ``info["candidates"]
 
 from __future__ import annotations
 
+import numbers
+from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -25,10 +27,20 @@ __all__ = ["OpenAIChatAgent", "OracleAgent", "OverlapAgent", "RandomAgent", "Ran
 
 
 def _core(env: gym.Env[Any, Any]) -> ToolUseEnv:
-    core = env.unwrapped
+    core = getattr(env, "unwrapped", None)  # None or an env id raised a raw AttributeError
     if not isinstance(core, ToolUseEnv):
-        raise TypeError(f"expected an agentrl env, got {type(core).__name__}")
+        raise TypeError(
+            f"expected an agentrl env, got {type(core if core is not None else env).__name__}; "
+            "pass the env itself, e.g. env = gym.make('AgentRL/SQL-v0')"
+        )
     return core
+
+
+def _rng(seed: Any) -> np.random.Generator:
+    """The agent's generator; a seed numpy refuses (-1, 1.5, "x") is a ConfigError that says what to use."""
+    if seed is not None and (not isinstance(seed, numbers.Integral) or isinstance(seed, bool) or seed < 0):
+        raise ConfigError(f"seed={seed!r:.80}: use a non-negative int, or None for a fresh seed")
+    return np.random.default_rng(None if seed is None else int(seed))
 
 
 class OracleAgent:
@@ -55,7 +67,7 @@ class RandomAgent:
 
     def __init__(self, env: gym.Env[Any, Any], seed: int | None = None) -> None:
         self.env = _core(env)
-        self.rng = np.random.default_rng(seed)
+        self.rng = _rng(seed)
 
     def act(self, observation: str, info: dict[str, Any]) -> str:
         task = self.env.task
@@ -66,10 +78,27 @@ class RandomAgent:
 
 
 def _candidates(info: dict[str, Any]) -> list[str]:
+    if not isinstance(info, Mapping):  # None or a list raised a raw AttributeError
+        raise TypeError(f"info must be the dict from env.reset() or env.step(), got {type(info).__name__}")
     candidates = info.get("candidates")
-    if not candidates:
+    if isinstance(candidates, np.ndarray):  # a vector env's info holds one row per sub-env
+        candidates = candidates.tolist()
+    if candidates is None or (isinstance(candidates, (list, tuple)) and not candidates):
         raise ConfigError("this agent picks from info['candidates']: make the env with candidates=K (K >= 1)")
+    # a str was picked from letter by letter; ints and None went to the env or crashed the scorer
+    if not isinstance(candidates, (list, tuple)) or not all(isinstance(c, str) for c in candidates):
+        raise ConfigError(
+            f"info['candidates'] must be a list of action strings, got {_describe(candidates)}; "
+            "pass the info of a single env made with candidates=K (index a vector env's info per sub-env)"
+        )
     return list(candidates)
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        kinds = sorted({type(v).__name__ for v in value})
+        return f"a {type(value).__name__} of {', '.join(kinds)}"
+    return type(value).__name__
 
 
 class RandomCandidateAgent:
@@ -80,7 +109,7 @@ class RandomCandidateAgent:
     """
 
     def __init__(self, seed: int | None = None) -> None:
-        self.rng = np.random.default_rng(seed)
+        self.rng = _rng(seed)
 
     def choose(self, observation: str, info: dict[str, Any]) -> int:
         return int(self.rng.integers(len(_candidates(info))))
@@ -103,15 +132,18 @@ class OverlapAgent:
     """
 
     def __init__(self, seed: int | None = None) -> None:
-        self.rng = np.random.default_rng(seed)
+        self.rng = _rng(seed)
         self.instruction = ""
 
     def scores(self, observation: str, info: dict[str, Any]) -> list[int]:
         """The overlap score of each candidate (remembers ``info["instruction"]`` when present)."""
+        candidates = _candidates(info)
+        if not isinstance(observation, str):
+            raise TypeError(f"observation must be the str from env.reset() or env.step(), got {type(observation).__name__}")
         if isinstance(info.get("instruction"), str):
             self.instruction = info["instruction"]
         tokens = overlap_tokens(f"{self.instruction}\n{observation}")
-        return [overlap_score(c, tokens) for c in _candidates(info)]
+        return [overlap_score(c, tokens) for c in candidates]
 
     def choose(self, observation: str, info: dict[str, Any]) -> int:
         scores = self.scores(observation, info)

@@ -12,7 +12,7 @@ import numbers
 import os
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -234,17 +234,14 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
         :class:`_EpisodeStart`, ``np_random`` is built only when something reads it
         (:mod:`agentrl_envs.seeding`) and the episode opens on an in-process service at its first call.
         """
+        task_seed = _task_seed_option(options)  # checked first: a refused reset leaves the episode as it was
         if type(seed) is int and seed >= 0:
             self._seed_lazily(seed)
         else:
             super().reset(seed=seed)  # seed=None keeps the stream; gymnasium refuses a bad seed
         self._close_episode()
-        options = options or {}
-        task_seed = options.get("task_seed")
         if task_seed is None:
             task_seed = self._draw()
-        elif not isinstance(task_seed, int) or isinstance(task_seed, bool) or task_seed < 0:
-            raise ConfigError(f"options['task_seed']={task_seed!r}: use a non-negative int")
         start, task = self._start_of(task_seed)
         fault_seed = self._draw()
         backend = self._get_backend()
@@ -650,6 +647,20 @@ def _mail_domain(task: Task) -> str:
     from agentrl_envs.tasks.domains import DOMAINS
 
     return DOMAINS[task.domain].mail_domain
+
+
+def _task_seed_option(options: Any) -> int | None:
+    """``options["task_seed"]`` as an int, None when absent; ConfigError for options that are no mapping."""
+    if options is None:
+        return None
+    if not isinstance(options, Mapping):  # a str or a list raised a raw AttributeError
+        raise ConfigError(f"options={options!r:.80} ({type(options).__name__}): use a dict such as {{'task_seed': 3}}, or None")
+    task_seed = options.get("task_seed")
+    if task_seed is None:
+        return None
+    if not isinstance(task_seed, numbers.Integral) or isinstance(task_seed, bool) or task_seed < 0:
+        raise ConfigError(f"options['task_seed']={task_seed!r:.80}: use a non-negative int")
+    return int(task_seed)  # a numpy int from a generator picks the same task as the int
 
 
 def _check_candidates(value: Any) -> None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import email.utils
 import json
+import numbers
 import random
 import time
 import uuid
@@ -52,6 +53,10 @@ from agentrl_envs.errors import (
 __all__ = ["EndpointStats", "OpenAIChatAgent"]
 
 EPISODE_HEADER = "x-episode-id"
+#: Timeouts, backoffs and the Retry-After cap at most: a day
+MAX_WAIT_S = 86400.0
+#: Request keys the agent sets itself, refused in ``extra_body``
+_AGENT_BODY_KEYS = frozenset({"model", "messages", "tools", "stream"})
 _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 
 
@@ -136,19 +141,30 @@ class OpenAIChatAgent:
         if not isinstance(model, str) or not model.strip():
             raise ConfigError(f"model={model!r}: use the model (or adapter) name the server serves, e.g. 'tiny'")
         for name, value in (("timeout_s", timeout_s), ("connect_timeout_s", connect_timeout_s), ("max_backoff_s", max_backoff_s)):
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-                raise ConfigError(f"{name}={value!r}: use a positive number of seconds")
+            if not _seconds(value) or not value > 0:  # inf: no timeout at all, an agent that can hang for ever
+                raise ConfigError(f"{name}={value!r}: use a positive number of seconds, at most {MAX_WAIT_S:g} (a day)")
         for name, value in (("backoff_s", backoff_s), ("max_retry_after_s", max_retry_after_s)):
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
-                raise ConfigError(f"{name}={value!r}: use a non-negative number of seconds")
+            if not _seconds(value) or not value >= 0:  # inf: time.sleep(inf) raised a raw OverflowError
+                raise ConfigError(f"{name}={value!r}: use a non-negative number of seconds, at most {MAX_WAIT_S:g} (a day)")
         if not isinstance(max_retries, int) or isinstance(max_retries, bool) or not 0 <= max_retries <= 100:
             raise ConfigError(f"max_retries={max_retries!r}: use an int in 0-100")
         if not isinstance(max_response_bytes, int) or max_response_bytes < 1024:
             raise ConfigError(f"max_response_bytes={max_response_bytes!r}: use an int >= 1024")
         if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
             raise ConfigError(f"max_tokens={max_tokens!r}: use a positive int or None")
-        if temperature is not None and (not isinstance(temperature, (int, float)) or not 0 <= temperature <= 2):
+        if temperature is not None and (
+            not isinstance(temperature, (int, float)) or isinstance(temperature, bool) or not 0 <= temperature <= 2
+        ):
             raise ConfigError(f"temperature={temperature!r}: use a number in [0, 2] or None")
+        for name, mapping in (("extra_headers", extra_headers), ("extra_body", extra_body)):
+            if mapping is not None and not isinstance(mapping, Mapping):  # 5 raised a raw TypeError
+                raise ConfigError(f"{name}={mapping!r:.80}: use a dict, e.g. {{'top_p': 0.9}} for extra_body")
+        owned = sorted(set(extra_body or {}) & _AGENT_BODY_KEYS)
+        if owned:  # "messages" replaced the conversation; "stream" made every reply unreadable
+            raise ConfigError(
+                f"extra_body sets {owned}: the agent sends model, messages and tools itself and reads one JSON "
+                "reply (no stream); pass model= to the constructor and leave these keys out"
+            )
         headers = dict(extra_headers or {})
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
             raise ConfigError("extra_headers: use a mapping of str to str")
@@ -156,6 +172,12 @@ class OpenAIChatAgent:
             raise ConfigError(f"api_key: use a str, got {type(api_key).__name__}")
         if any(c in text for text in [api_key or "", *headers, *headers.values()] for c in "\r\n\0"):
             raise ConfigError("api_key and extra_headers must not contain CR, LF or NUL (they would split the HTTP header)")
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+            raise ConfigError(f"seed={seed!r:.80}: use an int, or None")
+        if http_client is not None and not isinstance(http_client, httpx.Client):
+            raise ConfigError(f"http_client: use an httpx.Client (or None for the agent's own), got {type(http_client).__name__}")
+        if not callable(sleep):
+            raise ConfigError(f"sleep: use a callable such as time.sleep, got {type(sleep).__name__}")
         root = base_url.rstrip("/")
         self.base_url = root[: -len("/v1")] if root.endswith("/v1") else root
         self.model = model
@@ -190,9 +212,11 @@ class OpenAIChatAgent:
             EndpointUnavailableError: the endpoint kept failing after ``max_retries`` retries.
             EndpointResponseError: a 4xx, or a body that is not a chat completion.
             EpisodeError: the first call did not get the ``info`` from ``reset()``.
+            TypeError: ``observation`` is not a str or ``info`` not a dict (nothing is sent).
 
         After an error the history is as it was before the call, so the same call can be made again.
         """
+        _check_step_output(observation, info)
         starting = "tools" in info and info.get("step") == 0
         if starting:
             self._start(observation, info)
@@ -224,6 +248,8 @@ class OpenAIChatAgent:
         the agent saw (timeouts count in ``timeout_rate``, injected and service faults in ``api_error_rate``) (``info["fault_stats"]`` values win where it carries them). A failed POST is
         counted in ``stats.feedback_errors`` and warned about, never raised; each episode is sent once.
         """
+        if not isinstance(info, Mapping):
+            raise TypeError(f"report_outcome(info): use the info dict of the episode's last step, got {type(info).__name__}")
         if self.episode_id is None:
             raise EpisodeError("report_outcome() needs an episode: call act() with the reset info first")
         if self._reported != self.episode_id:
@@ -236,10 +262,11 @@ class OpenAIChatAgent:
             "model": self.model,
             "task_id": info.get("task_id"),
             "success": bool(info.get("success", False)),
-            "steps": int(info.get("step", 0)),
+            "steps": _count_of(info.get("step")),
             "tool_calls": calls,
-            "api_error_rate": float(fault_stats.get("api_error_rate", self._counts["api_errors"] / calls if calls else 0.0)),
-            "timeout_rate": float(fault_stats.get("timeout_rate", self._counts["timeouts"] / calls if calls else 0.0)),
+            # the env's rates win where they are numbers; garbage there falls back to the agent's own counts
+            "api_error_rate": _rate(fault_stats.get("api_error_rate"), self._counts["api_errors"], calls),
+            "timeout_rate": _rate(fault_stats.get("timeout_rate"), self._counts["timeouts"], calls),
             "fault_stats": dict(fault_stats),
         }
         if self.feedback and self._reported != self.episode_id:
@@ -412,6 +439,36 @@ class OpenAIChatAgent:
     def _bad_response(self, message: str) -> EndpointResponseError:
         self.stats.bad_responses += 1
         return EndpointResponseError(f"{message}; is {self.base_url} an OpenAI-compatible server?")
+
+
+def _check_step_output(observation: Any, info: Any) -> None:
+    """TypeError unless ``(observation, info)`` look like what one env's ``reset()`` or ``step()`` returns."""
+    if not isinstance(info, Mapping):  # None raised a raw TypeError from "tools" in info
+        raise TypeError(
+            f"act(observation, info): info must be the dict from env.reset() or env.step(), got {type(info).__name__}"
+        )
+    if not isinstance(observation, str):  # None went to the server as the user message's content
+        raise TypeError(
+            f"act(observation, info): observation must be the str from env.reset() or env.step(), "
+            f"got {type(observation).__name__} (act on one env at a time, not a vector env's batch)"
+        )
+
+
+def _count_of(value: Any) -> int:
+    """A step count from info, 0 when it is no non-negative int."""
+    return int(value) if isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= 0 else 0
+
+
+def _rate(reported: Any, count: int, calls: int) -> float:
+    """The env's rate when it is a number in [0, 1]; the agent's own ``count / calls`` otherwise."""
+    if isinstance(reported, numbers.Real) and not isinstance(reported, bool) and 0.0 <= float(reported) <= 1.0:
+        return float(reported)
+    return count / calls if calls else 0.0
+
+
+def _seconds(value: Any) -> bool:
+    """A real number of seconds that is finite and at most :data:`MAX_WAIT_S` (sign checked by the caller)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and -MAX_WAIT_S <= value <= MAX_WAIT_S
 
 
 def _text(content: Any) -> str:

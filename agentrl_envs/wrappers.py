@@ -9,6 +9,8 @@ learner trains on it unchanged (``check_env`` of Gymnasium and SB3 pass; it work
 from __future__ import annotations
 
 import itertools
+import math
+import numbers
 import zlib
 from typing import Any, SupportsFloat
 
@@ -18,9 +20,14 @@ from gymnasium import spaces
 
 from agentrl_envs.candidates import overlap_tokens, word_tokens
 from agentrl_envs.core import ToolUseEnv
-from agentrl_envs.errors import ConfigError
+from agentrl_envs.errors import ConfigError, EpisodeError
 
-__all__ = ["CandidatesDiscrete", "hashed_features"]
+__all__ = ["MAX_FEATURES", "CandidatesDiscrete", "hashed_features"]
+
+#: ``features`` at most: 10**9 buckets made a Box of 4e9 floats and the process was killed for memory
+MAX_FEATURES = 65536
+#: The observation's length at most (float32 values: 64 MiB), whatever K and ``features``
+MAX_OBSERVATION_VALUES = 1 << 24
 
 
 def hashed_features(text: str, features: int) -> np.ndarray:
@@ -55,7 +62,12 @@ class CandidatesDiscrete(gym.Wrapper[Any, Any, Any, Any], gym.utils.RecordConstr
 
     Args:
         env: an agentrl env made with ``candidates=K`` (K >= 2), wrapped or not.
-        features: hash buckets per block (default 128).
+        features: hash buckets per block (default 128, at most :data:`MAX_FEATURES`).
+
+    Raises:
+        ConfigError: a bad ``env`` or ``features``; at ``step()``, an action that is not an int in
+            0..K-1 (a bool, a float with a fraction, a string, an array of several values).
+        EpisodeError: ``step()`` before ``reset()`` or after the episode ended.
     """
 
     def __init__(self, env: gym.Env[Any, Any], features: int = 128) -> None:
@@ -66,32 +78,49 @@ class CandidatesDiscrete(gym.Wrapper[Any, Any, Any, Any], gym.utils.RecordConstr
             raise ConfigError(f"CandidatesDiscrete wraps an agentrl env, got {type(core).__name__}")
         if core.candidates < 2:
             raise ConfigError(f"CandidatesDiscrete needs the env made with candidates=K >= 2, got candidates={core.candidates}")
-        if not isinstance(features, int) or isinstance(features, bool) or features < 1:
-            raise ConfigError(f"features={features!r}: use a positive int (hash buckets per block), e.g. 128")
+        if not isinstance(features, (int, np.integer)) or isinstance(features, bool) or not 1 <= int(features) <= MAX_FEATURES:
+            raise ConfigError(
+                f"features={features!r}: use a positive int up to {MAX_FEATURES} (hash buckets per block), e.g. 128"
+            )
+        features = int(features)
+        if (core.candidates + 1) * features + core.candidates > MAX_OBSERVATION_VALUES:
+            raise ConfigError(
+                f"features={features} with candidates={core.candidates}: the observation would hold "
+                f"{(core.candidates + 1) * features + core.candidates} values, over {MAX_OBSERVATION_VALUES}; "
+                "use fewer features or fewer candidates"
+            )
         self.k = core.candidates
         self.features = features
         self.action_space = spaces.Discrete(self.k)
         self.observation_space = spaces.Box(0.0, 1.0, shape=((self.k + 1) * features + self.k,), dtype=np.float32)
         self._candidates: list[str] = []
         self._instruction = ""
+        self._started = False  # reset() was called; step() before it is an EpisodeError
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict[str, Any]]:
         observation, info = self.env.reset(seed=seed, options=options)
         self._instruction = str(info.get("instruction", ""))
+        self._started = True
         info["observation_text"] = observation
         return self._encode(observation, info), info
 
     def step(self, action: Any) -> tuple[np.ndarray, SupportsFloat, bool, bool, dict[str, Any]]:
-        try:  # an int, a numpy int or a 0-d int array; not 1.7 or "1" (int() would play them as 1)
-            index = int(action) if int(action) == action else -1
-        except (TypeError, ValueError):  # None, NaN, "abc", an array of several actions
-            index = -1
-        if not 0 <= index < self.k or not self._candidates:
-            raise ConfigError(f"action {action!r}: use an int in 0..{self.k - 1}, after reset()")
+        index = _index(action)
+        if index is None or not 0 <= index < self.k:
+            raise ConfigError(f"action {_short(action)}: use an int in 0..{self.k - 1}")
+        if not self._started:
+            raise EpisodeError("call reset() before step()")
+        if not self._candidates:
+            raise EpisodeError("the episode has ended; call reset() to start a new one")
         observation, reward, terminated, truncated, info = self.env.step(self._candidates[index])
         info["action_text"] = self._candidates[index]
         info["observation_text"] = observation
         return self._encode(observation, info), reward, terminated, truncated, info
+
+    def close(self) -> None:
+        self._candidates = []
+        self._started = False
+        super().close()
 
     def _encode(self, observation: Any, info: dict[str, Any]) -> np.ndarray:
         context = f"{self._instruction}\n{observation}"
@@ -105,3 +134,27 @@ class CandidatesDiscrete(gym.Wrapper[Any, Any, Any, Any], gym.utils.RecordConstr
             own = overlap_tokens(candidate)
             out[(self.k + 1) * f + i] = len(own & tokens) / max(1, len(own))
         return out
+
+
+def _index(action: Any) -> int | None:
+    """The candidate index of ``action``, or None when it is no whole number.
+
+    An int, a numpy int, a whole float (3.0) or a 0-d array of one; not 1.7 or "1" (``int()`` would
+    play them as 1), not a bool or a bool array (``True`` would be played as 1), not inf or NaN.
+    """
+    if isinstance(action, np.ndarray):
+        if action.shape != () or action.dtype == np.bool_:
+            return None
+        action = action.item()
+    if isinstance(action, (bool, np.bool_)):
+        return None
+    if isinstance(action, numbers.Integral):
+        return int(action)
+    if isinstance(action, numbers.Real) and math.isfinite(action) and float(action).is_integer():
+        return int(float(action))
+    return None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:60]}... ({type(value).__name__}, {len(text)} characters as repr)"

@@ -19,7 +19,11 @@ rollout) with:
   ``transformers.utils.get_json_schema``) shows the model exactly the env's schema. Each call becomes
   one env step; the method returns the observation text. A call with a wrong, extra or missing
   argument is not a Python ``TypeError``: the arguments go to the env as they came, which answers
-  with its ``bad_arguments`` error and the format penalty, as for any malformed text action;
+  with its ``bad_arguments`` error and the format penalty, as for any malformed text action.
+  numpy values count as the Python values they hold (``np.int64(1)`` is the int 1). A value JSON
+  cannot hold at all (bytes, an arbitrary object, a circular list) is no model's doing, since TRL
+  passes the model's JSON arguments: the call raises ``TypeError`` or ``ValueError`` naming the
+  argument, and the env is not stepped;
 - ``reset(**row)``: reads ``seed`` and ``split`` from the dataset row (other columns are ignored),
   starts the episode and returns the instruction, which TRL appends to the last user message;
 - ``get_reward()``: the episode's return (the sum of its step rewards so far; an episode the model
@@ -35,9 +39,11 @@ from __future__ import annotations
 
 import inspect
 import json
+import numbers
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
 import agentrl_envs
 from agentrl_envs.errors import ConfigError
@@ -109,8 +115,10 @@ def _reset(self: Any, **row: Any) -> str:
     """Start the episode of a dataset row (its ``seed`` and ``split``) and return the instruction."""
     seed = row.get("seed")
     # Checked here, not by Gymnasium: its refusal of a negative seed leaves the cached env unable to step.
-    if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
-        raise ConfigError(f"seed={seed!r} in the dataset row: use an int >= 0 (train_dataset() writes one per row)")
+    if seed is not None and (not isinstance(seed, numbers.Integral) or isinstance(seed, bool) or seed < 0):
+        raise ConfigError(f"seed={seed!r:.80} in the dataset row: use an int >= 0 (train_dataset() writes one per row)")
+    if seed is not None:
+        seed = int(seed)  # a numpy int (a row read through numpy or pandas) is that int; Gymnasium refuses it
     self.env = self._env(str(row.get("split") or self.default_split))
     observation, self.info = self.env.reset(seed=seed)
     self.episode_return = 0.0
@@ -128,14 +136,41 @@ def _step(self: Any, name: str, arguments: dict[str, Any]) -> str:
         raise ConfigError("call reset() before a tool (TRL does this for every rollout)")
     if self.done:
         return ENDED
-    try:
-        action = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
-    except (TypeError, ValueError):
-        action = json.dumps({"name": name, "arguments": {k: repr(v) for k, v in arguments.items()}})
+    action = _action_text(name, arguments)  # before any change: a refused call leaves the episode as it was
     observation, reward, terminated, truncated, self.info = self.env.step(action)
     self.episode_return += float(reward)
     self.done = bool(terminated or truncated)
     return str(observation)
+
+
+def _action_text(name: str, arguments: dict[str, Any]) -> str:
+    """The call as JSON text; TypeError or ValueError, naming the argument, for a value JSON cannot hold.
+
+    Such values used to go to the env as their ``repr`` string, which a string argument accepted:
+    ``sql(query=b"SELECT 1")`` ran the SQL ``b'SELECT 1'``.
+    """
+    try:
+        return json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False, default=_numpy_value)
+    except (TypeError, ValueError, RecursionError):
+        pass
+    for key, value in arguments.items():
+        try:
+            json.dumps(value, default=_numpy_value)
+        except TypeError as exc:
+            raise TypeError(
+                f"{name}({key}=...): {exc}; pass JSON values (str, int, float, bool, None, list, dict), "
+                "as TRL does with the model's arguments"
+            ) from None
+        except (ValueError, RecursionError):
+            raise ValueError(f"{name}({key}=...): the value is circular or nested too deeply to send as JSON") from None
+    raise AssertionError("unreachable: the arguments encode one by one but not together")  # pragma: no cover
+
+
+def _numpy_value(value: Any) -> Any:
+    """``json.dumps``'s hook: a numpy scalar or array as the Python value it holds."""
+    if isinstance(value, (np.generic, np.ndarray)):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not a JSON value")
 
 
 def _tool_method(schema: dict[str, Any]) -> Any:

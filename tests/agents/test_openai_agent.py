@@ -458,6 +458,70 @@ def test_bad_configuration_is_a_config_error(kwargs: dict[str, Any]) -> None:
         OpenAIChatAgent(**args)
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        # inf: no timeout (an agent that can wait for ever) or time.sleep(inf), a raw OverflowError
+        ({"timeout_s": float("inf")}, "timeout_s"),
+        ({"connect_timeout_s": 1e300}, "connect_timeout_s"),
+        ({"backoff_s": float("inf")}, "backoff_s"),
+        ({"max_backoff_s": float("inf")}, "max_backoff_s"),
+        ({"max_retry_after_s": float("inf")}, "max_retry_after_s"),
+        ({"max_retry_after_s": float("nan")}, "max_retry_after_s"),
+        ({"temperature": True}, "temperature"),  # was sent as JSON true
+        ({"extra_body": 5}, "extra_body"),  # raw TypeError: 'int' object is not iterable
+        ({"extra_headers": 5}, "extra_headers"),
+        ({"extra_body": {"messages": []}}, "extra_body"),  # replaced the whole conversation
+        ({"extra_body": {"stream": True}}, "extra_body"),  # every reply unreadable
+        ({"extra_body": {"model": "other"}}, "extra_body"),
+        ({"seed": [1]}, "seed"),  # raw TypeError from random.Random
+        ({"http_client": 5}, "http_client"),  # accepted, then a raw AttributeError at the first act()
+        ({"sleep": 5}, "sleep"),  # accepted, then a raw TypeError at the first retry
+    ],
+    ids=repr,
+)
+def test_bad_configuration_names_the_argument(kwargs: dict[str, Any], named: str) -> None:
+    with pytest.raises(ConfigError, match=named):
+        OpenAIChatAgent(BASE, "m", **kwargs)
+
+
+@respx.mock
+@pytest.mark.parametrize(
+    ("observation", "info", "named"),
+    [
+        ("task", None, "info must be the dict"),  # raw TypeError: argument of type 'NoneType' is not iterable
+        ("task", [RESET_INFO], "info must be the dict"),  # raw AttributeError
+        (None, RESET_INFO, "observation must be the str"),  # None was sent as the user message
+        (("a", "b"), RESET_INFO, "observation must be the str"),  # a vector env's batch
+        (5, RESET_INFO, "observation must be the str"),
+    ],
+    ids=repr,
+)
+def test_act_with_malformed_observation_or_info_is_a_type_error_and_sends_nothing(
+    observation: Any, info: Any, named: str
+) -> None:
+    route = respx.post(CHAT).mock(return_value=httpx.Response(200, json=text("x")))
+    a = agent()
+    with pytest.raises(TypeError, match=named):
+        a.act(observation, info)
+    assert route.call_count == 0 and a.messages == []
+    assert a.act("task", RESET_INFO) == "x"  # and the agent still works
+
+
+@respx.mock
+def test_report_outcome_with_garbage_info_is_clear_or_falls_back_to_the_agents_counts() -> None:
+    respx.post(CHAT).mock(return_value=httpx.Response(200, json=text("x")))
+    a = agent()
+    a.act("task", RESET_INFO)
+    a.act("sql error", {"step": 1, "tool": "sql", "fault": {"type": "timeout", "origin": "agent"}})
+    with pytest.raises(TypeError, match="info dict of the episode's last step"):
+        a.report_outcome(None)  # type: ignore[arg-type]
+    # a step that is no int and rates that are no numbers raised raw ValueErrors
+    outcome = a.report_outcome({"step": "x", "tool": "sql", "fault_stats": {"api_error_rate": "x", "timeout_rate": 7}})
+    assert outcome["steps"] == 0 and outcome["tool_calls"] == 2
+    assert (outcome["api_error_rate"], outcome["timeout_rate"]) == (0.0, 0.5)
+
+
 def test_errors_pickle() -> None:
     for exc in (EndpointUnavailableError("down"), EndpointResponseError("bad")):
         again = pickle.loads(pickle.dumps(exc))

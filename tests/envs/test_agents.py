@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import gymnasium as gym
 import numpy as np
 import pytest
 
-from agentrl_envs.agents import OracleAgent, RandomAgent
+from agentrl_envs.agents import OracleAgent, OverlapAgent, RandomAgent, RandomCandidateAgent
+from agentrl_envs.errors import ConfigError
 from tests.conftest import ENV_IDS, SPLITS
 
 SEEDS = 200
@@ -111,3 +114,61 @@ def test_wrong_candidates_really_are_wrong() -> None:
         wins += info["success"]
     assert wins == 0
     env.close()
+
+
+# -- hostile input from library users --------------------------------------------------------------
+
+CANDIDATE_AGENTS = [RandomCandidateAgent, OverlapAgent]
+
+
+@pytest.mark.parametrize("env", [None, "AgentRL/SQL-v0", 5], ids=repr)
+@pytest.mark.parametrize("agent_cls", [OracleAgent, RandomAgent])
+def test_an_agent_made_without_an_env_says_what_to_pass(agent_cls: Any, env: Any) -> None:
+    # None or an env id raised a raw AttributeError ('str' object has no attribute 'unwrapped')
+    with pytest.raises(TypeError, match=r"expected an agentrl env, got .*gym\.make"):
+        agent_cls(env)
+
+
+@pytest.mark.parametrize("seed", [-1, 1.5, "7", float("nan"), True, [1, 2]], ids=repr)
+def test_bad_agent_seeds_are_a_config_error(seed: Any) -> None:
+    env = gym.make("AgentRL/SQL-v0")
+    for make in (lambda: RandomAgent(env, seed=seed), lambda: RandomCandidateAgent(seed=seed), lambda: OverlapAgent(seed=seed)):
+        with pytest.raises(ConfigError, match=r"seed=.*use a non-negative int, or None"):
+            make()
+    env.close()
+
+
+def test_a_numpy_int_seed_is_the_int_seed() -> None:
+    info = {"candidates": [f"c{i}" for i in range(10)]}
+    a, b = RandomCandidateAgent(seed=np.int64(3)), RandomCandidateAgent(seed=3)
+    assert [a.choose("", info) for _ in range(20)] == [b.choose("", info) for _ in range(20)]
+
+
+@pytest.mark.parametrize("agent_cls", CANDIDATE_AGENTS)
+@pytest.mark.parametrize("info", [None, [], "candidates", 5], ids=repr)
+def test_an_info_that_is_no_dict_is_a_type_error(agent_cls: Any, info: Any) -> None:
+    with pytest.raises(TypeError, match=r"info must be the dict from env\.reset"):
+        agent_cls(seed=0).act("obs", info)
+
+
+@pytest.mark.parametrize("agent_cls", CANDIDATE_AGENTS)
+@pytest.mark.parametrize(
+    "candidates",
+    ["abc", [1, 2], [None], ["a", 5], {"a": 1}, np.array([["a", "b"], ["c", "d"]]), 3],
+    ids=repr,
+)
+def test_candidates_that_are_not_action_strings_are_refused_not_played(agent_cls: Any, candidates: Any) -> None:
+    # "abc" was played letter by letter ('c'); [1, 2] gave the env an int; OverlapAgent crashed on .lower()
+    with pytest.raises(ConfigError, match=r"info\['candidates'\] must be a list of action strings"):
+        agent_cls(seed=0).act("obs", {"candidates": candidates})
+
+
+@pytest.mark.parametrize("agent_cls", CANDIDATE_AGENTS)
+def test_candidates_as_a_numpy_array_or_tuple_of_str_are_used(agent_cls: Any) -> None:
+    for candidates in (np.array(["sql 1", "finish 2"]), ("sql 1", "finish 2")):
+        assert agent_cls(seed=0).act("sql", {"candidates": candidates}) in ("sql 1", "finish 2")
+
+
+def test_overlap_agent_refuses_an_observation_that_is_no_str() -> None:
+    with pytest.raises(TypeError, match="observation must be the str"):
+        OverlapAgent(seed=0).act(None, {"candidates": ["a", "b"]})  # type: ignore[arg-type]

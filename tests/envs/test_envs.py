@@ -6,11 +6,13 @@ import pickle
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
 import agentrl_envs
 from agentrl_envs import ConfigError, EpisodeError
+from agentrl_envs.actions import format_call
 from agentrl_envs.agents import OracleAgent, RandomAgent
 from agentrl_envs.rewards import COMPONENTS
 from tests.conftest import ENV_IDS
@@ -211,6 +213,48 @@ def test_task_seed_option() -> None:
     assert a == b
     with pytest.raises(ConfigError):
         env.reset(options={"task_seed": -1})
+    env.close()
+
+
+NON_STR_ACTIONS = [b"x", bytearray(b"x"), None, 7, 1.5, {"name": "finish"}, ["finish"], np.array("x")]
+
+
+@pytest.mark.parametrize("env_id", ENV_IDS)
+def test_non_str_actions_are_a_type_error_and_the_episode_goes_on(env_id: str) -> None:
+    env = gym.make(env_id)
+    _, info = env.reset(seed=1)
+    for action in NON_STR_ACTIONS:
+        with pytest.raises(TypeError, match=f"an action must be a str, got {type(action).__name__}"):
+            env.step(action)  # type: ignore[arg-type]
+    assert env.unwrapped._steps == 0  # nothing was played
+    finish = format_call("finish", {"answer": "x"})
+    _, reward, terminated, _, info = env.step(np.str_(finish))  # a numpy str is a str
+    assert terminated and info["tool"] == "finish" and info["call_format"] == "hermes"
+    env.close()
+
+
+@pytest.mark.parametrize("env_id", ENV_IDS)
+@pytest.mark.parametrize(
+    "options",
+    ["task_seed=3", ["task_seed", 3], 5, b"x", {"task_seed": "3"}, {"task_seed": 1.0}, {"task_seed": True}, {"task_seed": -1}],
+    ids=repr,
+)
+def test_garbage_reset_options_are_a_config_error_that_keeps_the_episode(env_id: str, options: Any) -> None:
+    # a str or a list raised a raw AttributeError ('str' object has no attribute 'get')
+    env = gym.make(env_id)
+    _, info = env.reset(seed=2)
+    with pytest.raises(ConfigError, match=r"options|task_seed"):
+        env.reset(seed=3, options=options)
+    assert env.unwrapped.task.task_id == info["task_id"]  # the episode in progress is still there
+    assert env.step(env.unwrapped.oracle_action())[-1]["task_id"] == info["task_id"]
+    env.close()
+
+
+def test_a_numpy_int_task_seed_is_the_same_task_as_the_int() -> None:
+    env = gym.make("AgentRL/SQL-v0")
+    a = env.reset(seed=0, options={"task_seed": 42})
+    b = env.reset(seed=0, options={"task_seed": np.int64(42)})
+    assert a[0] == b[0] and a[1]["task_id"] == b[1]["task_id"] == "SQL/" + a[1]["domain"] + "/train/42"
     env.close()
 
 

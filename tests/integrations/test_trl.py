@@ -6,6 +6,7 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from agentrl_envs.errors import ConfigError
@@ -109,3 +110,61 @@ def test_trl_grpo_example_logs_the_env_reward(tmp_path: Path) -> None:
     for line in lines:
         # A random-init model makes no tool call: the episode's return is 0.0, and TRL logs exactly that.
         assert line["rewards/SQLEnvForTRL/mean"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("value", "judged_as"),
+    [(np.int64(5), "got int"), (np.float32(1.5), "got float"), (np.bool_(True), "got bool"), (np.array([1, 2]), "got list")],
+    ids=repr,
+)
+def test_numpy_arguments_are_judged_as_the_values_they_hold(value: object, judged_as: str) -> None:
+    # np.int64(5) went to the env as the string "np.int64(5)", which the sql tool ran (no format penalty)
+    env = environment_factory("AgentRL/SQL-v0")()
+    env.reset(seed=0)
+    observation = env.sql(query=value)
+    assert observation.startswith("action error [bad_arguments]") and judged_as in observation
+    assert env.get_reward() == pytest.approx(-0.1)
+
+
+def test_a_numpy_str_argument_is_a_str() -> None:
+    env = environment_factory("AgentRL/SQL-v0")()
+    env.reset(seed=0)
+    assert env.sql(query=np.str_("SELECT 1")).startswith("sql ok")
+
+
+def _circular() -> list[object]:
+    out: list[object] = []
+    out.append(out)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [(b"SELECT 1", TypeError), (object(), TypeError), ({"a": {1, 2}}, TypeError), (_circular(), ValueError)],
+    ids=["bytes", "object", "set_inside", "circular"],
+)
+def test_values_json_cannot_hold_are_refused_and_the_episode_is_untouched(value: object, error: type) -> None:
+    # bytes went to the env as the string "b'SELECT 1'", which the sql tool ran as SQL
+    env = environment_factory("AgentRL/SQL-v0")()
+    env.reset(seed=0)
+    with pytest.raises(error, match=r"sql\(query=\.\.\.\)"):
+        env.sql(query=value)
+    assert env.info["step"] == 0 and env.get_reward() == 0.0 and not env.done
+    assert env.sql(query="SELECT 1").startswith("sql ok")
+
+
+def test_a_huge_argument_gets_the_format_penalty_and_calls_after_the_end_do_nothing() -> None:
+    env = environment_factory("AgentRL/SQL-v0")()
+    env.reset(seed=0)
+    assert env.sql(query="x" * 5_000_000).startswith("action error [too_long]")
+    env.finish(answer="0")
+    reward = env.get_reward()
+    for call in (lambda: env.sql(query=b"x"), lambda: env.finish(answer=None), lambda: env.sql(query="x" * 5_000_000)):
+        assert call() == ENDED
+    assert env.get_reward() == reward
+
+
+def test_a_numpy_int_seed_in_the_row_is_the_int_seed() -> None:
+    env = environment_factory("AgentRL/SQL-v0")()
+    first = env.reset(seed=np.int64(4), split="train")
+    assert env.reset(seed=4, split="train") == first

@@ -12,8 +12,8 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import agentrl_envs  # noqa: F401
-from agentrl_envs.errors import ConfigError
-from agentrl_envs.wrappers import CandidatesDiscrete, hashed_features
+from agentrl_envs.errors import ConfigError, EpisodeError
+from agentrl_envs.wrappers import MAX_FEATURES, CandidatesDiscrete, hashed_features
 
 from .conftest import run_example
 
@@ -83,6 +83,68 @@ def test_bad_configuration() -> None:
     for good in (np.int64(1), np.array(2), 3.0):
         _, info = env.reset(seed=0)
         assert env.step(good)[-1]["action_text"] == info["candidates"][int(good)]
+    env.close()
+
+
+@pytest.mark.parametrize("features", [10**9, 10**12, MAX_FEATURES + 1, True, np.bool_(True), 0.0, 8.0, float("inf")], ids=repr)
+def test_features_out_of_range_is_refused_before_any_allocation(features: object) -> None:
+    # 10**9 built a Box of 4e9 float32 values: the process was killed for memory, no message
+    with pytest.raises(ConfigError, match=f"features=.*up to {MAX_FEATURES}"):
+        CandidatesDiscrete(gym.make("AgentRL/SQL-v0", candidates=3), features=features)
+
+
+def test_features_and_candidates_together_are_bounded() -> None:
+    with pytest.raises(ConfigError, match="fewer features or fewer candidates"):
+        CandidatesDiscrete(gym.make("AgentRL/SQL-v0", candidates=1024), features=MAX_FEATURES)
+
+
+def test_a_numpy_int_is_a_valid_features_value() -> None:
+    env = CandidatesDiscrete(gym.make("AgentRL/SQL-v0", candidates=3), features=np.int64(8))
+    assert env.features == 8 and type(env.features) is int and env.observation_space.shape == (4 * 8 + 3,)
+    env.close()
+
+
+@pytest.mark.parametrize(
+    "action",
+    [True, False, np.bool_(True), np.array(True), float("inf"), float("-inf"), np.float64("inf"), 10**30, 1 + 0j, b"1"],
+    ids=repr,
+)
+def test_bools_infinities_and_non_numbers_are_refused_not_played(action: object) -> None:
+    # True was played as candidate 1 and False as 0; inf raised a raw OverflowError
+    env = _env()
+    env.reset(seed=0)
+    with pytest.raises(ConfigError, match=r"use an int in 0\.\.3"):
+        env.step(action)
+    env.close()
+
+
+def test_a_huge_action_is_named_shortly_in_the_error() -> None:
+    env = _env()
+    env.reset(seed=0)
+    with pytest.raises(ConfigError) as caught:
+        env.step("x" * 1_000_000)
+    assert len(str(caught.value)) < 300
+    env.close()
+
+
+def test_step_out_of_order_is_an_episode_error() -> None:
+    env = _env()
+    with pytest.raises(EpisodeError, match=r"reset\(\) before step\(\)"):
+        env.step(0)
+    _, info = env.reset(seed=0)
+    while True:  # the oracle's index each step, to the episode's end
+        _, _, terminated, truncated, info = env.step(info["candidates"].index(env.unwrapped.oracle_action()))
+        if terminated or truncated:
+            break
+    # a valid index after the end: the message says the episode ended, not "use an int in 0..3"
+    with pytest.raises(EpisodeError, match="episode has ended"):
+        env.step(0)
+    env.close()
+    env.close()  # twice is fine
+    with pytest.raises(EpisodeError, match=r"reset\(\) before step\(\)"):
+        env.step(0)
+    obs, _ = env.reset(seed=0)  # and a closed env can start again
+    assert env.observation_space.contains(obs)
     env.close()
 
 
