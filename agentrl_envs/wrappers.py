@@ -139,13 +139,14 @@ class CandidatesDiscrete(gym.Wrapper[Any, Any, Any, Any], gym.utils.RecordConstr
 def _index(action: Any) -> int | None:
     """The candidate index of ``action``, or None when it is no whole number.
 
-    An int, a numpy int, a whole float (3.0) or a 0-d array of one; not 1.7 or "1" (``int()`` would
-    play them as 1), not a bool or a bool array (``True`` would be played as 1), not inf or NaN.
+    An int, a numpy int, a whole float (3.0), or an array holding one of them (0-d, or ``(1,)`` as
+    SB3's ``predict`` gives for a batch of one); not 1.7 or "1" (``int()`` would play them as 1), not
+    a bool or a bool array (``True`` would be played as 1), not inf or NaN, not several actions.
     """
     if isinstance(action, np.ndarray):
-        if action.shape != () or action.dtype == np.bool_:
+        if action.size != 1 or action.dtype == np.bool_:
             return None
-        action = action.item()
+        action = action.reshape(()).item()
     if isinstance(action, (bool, np.bool_)):
         return None
     if isinstance(action, numbers.Integral):

@@ -80,9 +80,9 @@ def test_bad_configuration() -> None:
     for bad in (1.7, "1", "abc", None, float("nan"), np.array([1, 2])):  # a traceback, or 1.7 played as 1
         with pytest.raises(ConfigError, match=r"use an int in 0\.\.3"):
             env.step(bad)
-    for good in (np.int64(1), np.array(2), 3.0):
+    for good in (np.int64(1), np.array(2), 3.0, np.array([1])):  # [1]: SB3's predict on a batch of one
         _, info = env.reset(seed=0)
-        assert env.step(good)[-1]["action_text"] == info["candidates"][int(good)]
+        assert env.step(good)[-1]["action_text"] == info["candidates"][int(np.asarray(good).item())]
     env.close()
 
 
