@@ -188,6 +188,21 @@ def test_a_host_killed_without_closing_leaves_no_scratch_folder(tmp_path: Path) 
     assert [p.name for p in temp.iterdir()] == []
 
 
+def test_a_host_that_is_exiting_or_gone_counts_as_gone() -> None:
+    """The zygote's check when the host is still its parent: a killed host closes its socket before
+    its children are re-parented, so under load the zygote can see the EOF with the host as its parent."""
+    from simulators.python.sandbox._zygote import host_is_exiting
+
+    assert not host_is_exiting(os.getpid())  # alive: a host that stops its zygote keeps the folder
+    child = os.fork()
+    if child == 0:
+        os._exit(0)
+    wait_for(lambda: not alive(child), "the child to exit")  # a zombie until reaped: it has exited
+    assert host_is_exiting(child)
+    os.waitpid(child, 0)
+    assert host_is_exiting(child)  # reaped: gone
+
+
 def test_a_zygote_the_host_stops_leaves_the_scratch_folder_to_its_successor(own_runner: SandboxRunner, tmp_path: Path) -> None:
     """Only a dead host's folder is removed by its zygote: a restart (here after a drop) reuses it."""
     assert own_runner.run("print(1)", str(tmp_path)).stdout == "1\n"

@@ -88,8 +88,29 @@ def _remove_scratch_if_orphaned(config: dict[str, Any]) -> None:
     parent: it removes the folder itself when it closes, and a restarted zygote reuses the folder.
     """
     scratch, host = config.get("scratch"), config.get("host_pid")
-    if scratch and host and os.getppid() != host:
+    if scratch and host and (os.getppid() != host or host_is_exiting(host)):
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+#: ``PF_EXITING`` in ``/proc/<pid>/stat``'s flags: set as a process starts to exit, before its files close
+_PF_EXITING = 0x4
+
+
+def host_is_exiting(pid: int) -> bool:
+    """True when ``pid`` is exiting, a zombie, or gone.
+
+    A killed process closes its files (our socket's EOF) before its children are re-parented, so on
+    a busy machine a host killed a moment ago can still be our parent when we look: its ``/proc``
+    entry then shows it exiting. A host that stops us to close or restart is alive and not exiting.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()  # the name, in parentheses, may hold spaces
+        return fields[0] in (b"Z", b"X") or bool(int(fields[6]) & _PF_EXITING)
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    except (OSError, IndexError, ValueError):
+        return False  # unreadable: leave the folder to the host, or to the next sweep of stale folders
 
 
 class _Zygote:
