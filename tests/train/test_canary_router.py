@@ -228,7 +228,12 @@ def test_cli_refuses_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
         (200, b'{"choices": [1]}', "choices[0] is not a JSON object"),
         (200, b'{"choices": [{"message": "hi"}]}', "choices[0].message is not a JSON object"),
         (200, b'{"choices": [{"message": ["hi"]}]}', "choices[0].message is not a JSON object"),
-        (500, b"Internal Server Error", "not JSON"),
+        (500, b"Internal Server Error", "'Internal Server Error' (not JSON)"),
+        (401, b'{"error": {"message": "Incorrect API key provided", "type": "invalid_request_error"}}', ": Incorrect API key"),
+        (404, b'{"error": {"message": "The model tools-v1 does not exist."}}', "answered 404: The model tools-v1 does not"),
+        (429, b'{"error": "rate limited"}', "answered 429: rate limited"),
+        (503, b'{"detail": "' + b"x" * 5000 + b'"}', "answered 503: {'detail': 'xxx"),
+        (400, b"\xff\xfe\x00garbage", "not JSON"),
     ],
 )
 def test_proxy_upstream_garbage_is_a_502_that_says_what_came_back(status: int, content: bytes, needle: str) -> None:
@@ -237,11 +242,43 @@ def test_proxy_upstream_garbage_is_a_502_that_says_what_came_back(status: int, c
     with respx.mock() as mock:
         mock.post("http://upstream.test/v1/chat/completions").mock(return_value=httpx.Response(status, content=content))
         r = asyncio.run(_call(app, "POST", "/v1/chat/completions", body))
-    assert r.status_code == (502 if status < 400 else status), r.text
+    # Always 502, the upstream's status in the text: its 401 passed through read as our token being wrong.
+    assert r.status_code == 502, r.text
     error = r.json()["error"]
-    assert error["type"] == "upstream_error" and "upstream http://upstream.test answered" in error["message"]
+    assert error["type"] == "upstream_error" and f"upstream http://upstream.test answered {status}" in error["message"]
     assert needle in error["message"], error["message"]
+    assert len(error["message"]) < 500, error["message"]
     assert app.router.get("tools").stats["tools@1"].errors == 1
+
+
+def test_proxy_reads_an_upstream_answer_up_to_a_cap() -> None:
+    """A huge or endless upstream body is a 502 naming the cap, read no further than the cap (it was read whole)."""
+    from agentrl_train.serve.app import MAX_UPSTREAM_BYTES
+
+    app = _proxy()
+    body = {"model": "tools", "messages": [{"role": "user", "content": "go"}]}
+    chunk = b" " * (1 << 20)
+    sent = [0]
+
+    async def endless() -> Any:  # no content-length: only counting while reading can stop it
+        while True:
+            sent[0] += 1
+            yield chunk
+
+    declared = httpx.Response(200, content=b"", headers={"content-length": str(MAX_UPSTREAM_BYTES + 1)})
+    for answer in (declared, httpx.Response(200, content=endless())):
+        with respx.mock() as mock:
+            mock.post("http://upstream.test/v1/chat/completions").mock(return_value=answer)
+            r = asyncio.run(_call(app, "POST", "/v1/chat/completions", body))
+        assert r.status_code == 502, r.text
+        assert f"over {MAX_UPSTREAM_BYTES} bytes" in r.json()["error"]["message"], r.text
+    assert MAX_UPSTREAM_BYTES // len(chunk) < sent[0] <= MAX_UPSTREAM_BYTES // len(chunk) + 2
+    assert app.router.get("tools").stats["tools@1"].errors == 2
+    just = b'{"choices": [{"message": {"content": "ok"}}], "pad": "' + b" " * (MAX_UPSTREAM_BYTES - 100) + b'"}'
+    with respx.mock() as mock:  # an answer under the cap is still served
+        mock.post("http://upstream.test/v1/chat/completions").mock(return_value=httpx.Response(200, content=just))
+        r = asyncio.run(_call(app, "POST", "/v1/chat/completions", body))
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "ok", r.text[:300]
 
 
 def test_proxy_keeps_a_usable_answer_with_odd_optional_fields() -> None:
