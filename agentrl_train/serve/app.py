@@ -8,7 +8,8 @@ bodies, checked by pydantic. Routes:
   greedy; a ``<tool_call>`` in the reply comes back as ``tool_calls`` when the request sent ``tools``.
   The header ``x-adapter-version: NAME@VERSION`` and the body's ``system_fingerprint`` say which
   version answered.
-- ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus text format).
+- ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus text format); ``HEAD`` on any route
+  answers as ``GET`` does, without the body.
 - ``POST /v1/adapters/NAME {"path": DIR}``: hot reload (see :mod:`agentrl_train.serve.engine`).
 - ``POST /v1/adapters/NAME/canary {"path": DIR, "fraction": f}``, ``POST .../promote``, ``POST .../rollback``,
   ``GET /v1/adapters/NAME``, ``POST /v1/feedback`` (see :mod:`agentrl_train.serve.canary`).
@@ -225,12 +226,16 @@ class ServeApp:
             status, ctype = exc.status, "application/json"
             answer = json.dumps({"error": {"message": exc.message, "type": exc.kind, "code": exc.status}}).encode()
         out = [(b"content-type", ctype.encode()), *((k.encode(), v.encode()) for k, v in extra.items())]
+        out.append((b"content-length", str(len(answer)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": out})
-        await send({"type": "http.response.body", "body": answer})
+        await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else answer})
 
     async def _dispatch(
         self, method: str, path: str, headers: dict[str, str], body: bytes
     ) -> tuple[int, bytes, dict[str, str], str]:
+        asked = method
+        if method == "HEAD":  # answered as GET would be (status, headers, the token asked for), without the body
+            method = "GET"
         if method == "GET" and path == "/health":
             return 200, _json({"ok": True, "uptime_s": round(time.time() - self.started, 3)}), {}, "application/json"
         self._authorize(headers)
@@ -252,9 +257,9 @@ class ServeApp:
             if method == "POST":
                 return 200, _json(await self.admin(name, action, body)), {}, "application/json"
         if path in ("/v1/chat/completions", "/v1/models", "/v1/feedback", "/metrics") or path.startswith("/v1/adapters"):
-            raise HTTPError(405, f"{method} {path} is not allowed; see the routes in agentrl-train serve --help")
+            raise HTTPError(405, f"{asked} {path} is not allowed; see the routes in agentrl-train serve --help")
         raise HTTPError(
-            404, f"no route {method} {path[:200]}; routes: /v1/chat/completions, /v1/models, /v1/adapters/NAME, /health, /metrics"
+            404, f"no route {asked} {path[:200]}; routes: /v1/chat/completions, /v1/models, /v1/adapters/NAME, /health, /metrics"
         )
 
     def _authorize(self, headers: dict[str, str]) -> None:

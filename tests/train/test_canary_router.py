@@ -324,3 +324,27 @@ def test_cli_port_zero_parses() -> None:
 
     args = build_parser().parse_args(["serve", "--port", "0", "--max-new-tokens", "32768", "--watch-interval-s", "0.01"])
     assert (args.port, args.max_new_tokens, args.watch_interval_s) == (0, 32768, 0.01)
+
+
+def test_head_answers_like_get_without_a_body() -> None:
+    """``HEAD /health`` (a load balancer's probe) was a 404; HEAD is GET without the body, token and all."""
+    from agentrl_envs.testing import free_port, serve_in_thread
+
+    app = _proxy(token="s3cret-token-0123456789")
+    with serve_in_thread(app, free_port()) as url:  # a real uvicorn: it must accept a bodiless answer to HEAD
+        got = httpx.get(url + "/health")
+        head = httpx.head(url + "/health")
+        assert head.status_code == 200 and head.content == b"", head
+        assert head.headers["content-type"] == "application/json"
+        assert head.headers["content-length"] == got.headers["content-length"] == str(len(got.content))
+        assert httpx.head(url + "/v1/models").status_code == 401  # no token: as GET
+        auth = {"authorization": "Bearer s3cret-token-0123456789"}
+        models = httpx.head(url + "/v1/models", headers=auth)
+        assert models.status_code == 200 and models.content == b""
+        assert httpx.head(url + "/metrics", headers=auth).status_code == 200
+        r = httpx.head(url + "/v1/chat/completions", headers=auth)
+        assert r.status_code == 405 and r.content == b""
+        assert httpx.head(url + "/nowhere", headers=auth).status_code == 404
+        assert httpx.get(url + "/health").json()["ok"] is True  # the connection still serves after HEADs
+    r = asyncio.run(_call(app, "GET", "/v1/chat/completions", headers={"authorization": "Bearer s3cret-token-0123456789"}))
+    assert r.status_code == 405 and r.json()["error"]["message"].startswith("GET /v1/chat/completions is not allowed")
