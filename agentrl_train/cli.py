@@ -105,7 +105,7 @@ def _cmd_resources(args: argparse.Namespace) -> int:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from agentrl_train.serve.canary import CanaryRules
-    from agentrl_train.serve.run import build_app, parse_pairs, serve, token_from
+    from agentrl_train.serve.run import build_app, listen, parse_pairs, serve, token_from
 
     adapters = parse_pairs(args.adapter, "--adapter")
     watch = parse_pairs(args.watch, "--watch", default_name=next(iter(adapters), None))
@@ -131,11 +131,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         watch=watch,
         watch_interval_s=args.watch_interval_s,
     )
+    sock = listen(args.host, args.port)
+    port = sock.getsockname()[1]  # the one bound: --port 0 printed ":0"
+    where = f"[{args.host}]" if ":" in args.host else args.host
     print(
-        f"agentrl-train serve on http://{args.host}:{args.port} ({'bearer token required' if token else 'no token'}); Ctrl-C stops it",
+        f"agentrl-train serve on http://{where}:{port} ({'bearer token required' if token else 'no token'}); Ctrl-C stops it",
         flush=True,
     )
-    serve(app, args.host, args.port, token)
+    serve(app, args.host, port, token, sock=sock)
     return 0
 
 

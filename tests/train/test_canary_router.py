@@ -348,3 +348,38 @@ def test_head_answers_like_get_without_a_body() -> None:
         assert httpx.get(url + "/health").json()["ok"] is True  # the connection still serves after HEADs
     r = asyncio.run(_call(app, "GET", "/v1/chat/completions", headers={"authorization": "Bearer s3cret-token-0123456789"}))
     assert r.status_code == 405 and r.json()["error"]["message"].startswith("GET /v1/chat/completions is not allowed")
+
+
+def test_cli_port_zero_prints_the_port_bound() -> None:
+    """``--port 0`` printed ``http://127.0.0.1:0``; the banner names the port bound, and it serves there."""
+    import subprocess
+    import sys
+
+    argv = ["serve", "--upstream", "http://127.0.0.1:9", "--adapter", "a=m", "--port", "0"]
+    proc = subprocess.Popen([sys.executable, "-m", "agentrl_train", *argv], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(2)]  # "serve: a@1 from m", then the banner
+        banner = lines[-1]
+        assert banner.startswith("agentrl-train serve on http://127.0.0.1:"), banner
+        url = banner.split()[3]
+        port = int(url.rsplit(":", 1)[1])
+        assert port != 0, banner
+        r = httpx.get(url + "/health", timeout=60)  # bound before the banner: no wait needed
+        assert r.status_code == 200 and r.json()["ok"] is True
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def test_cli_a_port_in_use_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """A taken port was uvicorn's own log line and exit 1 (after the model load); now exit 2 naming --port."""
+    import socket
+
+    from agentrl_train.cli import main
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        assert main(["serve", "--upstream", "http://127.0.0.1:9", "--adapter", "a=m", "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert f"--port {port}: cannot listen there" in err and "0 for a free one" in err, err
