@@ -433,8 +433,22 @@ def _coerce(name: str, f: dataclasses.Field[Any], value: Any) -> Any:
                 value = kind()
             if kind is list and isinstance(value, str):
                 value = [v.strip() for v in value.split(",") if v.strip()]
+        head, _, rest = value.partition(":") if isinstance(value, str) else ("", "", "")
+        if kind is dict and rest and head.strip().isidentifier() and rest[0] != "/":  # 'attn:8' is text, not a mapping
+            raise ConfigError(
+                f"{flag}={value[:100]!r}: use a dict; with no space after its colon YAML reads this as one string: "
+                f"write {{{head.strip()[:40]}: {rest.strip()[:40]}}}"
+            )
         if not isinstance(value, kind):
-            raise ConfigError(f"{flag}={value!r}: use a {kind.__name__}")
+            raise ConfigError(f"{flag}={repr(value)[:100]}: use a {kind.__name__}")
+        if kind is dict:
+            for key, item in value.items():  # {attn:8} is a key "attn:8" with no value
+                name, _, rest = key.partition(":") if isinstance(key, str) else ("", "", "")
+                if rest and name.strip().isidentifier() and item is None:
+                    raise ConfigError(
+                        f"{flag}: {key[:100]!r} reads as one key with no value; put a space after its colon, "
+                        f"as YAML needs: {name.strip()[:40]}: {rest.strip()[:40]}"
+                    )
         return value
     raise ConfigError(f"{flag}: unsupported option type {kind!r}")  # pragma: no cover
 
