@@ -9,6 +9,7 @@ the batch split does not change the update).
 from __future__ import annotations
 
 import json
+import math
 import random
 from typing import Any
 
@@ -91,6 +92,8 @@ def sft(cfg: TrainConfig, log: Any = print) -> dict[str, Any]:
                 loss = -lp.sum() / max(n_tokens, 1)
                 loss.backward()
                 loss_total += float(loss.detach())
+            if not math.isfinite(loss_total):  # the weights diverged: saving them would hand PPO a NaN adapter
+                _diverged(out, rows, cfg, f"at step {step + 1} (epoch {epoch}) the loss is {loss_total}")
             torch.nn.utils.clip_grad_norm_(params, cfg.ppo.grad_clip)
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -98,6 +101,8 @@ def sft(cfg: TrainConfig, log: Any = print) -> dict[str, Any]:
             rows.append({"epoch": epoch, "step": step, "loss": loss_total})
             if step % 10 == 0:
                 log(f"sft epoch {epoch} step {step} loss {loss_total:.4f}")
+    if not all(bool(torch.isfinite(p).all()) for p in params):  # the last step can diverge with every loss finite
+        _diverged(out, rows, cfg, f"after step {step} the adapter's weights are not finite")
     policy.eval()
     policy.save(out / "final")
     dump_config(cfg, out / "final" / "config.yaml")
@@ -112,3 +117,12 @@ def sft(cfg: TrainConfig, log: Any = print) -> dict[str, Any]:
             (out / stale).unlink(missing_ok=True)
         log("final evaluation skipped (--final-eval-splits is empty)")
     return {"steps": step, "final_loss": rows[-1]["loss"] if rows else None, "eval": table}
+
+
+def _diverged(out: Any, rows: list[dict[str, Any]], cfg: TrainConfig, what: str) -> None:
+    """Stop a diverged run: its metrics so far are written, final/ is left as it was."""
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    raise ConfigError(
+        f"sft diverged: {what}; lower --sft-lr (now {cfg.sft.sft_lr:g}, default 0.001) or --grad-clip "
+        f"(now {cfg.ppo.grad_clip:g}); final/ was not written (the losses so far are in {out / 'metrics.jsonl'})"
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -397,3 +398,19 @@ def test_eval_on_damaged_run_folders_names_the_file(tmp_path, capsys) -> None:
         assert main(["eval", "--run", str(run), "--checkpoint", flag, "--episodes", "1"]) == 2, flag
         err = capsys.readouterr().err
         assert "Traceback" not in err and message in err.splitlines()[-1].partition("agentrl-train eval: error: ")[2], (flag, err)
+
+
+def test_sft_that_diverges_saves_no_nan_adapter(tmp_path) -> None:
+    """``--sft-lr 1e30`` saved an adapter of NaNs as final/ and reported success; now it stops, final/ untouched."""
+    from agentrl_envs.errors import ConfigError
+    from agentrl_train.sft import sft
+
+    opts = dict(env="AgentRL/SQL-v0", mode="generate", episodes=2, sft_epochs=2, sft_batch=1, final_eval_splits=[])
+    with pytest.raises(ConfigError, match=r"sft diverged: at step 2 \(epoch 0\) the loss is nan; lower --sft-lr \(now 1e\+30"):
+        sft(small_config(tmp_path, sft_lr=1e30, **opts), log=lambda *a, **k: None)
+    run = tmp_path / "run"
+    assert not (run / "final").exists()
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1] and math.isfinite(rows[0]["loss"])
+    assert sft(small_config(tmp_path, **opts), log=lambda *a, **k: None)["steps"] == 4  # a sane rate still trains
+    assert (run / "final").is_dir()
