@@ -69,10 +69,14 @@ def _cmd_ppo(args: argparse.Namespace) -> int:
 
 
 def _cmd_sft(args: argparse.Namespace) -> int:
-    from agentrl_train.config import load_config
+    from agentrl_train.config import ConfigError, load_config
     from agentrl_train.sft import sft
 
     overrides = _overrides(args)
+    if overrides.get("resume"):  # it restarted from scratch, silently, and wrote over final/
+        raise ConfigError(
+            "--resume: sft keeps no checkpoints, so there is nothing to resume (a run that stopped starts over); drop --resume"
+        )
     overrides.setdefault("out", "runs/sft")
     overrides.setdefault("mode", "generate")
     cfg = load_config(args.config, overrides)

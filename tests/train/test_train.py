@@ -414,3 +414,32 @@ def test_sft_that_diverges_saves_no_nan_adapter(tmp_path) -> None:
     assert [r["step"] for r in rows] == [1] and math.isfinite(rows[0]["loss"])
     assert sft(small_config(tmp_path, **opts), log=lambda *a, **k: None)["steps"] == 4  # a sane rate still trains
     assert (run / "final").is_dir()
+
+
+def test_eval_refuses_empty_options_by_name(tmp_path, capsys) -> None:
+    """``--checkpoint ''`` evaluated final/ and ``--error-profile ''`` the run's profile, silently; ``--run ''`` said ``--run .``."""
+    from agentrl_train.config import TrainConfig, dump_config
+
+    run = tmp_path / "run"
+    run.mkdir()
+    dump_config(TrainConfig(), run / "config.yaml")  # the checks come before any model is built
+    for argv, message in (
+        (["--run", str(run), "--checkpoint", ""], "--checkpoint '': '' is not a checkpoint name"),
+        (["--run", str(run), "--error-profile", ""], "--error-profile '': name a fault profile"),
+        (["--run", str(run), "--error-profile", "  "], "--error-profile '  ': name a fault profile"),
+        (["--run", ""], "--run '': name a run folder"),
+    ):
+        capsys.readouterr()
+        assert main(["eval", *argv, "--episodes", "1"]) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, (argv, err)
+
+
+def test_sft_refuses_resume(tmp_path, capsys) -> None:
+    """sft keeps no checkpoints: ``--resume`` started over silently (and wrote over final/)."""
+    out = tmp_path / "sft"
+    argv = ["sft", "--resume", "--out", str(out), "--env", "AgentRL/SQL-v0", "--episodes", "1", "--sft-epochs", "1"]
+    assert main([*argv, "--final-eval-splits", "[]", "--tiny-pretrain-steps", "30", "--tiny-corpus-episodes", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "--resume: sft keeps no checkpoints" in err and "drop --resume" in err, err
+    assert not out.exists()
