@@ -40,6 +40,8 @@ __all__ = [
 MAX_SEED = 2**32 - 1  #: numpy's legacy seeding takes seeds in [0, 2**32 - 1]
 MAX_CANDIDATES = 64  #: each candidate is a forward pass per step; the env builds K distinct actions
 MAX_NUM_ENVS = 256  #: sub-envs per rank (under async each one is a process)
+MAX_THREADS = 1024  #: torch CPU threads (as agentrl-train serve --threads)
+MAX_ADAPTER_NAME = 100  #: the adapter's name is a folder name in final/ and checkpoints
 MAX_REPLAY_MB = 1 << 20  #: 1 TiB: the replay buffer is one file of this size in the run folder
 #: gym.make keywords the trainer sets from its own options (env_kwargs may not set them)
 OWN_ENV_KWARGS = {"split": "--split", "error_profile": "--error-profile", "candidates": "--candidates"}
@@ -256,8 +258,14 @@ class TrainConfig:
                 raise ConfigError(f"--env-kwargs: key {key!r} is not a keyword name (e.g. {{candidates_difficulty: hard}})")
         if p.ent_end > p.ent_start:
             raise ConfigError(f"--ent-end={p.ent_end} is above --ent-start={p.ent_start}: the entropy coefficient decays")
-        if not m.adapter.isidentifier():
-            raise ConfigError(f"--adapter={m.adapter!r}: use a name made of letters, digits and _ (e.g. exec)")
+        if not m.adapter.isidentifier() or len(m.adapter) > MAX_ADAPTER_NAME:  # a folder name: 300 failed at the save
+            raise ConfigError(
+                f"--adapter={m.adapter[:100]!r}: use a name made of letters, digits and _, at most {MAX_ADAPTER_NAME} "
+                "characters (e.g. exec)"
+            )
+        if not m.lora_dropout < 1:  # 1 drops every input (nothing learnt); above 1 was torch's traceback
+            raise ConfigError(f"--lora-dropout={m.lora_dropout!r}: use a value in [0, 1), e.g. 0.05")
+        _at_most("threads", m.threads, MAX_THREADS, "more threads than cores only slow torch; 1e9 crashed OpenMP")
         for spec in m.frozen_adapters:
             if not isinstance(spec, str) or "=" not in spec or not spec.split("=", 1)[0].isidentifier():
                 raise ConfigError(f"--frozen-adapters: {spec!r} is not NAME=DIR (e.g. preference=runs/stages/preference/final)")

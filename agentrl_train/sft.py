@@ -123,6 +123,7 @@ def _diverged(out: Any, rows: list[dict[str, Any]], cfg: TrainConfig, what: str)
     """Stop a diverged run: its metrics so far are written, final/ is left as it was."""
     (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     raise ConfigError(
-        f"sft diverged: {what}; lower --sft-lr (now {cfg.sft.sft_lr:g}, default 0.001) or --grad-clip "
-        f"(now {cfg.ppo.grad_clip:g}); final/ was not written (the losses so far are in {out / 'metrics.jsonl'})"
+        f"sft diverged: {what}; lower --sft-lr (now {cfg.sft.sft_lr:g}, default 0.001), --lora-alpha-ratio "
+        f"(now {cfg.model.lora_alpha_ratio:g}, default 2) or --grad-clip (now {cfg.ppo.grad_clip:g}); final/ was not "
+        f"written (the losses so far are in {out / 'metrics.jsonl'})"
     )

@@ -68,6 +68,10 @@ def test_yaml_then_flags(tmp_path) -> None:
         ({"env_kwargs": "{max_steps:5}"}, "--env-kwargs: 'max_steps:5' reads as one key .* max_steps: 5"),
         ({"env_kwargs": "http://x"}, "--env-kwargs='http://x': use a dict$"),
         ({"lora_ranks": "[1, 2]"}, r"--lora-ranks=\[1, 2\]: use a dict"),
+        ({"lora_dropout": 2}, r"--lora-dropout=2\.0: use a value in \[0, 1\)"),
+        ({"lora_dropout": 1}, r"--lora-dropout=1\.0: use a value in \[0, 1\)"),
+        ({"threads": 10**9}, r"--threads=1000000000: use a value <= 1024"),
+        ({"adapter": "a" * 101}, r"--adapter='a{100}': .* at most 100 characters"),
     ],
 )
 def test_bad_values_name_the_option(overrides, match) -> None:
