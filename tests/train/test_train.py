@@ -443,3 +443,35 @@ def test_sft_refuses_resume(tmp_path, capsys) -> None:
     err = capsys.readouterr().err
     assert "--resume: sft keeps no checkpoints" in err and "drop --resume" in err, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("profile", "message"),
+    [
+        ("nosuch", "--error-profile='nosuch': not a shipped profile"),
+        ("", "--error-profile='': use a shipped profile name"),
+        ("/nonexistent/p.yaml", "--error-profile='/nonexistent/p.yaml': /nonexistent/p.yaml does not exist"),
+    ],
+)
+def test_sft_checks_the_error_profile_before_building_anything(tmp_path, profile, message) -> None:
+    """A bad --error-profile failed after the model was built and the run folder made, as ``error_profile=...``."""
+    from agentrl_envs.errors import ConfigError
+    from agentrl_train.sft import sft
+
+    cfg = small_config(tmp_path, env="AgentRL/SQL-v0", mode="generate", episodes=1, error_profile=profile)
+    with pytest.raises(ConfigError) as info:
+        sft(cfg, log=lambda *a, **k: None)
+    assert str(info.value).startswith(message), str(info.value)
+    assert not (tmp_path / "run").exists()
+
+
+def test_ppo_names_a_bad_error_profile_by_its_flag_before_building_a_model(tmp_path, monkeypatch) -> None:
+    import agentrl_train.train as train_module
+    from agentrl_envs.errors import ConfigError
+
+    def no_model(*a, **k):  # type: ignore[no-untyped-def]
+        raise AssertionError("a model was built before --error-profile was checked")
+
+    monkeypatch.setattr(train_module, "build_policy", no_model)
+    with pytest.raises(ConfigError, match=r"^--error-profile='nosuch': not a shipped profile"):
+        train(small_config(tmp_path, error_profile="nosuch"), log=lambda *a, **k: None)
