@@ -370,6 +370,12 @@ def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, 
             }
             logger.log(row)
             bar.update(row)
+            if not all(bool(torch.isfinite(p).all()) for _, p in named):  # every rank: DDP shares the NaN gradients
+                raise ConfigError(
+                    f"ppo diverged at update {update + 1}: the adapter's or value head's weights are not finite; lower "
+                    f"--lr (now {cfg.ppo.lr:g}), --value-lr (now {cfg.ppo.value_lr:g}) or --lora-alpha-ratio (now "
+                    f"{cfg.model.lora_alpha_ratio:g}); no checkpoint or final/ of these weights was written"
+                )
             is_last = update + 1 == cfg.ppo.updates
             if dist.is_main and cfg.run.eval_every and ((update + 1) % cfg.run.eval_every == 0 or is_last):
                 logger.log_eval(

@@ -475,3 +475,15 @@ def test_ppo_names_a_bad_error_profile_by_its_flag_before_building_a_model(tmp_p
     monkeypatch.setattr(train_module, "build_policy", no_model)
     with pytest.raises(ConfigError, match=r"^--error-profile='nosuch': not a shipped profile"):
         train(small_config(tmp_path, error_profile="nosuch"), log=lambda *a, **k: None)
+
+
+def test_ppo_that_diverges_stops_naming_lr_and_saves_no_nan_weights(tmp_path) -> None:
+    """``--lr 1e30``: the next rollout was torch's ``probability tensor contains inf, nan`` traceback."""
+    from agentrl_envs.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^ppo diverged at update 1: .* lower --lr \(now 1e\+30\)"):
+        train(small_config(tmp_path, lr=1e30, updates=2, record=False, final_eval_splits=[]), log=lambda *a, **k: None)
+    run = tmp_path / "run"
+    assert not (run / "final").exists() and not list((run / "checkpoints").glob("update-*"))
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["update"] for r in rows if r["kind"] == "update"] == [1]  # the diverged update is still logged
