@@ -54,10 +54,11 @@ def _cmd_ppo(args: argparse.Namespace) -> int:
 
     if args.nproc > 1:
         from agentrl_train.config import make_run_dir
-        from agentrl_train.train import check_env_id, check_env_kwargs
+        from agentrl_train.train import check_env_id, check_env_kwargs, check_error_profile
 
         check_env_id(cfg.env.env)
         check_env_kwargs(cfg.env.env, cfg.env.env_kwargs)
+        check_error_profile(cfg.env.error_profile)
         make_run_dir(cfg)
         # torchrun's per-rank logs go into the run folder (without --log-dir it leaves a torchelastic_* folder in /tmp)
         return distributed.exec_torchrun(args.nproc, args.argv, log_dir=os.path.join(cfg.run.out, "torchrun"))
@@ -69,10 +70,14 @@ def _cmd_ppo(args: argparse.Namespace) -> int:
 
 
 def _cmd_sft(args: argparse.Namespace) -> int:
-    from agentrl_train.config import load_config
+    from agentrl_train.config import ConfigError, load_config
     from agentrl_train.sft import sft
 
     overrides = _overrides(args)
+    if overrides.get("resume"):  # it restarted from scratch, silently, and wrote over final/
+        raise ConfigError(
+            "--resume: sft keeps no checkpoints, so there is nothing to resume (a run that stopped starts over); drop --resume"
+        )
     overrides.setdefault("out", "runs/sft")
     overrides.setdefault("mode", "generate")
     cfg = load_config(args.config, overrides)
@@ -105,7 +110,7 @@ def _cmd_resources(args: argparse.Namespace) -> int:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from agentrl_train.serve.canary import CanaryRules
-    from agentrl_train.serve.run import build_app, parse_pairs, serve, token_from
+    from agentrl_train.serve.run import build_app, listen, parse_pairs, serve, token_from
 
     adapters = parse_pairs(args.adapter, "--adapter")
     watch = parse_pairs(args.watch, "--watch", default_name=next(iter(adapters), None))
@@ -131,11 +136,14 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         watch=watch,
         watch_interval_s=args.watch_interval_s,
     )
+    sock = listen(args.host, args.port)
+    port = sock.getsockname()[1]  # the one bound: --port 0 printed ":0"
+    where = f"[{args.host}]" if ":" in args.host else args.host
     print(
-        f"agentrl-train serve on http://{args.host}:{args.port} ({'bearer token required' if token else 'no token'}); Ctrl-C stops it",
+        f"agentrl-train serve on http://{where}:{port} ({'bearer token required' if token else 'no token'}); Ctrl-C stops it",
         flush=True,
     )
-    serve(app, args.host, args.port, token)
+    serve(app, args.host, port, token, sock=sock)
     return 0
 
 

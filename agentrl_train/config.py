@@ -40,6 +40,8 @@ __all__ = [
 MAX_SEED = 2**32 - 1  #: numpy's legacy seeding takes seeds in [0, 2**32 - 1]
 MAX_CANDIDATES = 64  #: each candidate is a forward pass per step; the env builds K distinct actions
 MAX_NUM_ENVS = 256  #: sub-envs per rank (under async each one is a process)
+MAX_THREADS = 1024  #: torch CPU threads (as agentrl-train serve --threads)
+MAX_ADAPTER_NAME = 100  #: the adapter's name is a folder name in final/ and checkpoints
 MAX_REPLAY_MB = 1 << 20  #: 1 TiB: the replay buffer is one file of this size in the run folder
 #: gym.make keywords the trainer sets from its own options (env_kwargs may not set them)
 OWN_ENV_KWARGS = {"split": "--split", "error_profile": "--error-profile", "candidates": "--candidates"}
@@ -256,8 +258,14 @@ class TrainConfig:
                 raise ConfigError(f"--env-kwargs: key {key!r} is not a keyword name (e.g. {{candidates_difficulty: hard}})")
         if p.ent_end > p.ent_start:
             raise ConfigError(f"--ent-end={p.ent_end} is above --ent-start={p.ent_start}: the entropy coefficient decays")
-        if not m.adapter.isidentifier():
-            raise ConfigError(f"--adapter={m.adapter!r}: use a name made of letters, digits and _ (e.g. exec)")
+        if not m.adapter.isidentifier() or len(m.adapter) > MAX_ADAPTER_NAME:  # a folder name: 300 failed at the save
+            raise ConfigError(
+                f"--adapter={m.adapter[:100]!r}: use a name made of letters, digits and _, at most {MAX_ADAPTER_NAME} "
+                "characters (e.g. exec)"
+            )
+        if not m.lora_dropout < 1:  # 1 drops every input (nothing learnt); above 1 was torch's traceback
+            raise ConfigError(f"--lora-dropout={m.lora_dropout!r}: use a value in [0, 1), e.g. 0.05")
+        _at_most("threads", m.threads, MAX_THREADS, "more threads than cores only slow torch; 1e9 crashed OpenMP")
         for spec in m.frozen_adapters:
             if not isinstance(spec, str) or "=" not in spec or not spec.split("=", 1)[0].isidentifier():
                 raise ConfigError(f"--frozen-adapters: {spec!r} is not NAME=DIR (e.g. preference=runs/stages/preference/final)")
@@ -433,8 +441,22 @@ def _coerce(name: str, f: dataclasses.Field[Any], value: Any) -> Any:
                 value = kind()
             if kind is list and isinstance(value, str):
                 value = [v.strip() for v in value.split(",") if v.strip()]
+        head, _, rest = value.partition(":") if isinstance(value, str) else ("", "", "")
+        if kind is dict and rest and head.strip().isidentifier() and rest[0] != "/":  # 'attn:8' is text, not a mapping
+            raise ConfigError(
+                f"{flag}={value[:100]!r}: use a dict; with no space after its colon YAML reads this as one string: "
+                f"write {{{head.strip()[:40]}: {rest.strip()[:40]}}}"
+            )
         if not isinstance(value, kind):
-            raise ConfigError(f"{flag}={value!r}: use a {kind.__name__}")
+            raise ConfigError(f"{flag}={repr(value)[:100]}: use a {kind.__name__}")
+        if kind is dict:
+            for key, item in value.items():  # {attn:8} is a key "attn:8" with no value
+                name, _, rest = key.partition(":") if isinstance(key, str) else ("", "", "")
+                if rest and name.strip().isidentifier() and item is None:
+                    raise ConfigError(
+                        f"{flag}: {key[:100]!r} reads as one key with no value; put a space after its colon, "
+                        f"as YAML needs: {name.strip()[:40]}: {rest.strip()[:40]}"
+                    )
         return value
     raise ConfigError(f"{flag}: unsupported option type {kind!r}")  # pragma: no cover
 

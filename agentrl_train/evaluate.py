@@ -138,6 +138,13 @@ def evaluate_run(
 
     if episodes < 1:
         raise ConfigError(f"--episodes {episodes}: use a positive number")
+    if not str(run).strip():  # Path("") is the current folder
+        raise ConfigError(f"--run {run!r}: name a run folder (the --out folder of a ppo or sft run)")
+    if error_profile is not None and not error_profile.strip():  # "" was the run's own profile, silently
+        raise ConfigError(
+            f"--error-profile {error_profile!r}: name a fault profile (e.g. none or realistic, or a .yaml path), "
+            "or drop the option for the run's own"
+        )
     policy, cfg = load_run(run, checkpoint)
     return evaluate(policy, cfg, split, episodes, error_profile=error_profile, sample=sample)
 
@@ -159,7 +166,7 @@ def load_run(run: str, checkpoint: str | None = None) -> tuple[Any, Any]:
     folder = Path(run)
     cfg = read_run_config(folder, "--run")
     cfg.model.init_adapter = ""
-    if checkpoint:
+    if checkpoint is not None:  # "" is refused by name: it evaluated final/, silently
         f = _checkpoint_file(folder, checkpoint)
     else:
         final = folder / "final"
@@ -169,7 +176,7 @@ def load_run(run: str, checkpoint: str | None = None) -> tuple[Any, Any]:
             if not need.is_file():
                 raise ConfigError(f"--run {run}: {need} is missing (a damaged final/); use --checkpoint latest")
     policy = build_policy(cfg, log=lambda *a, **k: None)
-    if checkpoint:
+    if checkpoint is not None:
         _load_checkpoint_weights(policy, f, checkpoint)
     else:
         policy.load_adapter_weights(folder / "final", option="--run")
@@ -186,7 +193,7 @@ def _checkpoint_file(folder: Any, checkpoint: str) -> Any:
             raise ConfigError(f"--checkpoint latest: no {ckpts / 'latest'} (the run wrote no checkpoint)")
         name = (ckpts / "latest").read_text(encoding="utf-8", errors="replace").strip()
     if not name or "/" in name or "\\" in name or name in (".", ".."):
-        raise ConfigError(f"--checkpoint {checkpoint}: {name!r} is not a checkpoint name (e.g. update-000010, or latest)")
+        raise ConfigError(f"--checkpoint {checkpoint!r}: {name!r} is not a checkpoint name (e.g. update-000010, or latest)")
     f = ckpts / name / "trainable.safetensors"
     if not f.is_file():
         have = sorted(p.name for p in ckpts.glob("update-*")) if ckpts.is_dir() else []

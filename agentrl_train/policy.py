@@ -114,11 +114,12 @@ def lora_targets(
         raise ConfigError(f"--lora-preset={preset!r}: use one of {', '.join(LORA_PRESETS)}")
     by_kind = dict(LORA_PRESETS[preset])
     ranks = dict(ranks or {})
-    present: set[str] = set()
+    width: dict[str, int] = {}  # module name -> the smallest min(in, out) of its layers: a rank above it is no use
     for name, module in lm.named_modules():
         leaf = name.rsplit(".", 1)[-1]
         if isinstance(module, nn.Linear) and leaf in ATTN + MLP and re.search(r"\.layers\.\d+\.", name):
-            present.add(leaf)
+            width[leaf] = min(width.get(leaf, module.in_features), module.in_features, module.out_features)
+    present = set(width)
     if not present:
         raise ConfigError("this model has no q/k/v/o_proj, qkv_proj or gate/up/down_proj layers to put LoRA on")
     for key, value in ranks.items():
@@ -130,6 +131,15 @@ def lora_targets(
             raise ConfigError(f"--lora-ranks: rank of {key!r} is {value!r}; use a positive int")
     by_kind.update({k: v for k, v in ranks.items() if k in ("attn", "mlp")})
     rank_pattern = {m: ranks.get(m, by_kind["attn" if m in ATTN else "mlp"]) for m in sorted(present)}
+    for key, value in ranks.items():  # the preset's ranks are not checked: a small model may be narrower than 64
+        applies = [m for m in present if m == key or (m not in ranks and key == ("attn" if m in ATTN else "mlp"))]
+        if applies and value > min(width[m] for m in applies):
+            narrowest = min(applies, key=lambda m: (width[m], m))
+            kind = f"{key} modules ({', '.join(sorted(applies))})" if key in ("attn", "mlp") else key
+            raise ConfigError(
+                f"--lora-ranks: rank {value} for {kind} is above this model's width there ({narrowest} is "
+                f"{width[narrowest]} wide: min(in, out) features); the largest allowed {key} rank is {width[narrowest]}"
+            )
     alpha_pattern = {m: alpha_ratio * r for m, r in rank_pattern.items()}
     return {"target_modules": sorted(present), "rank_pattern": rank_pattern, "alpha_pattern": alpha_pattern}
 

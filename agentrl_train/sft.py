@@ -9,6 +9,7 @@ the batch split does not change the update).
 from __future__ import annotations
 
 import json
+import math
 import random
 from typing import Any
 
@@ -56,10 +57,11 @@ def oracle_transcripts(
 
 def sft(cfg: TrainConfig, log: Any = print) -> dict[str, Any]:
     """Train ``cfg.model.adapter`` on oracle transcripts of ``cfg.env.env``; writes ``final/`` and an eval table."""
-    from agentrl_train.train import build_policy, check_env_id, check_env_kwargs
+    from agentrl_train.train import build_policy, check_env_id, check_env_kwargs, check_error_profile
 
     check_env_id(cfg.env.env)  # before building a model: a typo should fail in a second
     check_env_kwargs(cfg.env.env, cfg.env.env_kwargs)
+    check_error_profile(cfg.env.error_profile)  # it failed after the model was built and the run folder made
     out = make_run_dir(cfg)
     dump_config(cfg, out / "config.yaml")
     random.seed(cfg.run.seed)
@@ -91,6 +93,8 @@ def sft(cfg: TrainConfig, log: Any = print) -> dict[str, Any]:
                 loss = -lp.sum() / max(n_tokens, 1)
                 loss.backward()
                 loss_total += float(loss.detach())
+            if not math.isfinite(loss_total):  # the weights diverged: saving them would hand PPO a NaN adapter
+                _diverged(out, rows, cfg, f"at step {step + 1} (epoch {epoch}) the loss is {loss_total}")
             torch.nn.utils.clip_grad_norm_(params, cfg.ppo.grad_clip)
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -98,9 +102,21 @@ def sft(cfg: TrainConfig, log: Any = print) -> dict[str, Any]:
             rows.append({"epoch": epoch, "step": step, "loss": loss_total})
             if step % 10 == 0:
                 log(f"sft epoch {epoch} step {step} loss {loss_total:.4f}")
+    if not all(bool(torch.isfinite(p).all()) for p in params):  # the last step can diverge with every loss finite
+        _diverged(out, rows, cfg, f"after step {step} the adapter's weights are not finite")
     policy.eval()
     policy.save(out / "final")
     dump_config(cfg, out / "final" / "config.yaml")
     (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     table = evaluate.final_eval(policy, cfg, out, log)
     return {"steps": step, "final_loss": rows[-1]["loss"] if rows else None, "eval": table}
+
+
+def _diverged(out: Any, rows: list[dict[str, Any]], cfg: TrainConfig, what: str) -> None:
+    """Stop a diverged run: its metrics so far are written, final/ is left as it was."""
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    raise ConfigError(
+        f"sft diverged: {what}; lower --sft-lr (now {cfg.sft.sft_lr:g}, default 0.001), --lora-alpha-ratio "
+        f"(now {cfg.model.lora_alpha_ratio:g}, default 2) or --grad-clip (now {cfg.ppo.grad_clip:g}); final/ was not "
+        f"written (the losses so far are in {out / 'metrics.jsonl'})"
+    )

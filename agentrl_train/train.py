@@ -31,6 +31,7 @@ __all__ = [
     "build_policy",
     "check_env_id",
     "check_env_kwargs",
+    "check_error_profile",
     "train",
     "unit_terms",
     "wrap_trainable",
@@ -161,6 +162,21 @@ def check_env_id(env_id: str) -> None:
         raise ConfigError(f"--env {env_id!r}: no such env id; use one of {known}")
 
 
+def check_error_profile(profile: str) -> None:
+    """Raise :class:`ConfigError` naming ``--error-profile`` when it is no fault profile (read before any model is built)."""
+    from agentrl_envs.faults import load_profile
+
+    try:
+        load_profile(profile)
+    except ConfigError as exc:  # the env's words name its keyword: error_profile='nosuch'
+        text = str(exc)
+        raise ConfigError(
+            "--error-profile=" + text.removeprefix("error_profile=")
+            if text.startswith("error_profile=")
+            else f"--error-profile={profile[:200]!r}: {text}"
+        ) from None
+
+
 def check_env_kwargs(env_id: str, env_kwargs: dict[str, Any]) -> None:
     """Raise :class:`ConfigError` naming ``--env-kwargs`` when a key is no keyword of ``env_id``'s constructor or gym.make.
 
@@ -202,6 +218,7 @@ def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, 
 
     check_env_id(cfg.env.env)  # before building a model: a typo should fail in a second
     check_env_kwargs(cfg.env.env, cfg.env.env_kwargs)
+    check_error_profile(cfg.env.error_profile)
     per_step = micro_batches_per_step(cfg, dist.world)
     policy = build_policy(cfg, log=log)
     dist.check_same_weights(policy)
@@ -352,6 +369,12 @@ def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, 
             }
             logger.log(row)
             bar.update(row)
+            if not all(bool(torch.isfinite(p).all()) for _, p in named):  # every rank: DDP shares the NaN gradients
+                raise ConfigError(
+                    f"ppo diverged at update {update + 1}: the adapter's or value head's weights are not finite; lower "
+                    f"--lr (now {cfg.ppo.lr:g}), --value-lr (now {cfg.ppo.value_lr:g}) or --lora-alpha-ratio (now "
+                    f"{cfg.model.lora_alpha_ratio:g}); no checkpoint or final/ of these weights was written"
+                )
             is_last = update + 1 == cfg.ppo.updates
             if dist.is_main and cfg.run.eval_every and ((update + 1) % cfg.run.eval_every == 0 or is_last):
                 logger.log_eval(

@@ -8,13 +8,17 @@ bodies, checked by pydantic. Routes:
   greedy; a ``<tool_call>`` in the reply comes back as ``tool_calls`` when the request sent ``tools``.
   The header ``x-adapter-version: NAME@VERSION`` and the body's ``system_fingerprint`` say which
   version answered.
-- ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus text format).
+- ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus text format); ``HEAD`` on any route
+  answers as ``GET`` does, without the body.
 - ``POST /v1/adapters/NAME {"path": DIR}``: hot reload (see :mod:`agentrl_train.serve.engine`).
 - ``POST /v1/adapters/NAME/canary {"path": DIR, "fraction": f}``, ``POST .../promote``, ``POST .../rollback``,
   ``GET /v1/adapters/NAME``, ``POST /v1/feedback`` (see :mod:`agentrl_train.serve.canary`).
 
 With ``--upstream URL`` the same routes sit in front of another OpenAI-compatible server (e.g. vLLM with
 LoRA enabled): adapters are the upstream's model names, a canary is ``{"model": NAME, "fraction": f}``.
+Whatever goes wrong upstream is a 502 ``upstream_error`` whose message names the upstream's status and
+its message (``upstream URL answered 401: ...``), counted against the version asked; an answer is read
+up to ``MAX_UPSTREAM_BYTES`` (32 MiB) and no further.
 
 Access: with a bearer token every route but ``GET /health`` needs ``Authorization: Bearer <token>``;
 a non-loopback bind needs a token (as for ``agentrl-envs serve``).
@@ -41,6 +45,7 @@ from agentrl_train.serve.canary import CanaryRules, Decision, Deployment, Router
 __all__ = ["ChatRequest", "ServeApp"]
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
+MAX_UPSTREAM_BYTES = 32 * 1024 * 1024  # an upstream's answer is read up to this, never whole past it
 MAX_SEED = 2**63 - 1
 BASE_NAMES = ("base",)
 VERSION_HEADER = "x-adapter-version"
@@ -221,12 +226,16 @@ class ServeApp:
             status, ctype = exc.status, "application/json"
             answer = json.dumps({"error": {"message": exc.message, "type": exc.kind, "code": exc.status}}).encode()
         out = [(b"content-type", ctype.encode()), *((k.encode(), v.encode()) for k, v in extra.items())]
+        out.append((b"content-length", str(len(answer)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": out})
-        await send({"type": "http.response.body", "body": answer})
+        await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else answer})
 
     async def _dispatch(
         self, method: str, path: str, headers: dict[str, str], body: bytes
     ) -> tuple[int, bytes, dict[str, str], str]:
+        asked = method
+        if method == "HEAD":  # answered as GET would be (status, headers, the token asked for), without the body
+            method = "GET"
         if method == "GET" and path == "/health":
             return 200, _json({"ok": True, "uptime_s": round(time.time() - self.started, 3)}), {}, "application/json"
         self._authorize(headers)
@@ -248,9 +257,9 @@ class ServeApp:
             if method == "POST":
                 return 200, _json(await self.admin(name, action, body)), {}, "application/json"
         if path in ("/v1/chat/completions", "/v1/models", "/v1/feedback", "/metrics") or path.startswith("/v1/adapters"):
-            raise HTTPError(405, f"{method} {path} is not allowed; see the routes in agentrl-train serve --help")
+            raise HTTPError(405, f"{asked} {path} is not allowed; see the routes in agentrl-train serve --help")
         raise HTTPError(
-            404, f"no route {method} {path[:200]}; routes: /v1/chat/completions, /v1/models, /v1/adapters/NAME, /health, /metrics"
+            404, f"no route {asked} {path[:200]}; routes: /v1/chat/completions, /v1/models, /v1/adapters/NAME, /health, /metrics"
         )
 
     def _authorize(self, headers: dict[str, str]) -> None:
@@ -328,21 +337,26 @@ class ServeApp:
         if headers.get("x-upstream-authorization"):
             fwd["authorization"] = headers["x-upstream-authorization"]
         try:
-            r = await self._client.post(f"{self.upstream}/v1/chat/completions", json=body, headers=fwd)
+            status, content = await _read_upstream(self._client, f"{self.upstream}/v1/chat/completions", body, fwd)
         except httpx.HTTPError as exc:
             self.router.record(target, ok=False, parsed=False, latency_s=time.perf_counter() - t0)
             raise HTTPError(
                 502, f"upstream {self.upstream} failed ({type(exc).__name__}); check that it is up", "upstream_error"
             ) from None
-        problem = _upstream_problem(r)
-        if problem is not None:
+        except _TooBig as exc:
             self.router.record(target, ok=False, parsed=False, latency_s=time.perf_counter() - t0)
             raise HTTPError(
-                502 if r.status_code < 400 else r.status_code,
-                f"upstream {self.upstream} answered {r.status_code}: {problem}",
+                502,
+                f"upstream {self.upstream} answered {exc.status} with a body over {MAX_UPSTREAM_BYTES} bytes "
+                f"({MAX_UPSTREAM_BYTES >> 20} MiB, this server's cap); is --upstream an OpenAI-compatible server, "
+                "and is max_tokens sane?",
                 "upstream_error",
-            )
-        answer = r.json()
+            ) from None
+        answer, problem = _upstream_answer(status, content)
+        if problem is not None:
+            # Always 502: the upstream's own status passed through (its 401, its 404) would read as ours.
+            self.router.record(target, ok=False, parsed=False, latency_s=time.perf_counter() - t0)
+            raise HTTPError(502, f"upstream {self.upstream} answered {status}: {problem}", "upstream_error")
         message = answer["choices"][0].get("message") or {}
         parsed = bool(message.get("tool_calls")) or _reply(str(message.get("content") or ""), "stop", req.tools)[2]
         self.router.record(target, ok=True, parsed=parsed, latency_s=time.perf_counter() - t0)
@@ -611,27 +625,57 @@ def _parse(model: type[Any], body: bytes) -> Any:
         raise HTTPError(400, f"bad request: {where}: {first['msg']} ({exc.error_count()} problem(s))") from None
 
 
-def _upstream_problem(r: Any) -> str | None:
-    """What is wrong with an upstream's answer to a chat completion, or None for a usable one.
+class _TooBig(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+async def _read_upstream(client: Any, url: str, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, bytes]:
+    """POST ``body`` to ``url``; the status and the body, read up to :data:`MAX_UPSTREAM_BYTES` (:class:`_TooBig` past it)."""
+    async with client.stream("POST", url, json=body, headers=headers) as r:
+        declared = r.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > MAX_UPSTREAM_BYTES:
+            raise _TooBig(r.status_code)
+        chunks, size = [], 0
+        async for chunk in r.aiter_bytes():
+            size += len(chunk)
+            if size > MAX_UPSTREAM_BYTES:
+                raise _TooBig(r.status_code)
+            chunks.append(chunk)
+        return r.status_code, b"".join(chunks)
+
+
+def _upstream_answer(status: int, content: bytes) -> tuple[Any, str | None]:
+    """An upstream's answer to a chat completion and what is wrong with it (None for a usable one).
 
     Usable: status 200 and a JSON object whose ``choices[0]`` is an object with a ``message`` object (or none).
+    Another status: the upstream's own error message (or the start of its body).
     """
     try:
-        answer = r.json()
+        answer = json.loads(content)
     except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past Python's recursion limit
-        return f"a body that is not JSON ({r.text[:100]!r}); is --upstream an OpenAI-compatible server?"
-    if r.status_code != 200:
-        return str(answer)[:300]
+        text = content[:100].decode("utf-8", "replace")
+        if status != 200:
+            return None, f"{text!r} (not JSON)"
+        return None, f"a body that is not JSON ({text!r}); is --upstream an OpenAI-compatible server?"
+    if status != 200:
+        error = answer.get("error") if isinstance(answer, dict) else None
+        message = error.get("message") if isinstance(error, dict) else error if isinstance(error, str) else None
+        return None, (message if isinstance(message, str) else str(answer))[:300]
     choices = answer.get("choices") if isinstance(answer, dict) else None
     if not isinstance(choices, list) or not choices:
         got = "not a JSON object" if not isinstance(answer, dict) else "no choices"
-        return f"JSON that is not a chat completion ({got}: {str(answer)[:200]}); is --upstream an OpenAI-compatible server?"
+        return (
+            None,
+            f"JSON that is not a chat completion ({got}: {str(answer)[:200]}); is --upstream an OpenAI-compatible server?",
+        )
     first = choices[0]
     message = first.get("message") if isinstance(first, dict) else None
     if not isinstance(first, dict) or not isinstance(message, (dict, type(None))):
         bad = "choices[0]" if not isinstance(first, dict) else "choices[0].message"
-        return f"a chat completion whose {bad} is not a JSON object ({str(first)[:200]}); is --upstream OpenAI-compatible?"
-    return None
+        return None, f"a chat completion whose {bad} is not a JSON object ({str(first)[:200]}); is --upstream OpenAI-compatible?"
+    return answer, None
 
 
 def _lone_surrogate(data: Any) -> str | None:

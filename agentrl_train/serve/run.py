@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import socket
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from agentrl_envs.errors import ConfigError
 
-__all__ = ["parse_pairs", "serve"]
+__all__ = ["listen", "parse_pairs", "serve"]
 
 TOKEN_ENV = "AGENTRL_SERVE_TOKEN"
 
@@ -76,14 +78,47 @@ def build_app(
     )
 
 
-def serve(app: Any, host: str = "127.0.0.1", port: int = 8000, token: str | None = None) -> None:
-    """Run ``app`` under uvicorn until interrupted; refuses a non-loopback bind without a token."""
+def listen(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host:port`` (a free port for 0: ``getsockname()[1]`` says which).
+
+    Raises:
+        ConfigError: the address cannot be bound (in use, not this machine's, not an address).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # as uvicorn picks it
+    try:
+        return socket.create_server((host, port), family=family)
+    except OSError as exc:  # gaierror included
+        raise ConfigError(
+            f"--host {host} --port {port}: cannot listen there ({exc.strerror or exc}); "
+            "use another --port (0 for a free one) or an address of this machine"
+        ) from None
+
+
+def serve(
+    app: Any,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    token: str | None = None,
+    *,
+    sock: socket.socket | None = None,
+) -> None:
+    """Run ``app`` under uvicorn until interrupted; refuses a non-loopback bind without a token.
+
+    Args:
+        sock: a socket from :func:`listen` (to print the port bound for port 0 first); by default one on ``host:port``.
+    """
     import uvicorn
 
     from agentrl_envs.simulator_server import check_bind
 
     check_bind(host, token)
-    uvicorn.run(app, host=host, port=port, log_level="warning", lifespan="on")
+    if sock is None:
+        sock = listen(host, port)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    with sock:
+        server.run(sockets=[sock])
+    if not server.started:  # the app's start-up failed (uvicorn logged why); uvicorn.run exits 3 then too
+        sys.exit(3)
 
 
 def token_from(value: str | None) -> str | None:

@@ -228,7 +228,12 @@ def test_cli_refuses_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
         (200, b'{"choices": [1]}', "choices[0] is not a JSON object"),
         (200, b'{"choices": [{"message": "hi"}]}', "choices[0].message is not a JSON object"),
         (200, b'{"choices": [{"message": ["hi"]}]}', "choices[0].message is not a JSON object"),
-        (500, b"Internal Server Error", "not JSON"),
+        (500, b"Internal Server Error", "'Internal Server Error' (not JSON)"),
+        (401, b'{"error": {"message": "Incorrect API key provided", "type": "invalid_request_error"}}', ": Incorrect API key"),
+        (404, b'{"error": {"message": "The model tools-v1 does not exist."}}', "answered 404: The model tools-v1 does not"),
+        (429, b'{"error": "rate limited"}', "answered 429: rate limited"),
+        (503, b'{"detail": "' + b"x" * 5000 + b'"}', "answered 503: {'detail': 'xxx"),
+        (400, b"\xff\xfe\x00garbage", "not JSON"),
     ],
 )
 def test_proxy_upstream_garbage_is_a_502_that_says_what_came_back(status: int, content: bytes, needle: str) -> None:
@@ -237,11 +242,43 @@ def test_proxy_upstream_garbage_is_a_502_that_says_what_came_back(status: int, c
     with respx.mock() as mock:
         mock.post("http://upstream.test/v1/chat/completions").mock(return_value=httpx.Response(status, content=content))
         r = asyncio.run(_call(app, "POST", "/v1/chat/completions", body))
-    assert r.status_code == (502 if status < 400 else status), r.text
+    # Always 502, the upstream's status in the text: its 401 passed through read as our token being wrong.
+    assert r.status_code == 502, r.text
     error = r.json()["error"]
-    assert error["type"] == "upstream_error" and "upstream http://upstream.test answered" in error["message"]
+    assert error["type"] == "upstream_error" and f"upstream http://upstream.test answered {status}" in error["message"]
     assert needle in error["message"], error["message"]
+    assert len(error["message"]) < 500, error["message"]
     assert app.router.get("tools").stats["tools@1"].errors == 1
+
+
+def test_proxy_reads_an_upstream_answer_up_to_a_cap() -> None:
+    """A huge or endless upstream body is a 502 naming the cap, read no further than the cap (it was read whole)."""
+    from agentrl_train.serve.app import MAX_UPSTREAM_BYTES
+
+    app = _proxy()
+    body = {"model": "tools", "messages": [{"role": "user", "content": "go"}]}
+    chunk = b" " * (1 << 20)
+    sent = [0]
+
+    async def endless() -> Any:  # no content-length: only counting while reading can stop it
+        while True:
+            sent[0] += 1
+            yield chunk
+
+    declared = httpx.Response(200, content=b"", headers={"content-length": str(MAX_UPSTREAM_BYTES + 1)})
+    for answer in (declared, httpx.Response(200, content=endless())):
+        with respx.mock() as mock:
+            mock.post("http://upstream.test/v1/chat/completions").mock(return_value=answer)
+            r = asyncio.run(_call(app, "POST", "/v1/chat/completions", body))
+        assert r.status_code == 502, r.text
+        assert f"over {MAX_UPSTREAM_BYTES} bytes" in r.json()["error"]["message"], r.text
+    assert MAX_UPSTREAM_BYTES // len(chunk) < sent[0] <= MAX_UPSTREAM_BYTES // len(chunk) + 2
+    assert app.router.get("tools").stats["tools@1"].errors == 2
+    just = b'{"choices": [{"message": {"content": "ok"}}], "pad": "' + b" " * (MAX_UPSTREAM_BYTES - 100) + b'"}'
+    with respx.mock() as mock:  # an answer under the cap is still served
+        mock.post("http://upstream.test/v1/chat/completions").mock(return_value=httpx.Response(200, content=just))
+        r = asyncio.run(_call(app, "POST", "/v1/chat/completions", body))
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "ok", r.text[:300]
 
 
 def test_proxy_keeps_a_usable_answer_with_odd_optional_fields() -> None:
@@ -287,3 +324,62 @@ def test_cli_port_zero_parses() -> None:
 
     args = build_parser().parse_args(["serve", "--port", "0", "--max-new-tokens", "32768", "--watch-interval-s", "0.01"])
     assert (args.port, args.max_new_tokens, args.watch_interval_s) == (0, 32768, 0.01)
+
+
+def test_head_answers_like_get_without_a_body() -> None:
+    """``HEAD /health`` (a load balancer's probe) was a 404; HEAD is GET without the body, token and all."""
+    from agentrl_envs.testing import free_port, serve_in_thread
+
+    app = _proxy(token="s3cret-token-0123456789")
+    with serve_in_thread(app, free_port()) as url:  # a real uvicorn: it must accept a bodiless answer to HEAD
+        got = httpx.get(url + "/health")
+        head = httpx.head(url + "/health")
+        assert head.status_code == 200 and head.content == b"", head
+        assert head.headers["content-type"] == "application/json"
+        assert head.headers["content-length"] == got.headers["content-length"] == str(len(got.content))
+        assert httpx.head(url + "/v1/models").status_code == 401  # no token: as GET
+        auth = {"authorization": "Bearer s3cret-token-0123456789"}
+        models = httpx.head(url + "/v1/models", headers=auth)
+        assert models.status_code == 200 and models.content == b""
+        assert httpx.head(url + "/metrics", headers=auth).status_code == 200
+        r = httpx.head(url + "/v1/chat/completions", headers=auth)
+        assert r.status_code == 405 and r.content == b""
+        assert httpx.head(url + "/nowhere", headers=auth).status_code == 404
+        assert httpx.get(url + "/health").json()["ok"] is True  # the connection still serves after HEADs
+    r = asyncio.run(_call(app, "GET", "/v1/chat/completions", headers={"authorization": "Bearer s3cret-token-0123456789"}))
+    assert r.status_code == 405 and r.json()["error"]["message"].startswith("GET /v1/chat/completions is not allowed")
+
+
+def test_cli_port_zero_prints_the_port_bound() -> None:
+    """``--port 0`` printed ``http://127.0.0.1:0``; the banner names the port bound, and it serves there."""
+    import subprocess
+    import sys
+
+    argv = ["serve", "--upstream", "http://127.0.0.1:9", "--adapter", "a=m", "--port", "0"]
+    proc = subprocess.Popen([sys.executable, "-m", "agentrl_train", *argv], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline() for _ in range(2)]  # "serve: a@1 from m", then the banner
+        banner = lines[-1]
+        assert banner.startswith("agentrl-train serve on http://127.0.0.1:"), banner
+        url = banner.split()[3]
+        port = int(url.rsplit(":", 1)[1])
+        assert port != 0, banner
+        r = httpx.get(url + "/health", timeout=60)  # bound before the banner: no wait needed
+        assert r.status_code == 200 and r.json()["ok"] is True
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def test_cli_a_port_in_use_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """A taken port was uvicorn's own log line and exit 1 (after the model load); now exit 2 naming --port."""
+    import socket
+
+    from agentrl_train.cli import main
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        assert main(["serve", "--upstream", "http://127.0.0.1:9", "--adapter", "a=m", "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert f"--port {port}: cannot listen there" in err and "0 for a free one" in err, err

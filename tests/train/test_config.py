@@ -57,6 +57,21 @@ def test_yaml_then_flags(tmp_path) -> None:
         ({"env_kwargs": "{split: test}"}, "--env-kwargs: 'split' has its own option; use --split"),
         ({"env_kwargs": "{candidates: 8}"}, "use --candidates"),
         ({"env_kwargs": "{1: 2}"}, "--env-kwargs: key 1 is not a keyword name"),
+        # YAML reads {attn:8} (no space after the colon) as a key "attn:8" with no value, and attn:8 as text
+        (
+            {"lora_ranks": "{attn:100000}"},
+            "--lora-ranks: 'attn:100000' reads as one key with no value; put a space "
+            "after its colon, as YAML needs: attn: 100000",
+        ),
+        ({"lora_ranks": "{attn: 8, mlp:4}"}, "'mlp:4' reads as one key .* mlp: 4"),
+        ({"lora_ranks": "attn:8"}, r"--lora-ranks='attn:8': use a dict; .* write \{attn: 8\}"),
+        ({"env_kwargs": "{max_steps:5}"}, "--env-kwargs: 'max_steps:5' reads as one key .* max_steps: 5"),
+        ({"env_kwargs": "http://x"}, "--env-kwargs='http://x': use a dict$"),
+        ({"lora_ranks": "[1, 2]"}, r"--lora-ranks=\[1, 2\]: use a dict"),
+        ({"lora_dropout": 2}, r"--lora-dropout=2\.0: use a value in \[0, 1\)"),
+        ({"lora_dropout": 1}, r"--lora-dropout=1\.0: use a value in \[0, 1\)"),
+        ({"threads": 10**9}, r"--threads=1000000000: use a value <= 1024"),
+        ({"adapter": "a" * 101}, r"--adapter='a{100}': .* at most 100 characters"),
     ],
 )
 def test_bad_values_name_the_option(overrides, match) -> None:

@@ -157,3 +157,37 @@ def test_tokenizer_without_chat_template_is_refused(small_policy, tmp_path) -> N
     (folder / "chat_template.jinja").unlink(missing_ok=True)
     with pytest.raises(ConfigError, match="no chat template"):
         load_base(str(folder), torch.device("cpu"))
+
+
+def test_a_rank_above_the_layer_width_is_refused() -> None:
+    """``{attn: 100000}`` was accepted: a LoRA of 100000 x 32 per projection, minutes of work before any use."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    lm = _tiny_lm("llama")  # hidden 32, intermediate 64: every projection is 32 wide
+    with pytest.raises(ConfigError) as info:
+        lora_targets(lm, "seed", {"attn": 100000})
+    msg = str(info.value)
+    assert msg.startswith("--lora-ranks: rank 100000 for attn modules (k_proj, o_proj, q_proj, v_proj)"), msg
+    assert msg.endswith("the largest allowed attn rank is 32"), msg
+    with pytest.raises(ConfigError, match=r"rank 33 for mlp modules .* largest allowed mlp rank is 32"):
+        lora_targets(lm, "seed", {"mlp": 33})
+    with pytest.raises(ConfigError, match=r"rank 40 for up_proj .* largest allowed up_proj rank is 32"):
+        lora_targets(lm, "seed", {"up_proj": 40})
+    assert lora_targets(lm, "seed", {"attn": 32, "mlp": 32})["rank_pattern"]["down_proj"] == 32  # the width itself is fine
+    assert lora_targets(lm, "seed")["rank_pattern"]["q_proj"] == 64  # a preset is not checked (small models are narrow)
+    # grouped-query attention: k/v_proj are narrower than q/o_proj, and the narrowest sets the kind's bound
+    gqa = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=64,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=1,
+        )
+    )
+    with pytest.raises(ConfigError, match=r"k_proj is 16 wide.*largest allowed attn rank is 16"):
+        lora_targets(gqa, "seed", {"attn": 64})
+    # a module named on its own is bounded by its own width, and the kind by the rest
+    t = lora_targets(gqa, "seed", {"attn": 64, "k_proj": 8, "v_proj": 8})
+    assert t["rank_pattern"] == {**t["rank_pattern"], "q_proj": 64, "o_proj": 64, "k_proj": 8, "v_proj": 8}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -397,3 +398,92 @@ def test_eval_on_damaged_run_folders_names_the_file(tmp_path, capsys) -> None:
         assert main(["eval", "--run", str(run), "--checkpoint", flag, "--episodes", "1"]) == 2, flag
         err = capsys.readouterr().err
         assert "Traceback" not in err and message in err.splitlines()[-1].partition("agentrl-train eval: error: ")[2], (flag, err)
+
+
+def test_sft_that_diverges_saves_no_nan_adapter(tmp_path) -> None:
+    """``--sft-lr 1e30`` saved an adapter of NaNs as final/ and reported success; now it stops, final/ untouched."""
+    from agentrl_envs.errors import ConfigError
+    from agentrl_train.sft import sft
+
+    opts = dict(env="AgentRL/SQL-v0", mode="generate", episodes=2, sft_epochs=2, sft_batch=1, final_eval_splits=[])
+    with pytest.raises(ConfigError, match=r"sft diverged: at step 2 \(epoch 0\) the loss is nan; lower --sft-lr \(now 1e\+30"):
+        sft(small_config(tmp_path, sft_lr=1e30, **opts), log=lambda *a, **k: None)
+    run = tmp_path / "run"
+    assert not (run / "final").exists()
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1] and math.isfinite(rows[0]["loss"])
+    assert sft(small_config(tmp_path, **opts), log=lambda *a, **k: None)["steps"] == 4  # a sane rate still trains
+    assert (run / "final").is_dir()
+
+
+def test_eval_refuses_empty_options_by_name(tmp_path, capsys) -> None:
+    """``--checkpoint ''`` evaluated final/ and ``--error-profile ''`` the run's profile, silently; ``--run ''`` said ``--run .``."""
+    from agentrl_train.config import TrainConfig, dump_config
+
+    run = tmp_path / "run"
+    run.mkdir()
+    dump_config(TrainConfig(), run / "config.yaml")  # the checks come before any model is built
+    for argv, message in (
+        (["--run", str(run), "--checkpoint", ""], "--checkpoint '': '' is not a checkpoint name"),
+        (["--run", str(run), "--error-profile", ""], "--error-profile '': name a fault profile"),
+        (["--run", str(run), "--error-profile", "  "], "--error-profile '  ': name a fault profile"),
+        (["--run", ""], "--run '': name a run folder"),
+    ):
+        capsys.readouterr()
+        assert main(["eval", *argv, "--episodes", "1"]) == 2, argv
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, (argv, err)
+
+
+def test_sft_refuses_resume(tmp_path, capsys) -> None:
+    """sft keeps no checkpoints: ``--resume`` started over silently (and wrote over final/)."""
+    out = tmp_path / "sft"
+    argv = ["sft", "--resume", "--out", str(out), "--env", "AgentRL/SQL-v0", "--episodes", "1", "--sft-epochs", "1"]
+    assert main([*argv, "--final-eval-splits", "[]", "--tiny-pretrain-steps", "30", "--tiny-corpus-episodes", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "--resume: sft keeps no checkpoints" in err and "drop --resume" in err, err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("profile", "message"),
+    [
+        ("nosuch", "--error-profile='nosuch': not a shipped profile"),
+        ("", "--error-profile='': use a shipped profile name"),
+        ("/nonexistent/p.yaml", "--error-profile='/nonexistent/p.yaml': /nonexistent/p.yaml does not exist"),
+    ],
+)
+def test_sft_checks_the_error_profile_before_building_anything(tmp_path, profile, message) -> None:
+    """A bad --error-profile failed after the model was built and the run folder made, as ``error_profile=...``."""
+    from agentrl_envs.errors import ConfigError
+    from agentrl_train.sft import sft
+
+    cfg = small_config(tmp_path, env="AgentRL/SQL-v0", mode="generate", episodes=1, error_profile=profile)
+    with pytest.raises(ConfigError) as info:
+        sft(cfg, log=lambda *a, **k: None)
+    assert str(info.value).startswith(message), str(info.value)
+    assert not (tmp_path / "run").exists()
+
+
+def test_ppo_names_a_bad_error_profile_by_its_flag_before_building_a_model(tmp_path, monkeypatch) -> None:
+    import agentrl_train.train as train_module
+    from agentrl_envs.errors import ConfigError
+
+    def no_model(*a, **k):  # type: ignore[no-untyped-def]
+        raise AssertionError("a model was built before --error-profile was checked")
+
+    monkeypatch.setattr(train_module, "build_policy", no_model)
+    with pytest.raises(ConfigError, match=r"^--error-profile='nosuch': not a shipped profile"):
+        train(small_config(tmp_path, error_profile="nosuch"), log=lambda *a, **k: None)
+
+
+def test_ppo_that_diverges_stops_naming_lr_and_saves_no_nan_weights(tmp_path) -> None:
+    """``--lr 1e30``: the next rollout was torch's ``probability tensor contains inf, nan`` traceback."""
+    from agentrl_envs.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^ppo diverged at update 1: .* lower --lr \(now 1e\+30\)"):
+        train(small_config(tmp_path, lr=1e30, updates=2, record=False, final_eval_splits=[]), log=lambda *a, **k: None)
+    run = tmp_path / "run"
+    assert not (run / "final").exists() and not list((run / "checkpoints").glob("update-*"))
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["update"] for r in rows if r["kind"] == "update"] == [1]  # the diverged update is still logged
