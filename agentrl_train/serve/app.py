@@ -47,6 +47,9 @@ __all__ = ["ChatRequest", "ServeApp"]
 MAX_BODY_BYTES = 4 * 1024 * 1024
 MAX_UPSTREAM_BYTES = 32 * 1024 * 1024  # an upstream's answer is read up to this, never whole past it
 MAX_SEED = 2**63 - 1
+#: upstream statuses passed to the client as they are: the request's own fault, or a rate limit to back off
+#: from (a 502 would be retried as is); every other upstream failure is a 502
+PASSED_UPSTREAM_STATUSES = (400, 413, 422, 429)
 BASE_NAMES = ("base",)
 VERSION_HEADER = "x-adapter-version"
 CONVERSATION_HEADERS = ("x-episode-id", "x-conversation-id")
@@ -354,9 +357,11 @@ class ServeApp:
             ) from None
         answer, problem = _upstream_answer(status, content)
         if problem is not None:
-            # Always 502: the upstream's own status passed through (its 401, its 404) would read as ours.
+            # 502, except for what the request itself caused (too long, rate limited): a client retries a
+            # 502, and the upstream's 401 or 404 passed through would read as this server's own.
             self.router.record(target, ok=False, parsed=False, latency_s=time.perf_counter() - t0)
-            raise HTTPError(502, f"upstream {self.upstream} answered {status}: {problem}", "upstream_error")
+            code = status if status in PASSED_UPSTREAM_STATUSES else 502
+            raise HTTPError(code, f"upstream {self.upstream} answered {status}: {problem}", "upstream_error")
         message = answer["choices"][0].get("message") or {}
         parsed = bool(message.get("tool_calls")) or _reply(str(message.get("content") or ""), "stop", req.tools)[2]
         self.router.record(target, ok=True, parsed=parsed, latency_s=time.perf_counter() - t0)
