@@ -102,6 +102,9 @@ def host_is_exiting(pid: int) -> bool:
     A killed process closes its files (our socket's EOF) before its children are re-parented, so on
     a busy machine a host killed a moment ago can still be our parent when we look: its ``/proc``
     entry then shows it exiting. A host that stops us to close or restart is alive and not exiting.
+
+    The same ``/proc/PID/stat`` parse as ``simulators._owners.start_time``, kept here on purpose: the
+    zygote runs isolated (``python -I -S``) with only this package importable.
     """
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
