@@ -11,6 +11,14 @@ and a backward that parks no Python object in the works it launches; otherwise a
 group was dropped right after a backward deadlocked (``~ProcessGroupGloo`` joins those threads while
 holding the GIL that they wait for).
 
+The tensors handed to a collective from Python are kept alive by :class:`Dist` until the process
+group is gone (:func:`setup` tears down in that order). Gloo's worker thread drops its last
+reference to a finished work a moment after the caller's ``all_reduce`` has returned; if the
+Python tensor had died meanwhile, that drop is the tensor's last and its decref needs the GIL:
+at interpreter exit the thread then dies inside a C++ destructor and the rank aborts with
+"terminate called without an active exception" (pytorch/pytorch#179291; seen here as a rank
+killed by SIGABRT after it had finished its work, about 1 run in 20).
+
 A rank that dies makes the collectives of the others fail (gloo: at once when the peer's socket
 closes, else after ``AGENTRL_DIST_TIMEOUT_S``, default 300); :func:`setup` turns that into a
 :class:`PeerLostError` that says how to resume.
@@ -50,6 +58,20 @@ class Dist:
         #: seconds this rank spent in collectives: statistics and checks from launch to completion, and
         #: DDP's gradient all-reduce as the time its backward waited on it (:meth:`Trainable.backward`)
         self.comm_s = 0.0
+        #: every tensor handed to a collective, kept until the process group is destroyed (module docstring)
+        self._handed: list[torch.Tensor] = []
+
+    def _all_reduce(self, t: torch.Tensor, op: Any = None) -> torch.Tensor:
+        """``all_reduce`` of ``t`` in place (sum unless ``op``), keeping ``t`` alive until teardown."""
+        import torch.distributed as td
+
+        self._handed.append(t)
+        td.all_reduce(t, op=op or td.ReduceOp.SUM)
+        return t
+
+    def release(self) -> None:
+        """Drop the kept tensors; only once the process group is destroyed (:func:`setup` does it)."""
+        self._handed.clear()
 
     @property
     def active(self) -> bool:
@@ -61,8 +83,7 @@ class Dist:
         import torch.distributed as td
 
         t0 = time.perf_counter()
-        t = torch.tensor(values, dtype=torch.float64, device=self.device)
-        td.all_reduce(t, op=op or td.ReduceOp.SUM)
+        t = self._all_reduce(torch.tensor(values, dtype=torch.float64, device=self.device), op or td.ReduceOp.SUM)
         self.comm_s += time.perf_counter() - t0
         return t.tolist()
 
@@ -99,9 +120,8 @@ class Dist:
             h.update(name.encode())
             h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
         local = torch.tensor(list(h.digest()), dtype=torch.int64, device=self.device)
-        lo, hi = local.clone(), local.clone()
-        td.all_reduce(lo, op=td.ReduceOp.MIN)
-        td.all_reduce(hi, op=td.ReduceOp.MAX)
+        lo = self._all_reduce(local.clone(), td.ReduceOp.MIN)
+        hi = self._all_reduce(local.clone(), td.ReduceOp.MAX)
         if not torch.equal(lo, hi):
             raise AgentRLError(
                 f"rank {self.rank}: trainable weights differ across ranks {when}; every rank must use the same "
@@ -115,19 +135,33 @@ class Dist:
         import torch.distributed as td
 
         flat = torch.cat([p.detach().double().reshape(-1).to(self.device) for _, p in policy.trainable_parameters()])
-        lo, hi = flat.clone(), flat.clone()
-        td.all_reduce(lo, op=td.ReduceOp.MIN)
-        td.all_reduce(hi, op=td.ReduceOp.MAX)
+        lo = self._all_reduce(flat.clone(), td.ReduceOp.MIN)
+        hi = self._all_reduce(flat.clone(), td.ReduceOp.MAX)
         return float((hi - lo).max()) if flat.numel() else 0.0
 
     def gather(self, obj: Any) -> list[Any]:
-        """Every rank's ``obj`` (picklable), in rank order, on every rank."""
+        """Every rank's ``obj`` (picklable), in rank order, on every rank.
+
+        Two all-reduces of byte tensors this rank keeps (not ``all_gather_object``, whose tensors
+        die with the call: see the module docstring): the longest pickle, then every rank's bytes
+        in its own row of a zero matrix.
+        """
         if not self.active:
             return [obj]
+        import pickle
+
         import torch.distributed as td
 
-        out: list[Any] = [None] * self.world
-        td.all_gather_object(out, obj)
+        data = pickle.dumps(obj)
+        longest = int(self._all_reduce(torch.tensor([len(data)], dtype=torch.int64, device=self.device), td.ReduceOp.MAX)[0])
+        rows = torch.zeros((self.world, longest + 8), dtype=torch.uint8)
+        rows[self.rank, :8] = torch.tensor(list(len(data).to_bytes(8, "little")), dtype=torch.uint8)
+        rows[self.rank, 8 : 8 + len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        rows = self._all_reduce(rows.to(self.device)).cpu()
+        out = []
+        for r in range(self.world):
+            row = rows[r].numpy().tobytes()
+            out.append(pickle.loads(row[8 : 8 + int.from_bytes(row[:8], "little")]))  # our own ranks' bytes
         return out
 
 
@@ -289,8 +323,29 @@ def setup(device: str = "auto") -> Iterator[Dist]:
             "the same number of ranks to continue from the latest checkpoint"
         ) from None
     finally:
-        with contextlib.suppress(Exception):
-            td.destroy_process_group()
+        _teardown(dist)
+
+
+def _teardown(dist: Dist) -> None:
+    """Destroy the process group, then drop the tensors its works may still hold.
+
+    The run's DDP wrappers are garbage by now, often in reference cycles: collected first, so the
+    process group's last reference goes (and gloo's threads are joined) while the interpreter is
+    whole and :class:`Dist` still owns every tensor a work holds. A failure here is printed, not
+    raised: the run's work is done and saved.
+    """
+    import gc
+
+    import torch.distributed as td
+
+    try:
+        gc.collect()
+        td.destroy_process_group()
+        gc.collect()
+    except Exception as exc:
+        print(f"rank {dist.rank}: destroying the process group failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+    else:
+        dist.release()
 
 
 def _is_comm_failure(exc: BaseException) -> bool:

@@ -132,6 +132,12 @@ def scenarios(rank: int, world: int, port: int, out: str) -> None:
         "kept": _stage_switch(dist, rank, rebuild=False),
         "rebuilt": _stage_switch(dist, rank, rebuild=True),
         "mismatch": _mismatch(dist, rank),
+        # objects of different sizes and types per rank (one empty), through Dist.gather's byte rows
+        "gathered": [
+            dist.gather({"rank": rank, "text": "é" * 3000}),
+            dist.gather("" if rank else [1.5, None]),
+            dist.gather(rank),
+        ],
     }
     Path(f"{out}.{rank}").write_text(json.dumps(result))
     _finish()

@@ -56,6 +56,15 @@ def test_the_all_reduce_wait_is_timed_on_the_syncing_backward_only(two_ranks: li
         assert t["no_sync_s"] == 0.0 and t["synced_s"] > 0.0, t
 
 
+def test_gather_returns_every_ranks_object_in_rank_order_on_every_rank(two_ranks: list[dict]) -> None:
+    want = [
+        [{"rank": 0, "text": "é" * 3000}, {"rank": 1, "text": "é" * 3000}],
+        [[1.5, None], ""],
+        [0, 1],
+    ]
+    assert two_ranks[0]["gathered"] == want and two_ranks[1]["gathered"] == want
+
+
 def test_start_check_catches_weights_that_differ_with_the_same_sum(two_ranks: list[dict]) -> None:
     for rank in (0, 1):
         msg = two_ranks[rank]["mismatch"]
