@@ -51,11 +51,14 @@ def _check_read_by(command: str, args: argparse.Namespace) -> None:
     """
     from agentrl_train.config import ConfigError, option_commands, option_names
 
+    given = vars(args)
     for name in option_names():
         readers = option_commands(name)
-        if name in vars(args) and command not in readers:
+        if name in given and command not in readers:
+            flag = name.replace("_", "-")
+            flag = f"--{'' if given[name] else 'no-'}{flag}" if isinstance(given[name], bool) else f"--{flag}"
             raise ConfigError(
-                f"--{name.replace('_', '-')} only applies to agentrl-train {' and '.join(readers)}, "
+                f"{flag} only applies to agentrl-train {' and '.join(readers)}, "
                 f"not {command}; drop it from the {command} command line (a --config file may keep it)"
             )
 
