@@ -43,6 +43,13 @@ OBSERVATION_MAX_CHARS = 16_000
 MAX_CANDIDATES = 1024
 #: ``python_timeout_s`` and ``sql_deadline_s`` at most: a day
 MAX_SERVICE_S = 86400.0
+#: The keys ``reset(options=...)`` reads; any other is refused (a typo such as ``"taskseed"`` drew a random task).
+#: Gymnasium's vector envs take their own ``"reset_mask"`` out of the options before a sub-env sees them.
+RESET_OPTIONS = ("task_seed",)
+#: ``options["task_seed"]`` at most: an int64, as every seed this project stores. The task generator would
+#: take any int, but a task id prints its seed and Python refuses ints past 4,300 digits (a raw ValueError
+#: after the episode in progress was closed); reset's own draws are below 2**31 - 1.
+MAX_TASK_SEED = 2**63 - 1
 #: ``info["sandbox_tier"]`` of an env without the python tool: it runs no Python and starts no sandbox
 NO_PYTHON_TIER = "none"
 
@@ -650,16 +657,29 @@ def _mail_domain(task: Task) -> str:
 
 
 def _task_seed_option(options: Any) -> int | None:
-    """``options["task_seed"]`` as an int, None when absent; ConfigError for options that are no mapping."""
+    """``options["task_seed"]`` as an int, None when absent.
+
+    Raises:
+        ConfigError: options that are no mapping, a key not in :data:`RESET_OPTIONS`, or a task seed
+            that is no int in ``[0, MAX_TASK_SEED]``.
+    """
     if options is None:
         return None
     if not isinstance(options, Mapping):  # a str or a list raised a raw AttributeError
         raise ConfigError(f"options={options!r:.80} ({type(options).__name__}): use a dict such as {{'task_seed': 3}}, or None")
+    unknown = [key for key in options if key not in RESET_OPTIONS]
+    if unknown:
+        raise ConfigError(
+            f"options key {unknown[0]!r:.80} is not a reset option of agentrl envs; "
+            f"the keys they read: {', '.join(map(repr, RESET_OPTIONS))}"
+        )
     task_seed = options.get("task_seed")
     if task_seed is None:
         return None
-    if not isinstance(task_seed, numbers.Integral) or isinstance(task_seed, bool) or task_seed < 0:
-        raise ConfigError(f"options['task_seed']={task_seed!r:.80}: use a non-negative int")
+    if not isinstance(task_seed, numbers.Integral) or isinstance(task_seed, bool) or not 0 <= int(task_seed) <= MAX_TASK_SEED:
+        huge = isinstance(task_seed, int) and task_seed.bit_length() > 256  # repr past 4,300 digits raises ValueError
+        shown = f"a {task_seed.bit_length()}-bit int" if huge else repr(task_seed)
+        raise ConfigError(f"options['task_seed']={shown:.80}: use an int from 0 to 2**63 - 1 (an int64)")
     return int(task_seed)  # a numpy int from a generator picks the same task as the int
 
 

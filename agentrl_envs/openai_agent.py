@@ -40,6 +40,7 @@ from typing import Any
 
 import httpx
 
+from agentrl_envs._deadline import OverBudget, Watchdog
 from agentrl_envs.actions import MAX_ACTION_CHARS, format_call, parse_action
 from agentrl_envs.errors import (
     ActionError,
@@ -99,7 +100,9 @@ class OpenAIChatAgent:
         model: the ``model`` field of each request (an adapter name on ``agentrl-train serve``).
         api_key: sent as ``Authorization: Bearer ...`` when given.
         temperature, max_tokens: sent when given (the server's defaults otherwise).
-        timeout_s: read/write/pool timeout of one request; connect_timeout_s: of the connection.
+        timeout_s: the budget of one request, from connecting to the answer's last byte (each retry
+            gets its own): a server that sends a byte now and then cannot stretch it, as it could a
+            per-read timeout. connect_timeout_s: the connection's part of it.
         max_retries: retries of a request after a transport error, timeout, 408, 429 or 5xx.
         backoff_s, max_backoff_s: the first retry waits about ``backoff_s``, doubling up to ``max_backoff_s``
             (times a jitter in [0.5, 1) from the agent's seeded generator).
@@ -111,7 +114,8 @@ class OpenAIChatAgent:
         seed: seeds the retry jitter. Episode ids are random (uuid4) whatever the seed, so that two
             clients of one router never share one.
         sleep: how to wait between retries (tests pass a recorder).
-        http_client: an httpx.Client to use instead of the agent's own (not closed by :meth:`close`).
+        http_client: an httpx.Client to use instead of the agent's own (not closed by :meth:`close`);
+            ``timeout_s`` then cuts off a connection it reuses only once the answer's headers are in.
     """
 
     def __init__(
@@ -181,6 +185,7 @@ class OpenAIChatAgent:
         root = base_url.rstrip("/")
         self.base_url = root[: -len("/v1")] if root.endswith("/v1") else root
         self.model = model
+        self.timeout_s = float(timeout_s)
         self.temperature, self.max_tokens = temperature, max_tokens
         self.max_retries, self.backoff_s, self.max_backoff_s = max_retries, float(backoff_s), float(max_backoff_s)
         self.max_retry_after_s, self.max_response_bytes = float(max_retry_after_s), max_response_bytes
@@ -202,6 +207,7 @@ class OpenAIChatAgent:
         self._pending_ids: list[str] = []
         self._counts = {"tool_calls": 0, "api_errors": 0, "timeouts": 0}
         self._reported: str | None = None
+        self._last_stream: Any = None  # the own client's connection, which its next request reuses
 
     # -- the agent interface ---------------------------------------------------------------------
 
@@ -383,6 +389,12 @@ class OpenAIChatAgent:
             self.stats.requests += 1
             try:
                 status, answer_headers, content = self._send(url, payload, headers)
+            except OverBudget:
+                self.stats.transport_errors += 1
+                self.stats.timeouts += 1
+                last = f"timed out: no complete answer within timeout_s={self.timeout_s:g} s, the budget of the whole request"
+                delay = self._backoff(attempt)
+                continue
             except httpx.TimeoutException as exc:
                 self.stats.transport_errors += 1
                 self.stats.timeouts += 1
@@ -420,18 +432,42 @@ class OpenAIChatAgent:
         )
 
     def _send(self, url: str, payload: bytes, headers: dict[str, str]) -> tuple[int, httpx.Headers, bytes]:
-        """One request, reading at most ``max_response_bytes`` of the body."""
-        with self._client.stream("POST", url, content=payload, headers=headers) as response:
-            chunks, size = [], 0
-            for chunk in response.iter_bytes():
-                size += len(chunk)
-                if size > self.max_response_bytes:
-                    raise self._bad_response(
-                        f"POST {url}: the body is over max_response_bytes={self.max_response_bytes}; "
-                        "lower max_tokens or raise max_response_bytes"
-                    )
-                chunks.append(chunk)
-            return response.status_code, response.headers, b"".join(chunks)
+        """One request within ``timeout_s``, reading at most ``max_response_bytes`` of the body.
+
+        Raises:
+            OverBudget: ``timeout_s`` ran out (the connection was shut down, or a chunk came after it).
+        """
+        watchdog = Watchdog(self.timeout_s)
+        if self._owns_client:  # a reused connection opens nothing the trace would see
+            watchdog.watch(self._last_stream)
+        try:
+            with self._client.stream(
+                "POST", url, content=payload, headers=headers, extensions={"trace": watchdog.trace}
+            ) as response:
+                stream = response.extensions.get("network_stream")
+                watchdog.watch(stream)
+                if self._owns_client:
+                    self._last_stream = stream
+                chunks, size = [], 0
+                for chunk in response.iter_bytes():
+                    if watchdog.spent():  # a transport without a socket to shut down
+                        raise OverBudget
+                    size += len(chunk)
+                    if size > self.max_response_bytes:
+                        raise self._bad_response(
+                            f"POST {url}: the body is over max_response_bytes={self.max_response_bytes}; "
+                            "lower max_tokens or raise max_response_bytes"
+                        )
+                    chunks.append(chunk)
+                if watchdog.fired:  # a body that ends at the connection's end looks complete after a shutdown
+                    raise OverBudget
+                return response.status_code, response.headers, b"".join(chunks)
+        except httpx.TransportError:
+            if watchdog.fired:
+                raise OverBudget from None
+            raise
+        finally:
+            watchdog.cancel()
 
     def _backoff(self, attempt: int) -> float:
         return min(self.max_backoff_s, self.backoff_s * 2.0**attempt) * (0.5 + 0.5 * self._rng.random())

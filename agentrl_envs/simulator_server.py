@@ -8,6 +8,8 @@ maintained by the Encode team (also behind httpx and Starlette), is the referenc
 sets TCP_NODELAY on every connection (asyncio and uvloop transports both do), so small answers are
 not held back by Nagle's algorithm.
 
+``HEAD`` on any route is answered as ``GET`` is (status, headers, ``content-length``), without the body.
+
 Access: with a bearer token (``token=``, ``--token`` or ``$AGENTRL_SERVE_TOKEN``) every request but
 ``GET /health`` needs ``Authorization: Bearer <token>`` (401 otherwise). The token is optional on a
 loopback address and required on any other: :func:`serve` refuses to start without one. Episodes
@@ -229,6 +231,9 @@ class SimulatorServer:
                     return
         if scope["type"] != "http":
             return
+        head = scope["method"] == "HEAD"
+        if head:  # answered as GET is (status, headers, content-length, the token asked for), without the body
+            scope = {**scope, "method": "GET"}
         # Kept up to one byte past the path's limit (the app answers 413 for that); the rest is drained.
         limit = self.direct.app.body_limit(scope["method"], scope["path"]) + 1
         body = bytearray()
@@ -244,7 +249,7 @@ class SimulatorServer:
         raw_headers = [(k.encode(), v.encode()) for k, v in out.items()]
         raw_headers.append((b"content-length", str(len(data)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": raw_headers})
-        await send({"type": "http.response.body", "body": data})
+        await send({"type": "http.response.body", "body": b"" if head else data})
 
     async def _answer(self, scope: dict[str, Any], headers: dict[str, str], body: bytes | bytearray) -> Answer:
         method, path = scope["method"], scope["path"]

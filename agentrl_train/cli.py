@@ -18,25 +18,49 @@ from agentrl_envs.errors import AgentRLError
 __all__ = ["main"]
 
 
-def _add_config_options(p: argparse.ArgumentParser, sections: tuple[str, ...]) -> None:
-    from agentrl_train.config import SECTIONS
+def _add_config_options(p: argparse.ArgumentParser, command: str) -> None:
+    """Every config option as a flag; those ``command`` does not read are hidden and refused by :func:`_check_read_by`."""
+    from agentrl_train.config import SECTIONS, option_commands
 
     p.add_argument(
         "--config", metavar="YAML", help="YAML file of options (sections model/env/ppo/sft/run, or flat keys); flags override it"
     )
-    for section in sections:
-        group = p.add_argument_group(section, SECTIONS[section].__doc__)
-        for f in dataclasses.fields(SECTIONS[section]):
+    for section, cls in SECTIONS.items():
+        group: Any = None
+        for f in dataclasses.fields(cls):
             flag = "--" + f.name.replace("_", "-")
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
             help_text = f"{f.metadata['help']} (default: {default!r})"
+            if command not in option_commands(f.name):
+                help_text = argparse.SUPPRESS
+            elif group is None:
+                group = p.add_argument_group(section, cls.__doc__)
             if isinstance(default, bool):
-                group.add_argument(
+                (group or p).add_argument(
                     flag, dest=f.name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_text
                 )
             else:
                 metavar = f.name.upper() if not isinstance(default, (dict, list)) else "YAML"
-                group.add_argument(flag, dest=f.name, default=argparse.SUPPRESS, metavar=metavar, help=help_text)
+                (group or p).add_argument(flag, dest=f.name, default=argparse.SUPPRESS, metavar=metavar, help=help_text)
+
+
+def _check_read_by(command: str, args: argparse.Namespace) -> None:
+    """ConfigError for a flag on the command line that ``command`` does not read (it was ignored silently).
+
+    Only flags: a ``--config`` file may set any option, so one file serves ppo and sft.
+    """
+    from agentrl_train.config import ConfigError, option_commands, option_names
+
+    given = vars(args)
+    for name in option_names():
+        readers = option_commands(name)
+        if name in given and command not in readers:
+            flag = name.replace("_", "-")
+            flag = f"--{'' if given[name] else 'no-'}{flag}" if isinstance(given[name], bool) else f"--{flag}"
+            raise ConfigError(
+                f"{flag} only applies to agentrl-train {' and '.join(readers)}, "
+                f"not {command}; drop it from the {command} command line (a --config file may keep it)"
+            )
 
 
 def _overrides(args: argparse.Namespace, skip: tuple[str, ...] = ("config", "command", "func", "argv")) -> dict[str, Any]:
@@ -48,6 +72,7 @@ def _cmd_ppo(args: argparse.Namespace) -> int:
 
     if args.nproc < 1:
         raise ConfigError(f"--nproc {args.nproc}: the number of processes must be at least 1")
+    _check_read_by("ppo", args)
     overrides = _overrides(args, ("config", "command", "func", "nproc", "argv"))
     cfg = load_config(args.config, overrides)  # a bad option fails here once, not once per rank under torchrun
     from agentrl_train import distributed
@@ -78,6 +103,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
         raise ConfigError(
             "--resume: sft keeps no checkpoints, so there is nothing to resume (a run that stopped starts over); drop --resume"
         )
+    _check_read_by("sft", args)
     overrides.setdefault("out", "runs/sft")
     overrides.setdefault("mode", "generate")
     cfg = load_config(args.config, overrides)
@@ -252,14 +278,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("ppo", help="train a LoRA policy with PPO", description="Train a LoRA policy with PPO on an agentrl env.")
-    _add_config_options(p, ("model", "env", "ppo", "run"))
+    _add_config_options(p, "ppo")
     p.add_argument(
         "--nproc", type=int, default=1, metavar="N", help="processes on this machine: N > 1 execs torchrun --nproc-per-node N"
     )
     p.set_defaults(func=_cmd_ppo)
 
     p = sub.add_parser("sft", help="behaviour cloning on oracle transcripts (warm start for generate mode)")
-    _add_config_options(p, ("model", "env", "sft", "run"))
+    _add_config_options(p, "sft")
     p.set_defaults(func=_cmd_sft)
 
     p = sub.add_parser("eval", help="evaluate a saved policy (a run folder) on a split")

@@ -33,6 +33,7 @@ __all__ = [
     "TrainConfig",
     "load_config",
     "make_run_dir",
+    "option_commands",
     "option_names",
     "read_run_config",
 ]
@@ -45,6 +46,12 @@ MAX_ADAPTER_NAME = 100  #: the adapter's name is a folder name in final/ and che
 MAX_REPLAY_MB = 1 << 20  #: 1 TiB: the replay buffer is one file of this size in the run folder
 #: gym.make keywords the trainer sets from its own options (env_kwargs may not set them)
 OWN_ENV_KWARGS = {"split": "--split", "error_profile": "--error-profile", "candidates": "--candidates"}
+#: The commands that read a section's options; a field's ``commands`` metadata overrides its section's.
+#: A command line flag of another command is refused (``agentrl-train sft --num-envs 4`` did nothing);
+#: a ``--config`` file may hold any option, so one file serves ppo and sft.
+SECTION_COMMANDS = {"model": ("ppo", "sft"), "env": ("ppo", "sft"), "ppo": ("ppo",), "sft": ("sft",), "run": ("ppo", "sft")}
+_PPO_ONLY = ("ppo",)
+_PPO_AND_SFT = ("ppo", "sft")
 
 
 def _f(default: Any, help: str, **kw: Any) -> Any:
@@ -81,8 +88,8 @@ class EnvConfig:
 
     env: str = _f("AgentRL/SQLPythonSMTP-v0", "env id (see `agentrl-envs list`)")
     split: str = _f("train", "task split to train on: train, test or heldout")
-    num_envs: int = _f(8, "sub-envs of the vector env")
-    vectorization: str = _f("async", "async (one process per sub-env) or sync (one process; for debugging)")
+    num_envs: int = _f(8, "sub-envs of the vector env", commands=_PPO_ONLY)
+    vectorization: str = _f("async", "async (one process per sub-env) or sync (one process; for debugging)", commands=_PPO_ONLY)
     mode: str = _f("candidates", "candidates (a distribution over info['candidates']) or generate (token-level sampling)")
     candidates: int = _f(4, "K candidate actions per step in candidates mode")
     error_profile: str = _f("none", "fault profile by name or YAML path")
@@ -118,12 +125,14 @@ class PPOConfig:
     kl_clamp: float = _f(10.0, "clamp of the log-ratio inside the k3 estimator")
     ent_start: float = _f(0.01, "entropy coefficient at the start (log decay)")
     ent_end: float = _f(0.001, "entropy coefficient at the end")
-    grad_clip: float = _f(1.0, "max gradient norm")
+    grad_clip: float = _f(1.0, "max gradient norm", commands=_PPO_AND_SFT)
     clip_mode: str = _f("per-layer", "per-layer (each transformer block and the value head on its own) or global")
     reward_norm: str = _f("scale", "scale (rewards / batch std, floored at min_sigma), zscore ((r - mean) / std) or none")
     min_sigma: float = _f(0.1, "floor of the reward std in the batch z-score")
     whiten_advantages: bool = _f(True, "whiten advantages over valid samples")
-    scoring: str = _f("mean", "candidates mode: a candidate's score is the mean (or sum) of its tokens' log-probs")
+    scoring: str = _f(
+        "mean", "candidates mode: a candidate's score is the mean (or sum) of its tokens' log-probs", commands=_PPO_AND_SFT
+    )
     score_baseline: str = _f(
         "reference", "candidates mode: subtract the reference model's score of each candidate (reference) or not (none)"
     )
@@ -134,8 +143,10 @@ class PPOConfig:
         "preference stays in the policy with weight 1 - this, a margin the adapter must overcome)",
     )
     temperature: float = _f(0.1, "candidates mode: policy = softmax(score / temperature)")
-    max_new_tokens: int = _f(160, "generate mode: token budget of one action")
-    max_prompt_tokens: int = _f(1536, "prompt tokens kept (the system prompt and instruction always; oldest turns dropped)")
+    max_new_tokens: int = _f(160, "generate mode: token budget of one action", commands=_PPO_AND_SFT)
+    max_prompt_tokens: int = _f(
+        1536, "prompt tokens kept (the system prompt and instruction always; oldest turns dropped)", commands=_PPO_AND_SFT
+    )
     target_kl: float = _f(
         0.0, "stop an update's epochs early when the approximate KL to the rollout policy exceeds this (0: off)"
     )
@@ -166,19 +177,21 @@ class RunConfig:
 
     seed: int = _f(0, "seed of the model, the sampling and the envs (env k gets seed + k)")
     out: str = _f("runs/ppo", "run folder")
-    eval_every: int = _f(5, "updates between greedy evaluations (0: only at the end)")
+    eval_every: int = _f(5, "updates between greedy evaluations (0: only at the end)", commands=_PPO_ONLY)
     eval_episodes: int = _f(16, "episodes per split in each evaluation")
-    eval_splits: list = _f(["train", "test"], "splits evaluated during training")
+    eval_splits: list = _f(["train", "test"], "splits evaluated during training", commands=_PPO_ONLY)
     final_eval_splits: list = _f(["train", "test", "heldout"], "splits in the final eval table")
-    checkpoint_every: int = _f(10, "updates between checkpoints (0: only the final one)")
-    keep_checkpoints: int = _f(2, "checkpoints kept on disk")
-    resume: bool = _f(False, "resume from the run folder's latest checkpoint")
-    record: bool = _f(True, "record every transition into the run's mmap replay buffer")
-    replay_mb: int = _f(64, "replay buffer size in MiB")
-    shards: bool = _f(False, "also write every trajectory as Arrow shards: <out>/shards/rank<r>-NNNNN.arrow")
-    tensorboard: bool = _f(True, "write TensorBoard event files")
-    progress: bool = _f(True, "show a progress bar")
-    max_updates_this_call: int = _f(0, "stop after this many updates in this invocation (0: run to the end); for resume tests")
+    checkpoint_every: int = _f(10, "updates between checkpoints (0: only the final one)", commands=_PPO_ONLY)
+    keep_checkpoints: int = _f(2, "checkpoints kept on disk", commands=_PPO_ONLY)
+    resume: bool = _f(False, "resume from the run folder's latest checkpoint", commands=_PPO_ONLY)
+    record: bool = _f(True, "record every transition into the run's mmap replay buffer", commands=_PPO_ONLY)
+    replay_mb: int = _f(64, "replay buffer size in MiB", commands=_PPO_ONLY)
+    shards: bool = _f(False, "also write every trajectory as Arrow shards: <out>/shards/rank<r>-NNNNN.arrow", commands=_PPO_ONLY)
+    tensorboard: bool = _f(True, "write TensorBoard event files", commands=_PPO_ONLY)
+    progress: bool = _f(True, "show a progress bar", commands=_PPO_ONLY)
+    max_updates_this_call: int = _f(
+        0, "stop after this many updates in this invocation (0: run to the end); for resume tests", commands=_PPO_ONLY
+    )
 
 
 @dataclass
@@ -288,6 +301,13 @@ def option_names() -> dict[str, tuple[str, dataclasses.Field[Any]]]:
             assert f.name not in out, f"duplicate option {f.name}"
             out[f.name] = (section, f)
     return out
+
+
+def option_commands(name: str) -> tuple[str, ...]:
+    """The commands (``ppo``, ``sft``) that read option ``name``: its field's ``commands``, else its section's."""
+    section, f = option_names()[name]
+    commands: tuple[str, ...] = f.metadata.get("commands", SECTION_COMMANDS[section])
+    return commands
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:

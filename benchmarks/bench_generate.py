@@ -44,7 +44,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="folder for the runs (default: a temporary one)")
     args = ap.parse_args()
     root = Path(args.out or tempfile.mkdtemp(prefix="bench-generate-"))
-    common = ["--env", ENV, "--mode", "generate", "--seed", str(args.seed), "--no-progress", "--no-tensorboard"]
+    common = ["--env", ENV, "--mode", "generate", "--seed", str(args.seed)]
     t0 = time.perf_counter()
     cli(
         "sft",
@@ -63,6 +63,7 @@ def main() -> None:
     cli(
         "ppo", *common, "--init-adapter", str(root / "sft" / "final"), "--updates", str(args.updates),
         "--eval-every", "0", "--final-eval-splits", "[]", "--no-record", "--checkpoint-every", "0", "--out", str(root / "ppo"),
+        "--no-progress", "--no-tensorboard",
     )  # fmt: skip
     t_ppo = time.perf_counter() - t0
     rows = []

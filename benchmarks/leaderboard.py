@@ -201,9 +201,14 @@ def _agentrl(args: list[str]) -> None:
         raise RuntimeError(f"agentrl-train {args[0]} exited {proc.returncode}:\n{(proc.stdout + proc.stderr)[-3000:]}")
 
 
-def _run_args(b: Budget, folder: Path) -> list[str]:
-    """Seed, run folder, and no evaluation during training (the leaderboard evaluates afterwards)."""
-    quiet = ["--eval-every", "0", "--eval-episodes", "1", "--final-eval-splits", "[train]", "--no-progress", "--no-tensorboard"]
+def _run_args(b: Budget, folder: Path, command: str = "ppo") -> list[str]:
+    """Seed, run folder, and no evaluation during training (the leaderboard evaluates afterwards).
+
+    sft evaluates only at its end and shows no progress bar: it refuses ppo's flags for those.
+    """
+    quiet = ["--eval-episodes", "1", "--final-eval-splits", "[train]"]
+    if command == "ppo":
+        quiet += ["--eval-every", "0", "--no-progress", "--no-tensorboard"]
     return ["--seed", str(b.seed), "--out", str(folder), *quiet]
 
 
@@ -261,7 +266,7 @@ def entry_agentrl_generate(b: Budget, runs: Path, retrain: bool) -> Rows:
     tokens = ["--max-new-tokens", str(b.max_new_tokens)]
     budget = {"env": b.env, "sft_episodes": b.sft_episodes, "updates": b.gen_updates, "seed": b.seed, "tokens": b.max_new_tokens}
     if not _reusable(folder, budget, "final", retrain):
-        _agentrl(["sft", "--env", b.env, "--episodes", str(b.sft_episodes), *_run_args(b, sft_dir)])
+        _agentrl(["sft", "--env", b.env, "--episodes", str(b.sft_episodes), *_run_args(b, sft_dir, "sft")])
         ppo = ["--mode", "generate", "--init-adapter", str(sft_dir / "final"), "--num-envs", "4", "--rollout-steps", "4"]
         _agentrl(["ppo", "--env", b.env, *ppo, "--updates", str(b.gen_updates), *tokens, *_run_args(b, folder)])
         _stamp(folder, budget)

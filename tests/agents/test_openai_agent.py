@@ -342,6 +342,89 @@ def test_a_real_timeout_on_a_silent_loopback_server_is_retried_then_raised() -> 
     assert a.stats.timeouts == 2
 
 
+DRIPS = 400  # bytes a dripping server sends before it answers after all: a hang detector
+
+
+class DripServer:
+    """A loopback server that answers a request a byte at a time (every 50 ms, in the headers or the
+    body) until the client disconnects, or after :data:`DRIPS` bytes with a complete answer.
+
+    ``where="reused"`` answers a first request at once and drips the headers of the second one, on
+    the connection the first left open.
+    """
+
+    def __init__(self, where: str) -> None:
+        import socket
+        import threading
+
+        self.where, self.drips, self.disconnected = where, 0, False
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(1)
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        import time
+
+        full = json.dumps(text("late")).encode()
+        conn, _ = self.listener.accept()
+        with conn:
+            rest = _read_request(conn, b"")
+            if self.where == "reused":
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(full) + full)
+                _read_request(conn, rest)
+            in_body = self.where == "body"
+            try:
+                if in_body:
+                    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % (DRIPS + len(full)))
+                else:
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nx-drip: ")
+                for _ in range(DRIPS):
+                    time.sleep(0.05)
+                    conn.sendall(b" " if in_body else b"a")  # JSON may start with spaces
+                    self.drips += 1
+                if not in_body:
+                    conn.sendall(b"\r\ncontent-length: %d\r\n\r\n" % len(full))
+                conn.sendall(full)
+                conn.recv(1)  # until the client closes
+            except OSError:
+                self.disconnected = True
+
+    def close(self) -> None:
+        self.thread.join(timeout=60)
+        self.listener.close()
+
+
+def _read_request(conn: Any, data: bytes) -> bytes:
+    """Read one request (headers and content-length body) from ``conn``; the bytes after it."""
+    while b"\r\n\r\n" not in data:
+        data += conn.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(next(line for line in head.lower().split(b"\r\n") if line.startswith(b"content-length:"))[15:])
+    while len(body) < length:
+        body += conn.recv(65536)
+    return body[length:]
+
+
+@pytest.mark.parametrize("where", ["headers", "body", "reused"])
+def test_a_server_that_drips_bytes_is_cut_off_at_timeout_s_for_the_whole_request(where: str) -> None:
+    # timeout_s was per read: one byte every 50 ms kept a request alive for as long as the server liked
+    server = DripServer(where)
+    a = OpenAIChatAgent(server.url, "m", timeout_s=0.5, max_retries=0, sleep=Sleeps())
+    try:
+        if where == "reused":
+            assert a.act("task", RESET_INFO) == "late"
+        with pytest.raises(EndpointUnavailableError, match=r"within timeout_s=0\.5 s, the budget of the whole request"):
+            a.act("task", RESET_INFO)
+    finally:
+        a.close()
+        server.close()
+    assert server.disconnected and server.drips < DRIPS
+    assert a.stats.timeouts == 1
+
+
 # ---------------------------------------------------------------------------- episodes, history
 
 

@@ -236,7 +236,22 @@ def test_non_str_actions_are_a_type_error_and_the_episode_goes_on(env_id: str) -
 @pytest.mark.parametrize("env_id", ENV_IDS)
 @pytest.mark.parametrize(
     "options",
-    ["task_seed=3", ["task_seed", 3], 5, b"x", {"task_seed": "3"}, {"task_seed": 1.0}, {"task_seed": True}, {"task_seed": -1}],
+    [
+        "task_seed=3",
+        ["task_seed", 3],
+        5,
+        b"x",
+        {"task_seed": "3"},
+        {"task_seed": 1.0},
+        {"task_seed": True},
+        {"task_seed": -1},
+        {"bogus": 1},
+        {"task_seed": 3, "taskseed": 4},
+        {"task_seed": 2**63},
+        {"task_seed": np.uint64(2**63)},
+        # raised a raw ValueError (int to str) after closing the episode
+        pytest.param({"task_seed": 10**5000}, id="{'task_seed': 10**5000}"),
+    ],
     ids=repr,
 )
 def test_garbage_reset_options_are_a_config_error_that_keeps_the_episode(env_id: str, options: Any) -> None:
@@ -248,6 +263,38 @@ def test_garbage_reset_options_are_a_config_error_that_keeps_the_episode(env_id:
     assert env.unwrapped.task.task_id == info["task_id"]  # the episode in progress is still there
     assert env.step(env.unwrapped.oracle_action())[-1]["task_id"] == info["task_id"]
     env.close()
+
+
+def test_an_unknown_reset_option_names_the_key_and_the_keys_read() -> None:
+    # a typo such as "taskseed" was ignored silently and the env drew a random task
+    env = gym.make("AgentRL/SQL-v0")
+    with pytest.raises(ConfigError, match=r"options key 'taskseed' is not a reset option .*: 'task_seed'"):
+        env.reset(seed=0, options={"taskseed": 42})
+    assert env.reset(seed=0, options={})[1]["task_id"] == env.reset(seed=0)[1]["task_id"]  # no keys: as None
+    env.close()
+
+
+def test_task_seeds_are_int64s() -> None:
+    env = gym.make("AgentRL/SQL-v0")
+    _, info = env.reset(seed=0, options={"task_seed": np.int64(2**63 - 1)})
+    assert info["task_id"].endswith("/train/9223372036854775807")
+    for task_seed, shown in ((2**63, "9223372036854775808"), (10**5000, "a 16610-bit int")):
+        with pytest.raises(ConfigError, match=rf"options\['task_seed'\]={shown}: use an int from 0 to 2\*\*63 - 1"):
+            env.reset(seed=0, options={"task_seed": task_seed})
+    env.close()
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_vector_envs_pass_task_seed_and_keep_reset_mask_to_themselves(mode: str) -> None:
+    # the vector env takes "reset_mask" out of the options; the sub-envs see only "task_seed"
+    venv = gym.make_vec("AgentRL/SQL-v0", num_envs=2, vectorization_mode=mode)
+    try:
+        _, info = venv.reset(seed=0, options={"task_seed": 7})
+        assert [t.rsplit("/", 1)[1] for t in info["task_id"]] == ["7", "7"]
+        _, info = venv.reset(seed=0, options={"reset_mask": np.array([False, True]), "task_seed": 8})
+        assert info["task_id"][1].endswith("/8") and not info["_task_id"][0]  # sub-env 0 was not reset
+    finally:
+        venv.close()
 
 
 def test_a_numpy_int_task_seed_is_the_same_task_as_the_int() -> None:

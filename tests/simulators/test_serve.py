@@ -223,6 +223,30 @@ def test_missing_or_wrong_token_is_401_on_every_route(secured: str, authorizatio
         assert client.get("/health").status_code == 200  # liveness probes need no token
 
 
+def test_head_is_answered_as_get_without_the_body(secured: str) -> None:
+    # HEAD /health and HEAD /openapi.json were 404 (and every HEAD 401 without a token, /health's too)
+    auth = {"authorization": f"Bearer {TOKEN}"}
+
+    def same(client: httpx.Client, path: str, headers: dict[str, str]) -> int:
+        got, head = client.get(path, headers=headers), client.head(path, headers=headers)
+        assert head.status_code == got.status_code and head.content == b"", (path, head.status_code, got.text)
+        for name in ("content-type", "content-length", "www-authenticate", "retry-after"):
+            assert head.headers.get(name) == got.headers.get(name), (path, name)
+        return got.status_code
+
+    with httpx.Client(base_url=secured) as client, httpx.Client(base_url=secured, headers=auth) as authed:
+        assert same(client, "/health", {}) == 200  # liveness probes need no token, by HEAD too
+        assert same(client, "/openapi.json", {}) == 401
+        assert same(client, "/openapi.json", auth) == 200
+        assert same(client, "/nowhere", auth) == 404
+        token = open_episode(authed, "ep-head")
+        owner = {**auth, EPISODE_TOKEN_HEADER: token}
+        assert client.put("/v1/episodes/ep-head/files/a.txt", json={"text": "hello"}, headers=owner).status_code < 300
+        assert same(client, "/v1/episodes/ep-head/files/a.txt", owner) == 200
+        assert same(client, "/v1/episodes/ep-head/files/b.txt", owner) == 404
+        assert same(client, "/v1/episodes/ep-head/files/a.txt", auth) == 403  # not the episode's owner
+
+
 def test_the_http_backend_sends_the_token(secured: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(TOKEN_ENV, raising=False)
     setup = EpisodeSetup("ep-tok", DatabaseSpec(FP, TABLES))

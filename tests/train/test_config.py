@@ -197,3 +197,61 @@ def test_cli_unknown_env_kwargs_name_the_option_before_building_a_model(capsys, 
     assert not (run / "config.yaml").exists()
     # gym.make's own keywords pass
     train_module.check_env_kwargs("AgentRL/SQL-v0", {"max_episode_steps": 3, "candidates_difficulty": "hard"})
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["sft", "--updates", "3"], "--updates only applies to agentrl-train ppo, not sft"),
+        (["sft", "--clip", "0.1"], "--clip only applies to agentrl-train ppo, not sft"),
+        (["sft", "--num-envs", "16"], "--num-envs only applies to agentrl-train ppo, not sft"),
+        (["sft", "--shards"], "--shards only applies to agentrl-train ppo, not sft"),
+        (["sft", "--eval-every", "2"], "--eval-every only applies to agentrl-train ppo, not sft"),
+        (["sft", "--no-resume"], "--no-resume only applies to agentrl-train ppo, not sft"),
+        (["sft", "--no-tensorboard"], "--no-tensorboard only applies to agentrl-train ppo, not sft"),
+        (["ppo", "--episodes", "50"], "--episodes only applies to agentrl-train sft, not ppo"),
+        (["ppo", "--sft-lr", "0.01"], "--sft-lr only applies to agentrl-train sft, not ppo"),
+    ],
+)
+def test_a_flag_of_the_other_training_command_is_refused_before_building_a_model(
+    argv, message, capsys, tmp_path, monkeypatch
+) -> None:
+    # sft listed --num-envs, --shards, --eval-every ... in its --help and ignored them silently
+    import agentrl_train.sft as sft_module
+    import agentrl_train.train as train_module
+
+    def no_run(*a, **k):  # type: ignore[no-untyped-def]
+        raise AssertionError("a run started with a flag its command does not read")
+
+    monkeypatch.setattr(sft_module, "sft", no_run)
+    monkeypatch.setattr(train_module, "build_policy", no_run)
+    assert main([*argv, "--out", str(tmp_path / "run")]) == 2
+    err = _one_line_error(capsys)
+    assert message in err and "drop it" in err and "a --config file may keep it" in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_sft_reads_a_ppo_config_file_and_takes_the_ppo_options_it_uses(tmp_path, monkeypatch) -> None:
+    # one --config file serves ppo and sft; sft's divergence message names --grad-clip, which its parser refused
+    import agentrl_train.sft as sft_module
+
+    seen = []
+    monkeypatch.setattr(sft_module, "sft", lambda cfg: seen.append(cfg))
+    f = tmp_path / "run.yaml"
+    f.write_text(yaml.safe_dump({"ppo": {"updates": 3, "clip": 0.1}, "num_envs": 2, "eval_every": 1, "episodes": 7}))
+    argv = ["--config", str(f), "--grad-clip", "0.5", "--max-prompt-tokens", "512", "--max-new-tokens", "64"]
+    assert main(["sft", *argv, "--scoring", "sum", "--out", str(tmp_path / "sft")]) == 0
+    (cfg,) = seen
+    assert (cfg.ppo.grad_clip, cfg.ppo.max_prompt_tokens, cfg.ppo.max_new_tokens, cfg.ppo.scoring) == (0.5, 512, 64, "sum")
+    assert (cfg.ppo.updates, cfg.env.num_envs, cfg.sft.episodes) == (3, 2, 7)
+
+
+def test_help_lists_only_the_options_a_command_reads() -> None:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    sft_help, ppo_help = sub.choices["sft"].format_help(), sub.choices["ppo"].format_help()
+    for flag in ("--updates", "--clip ", "--num-envs", "--shards", "--eval-every", "--resume", "--tensorboard"):
+        assert flag not in sft_help and flag in ppo_help, flag
+    for flag in ("--grad-clip", "--max-prompt-tokens", "--max-new-tokens", "--episodes", "--sft-lr"):
+        assert flag in sft_help, flag
+    assert "--episodes" not in ppo_help and "--sft-lr" not in ppo_help
