@@ -43,6 +43,25 @@ def _text(value: Any) -> str:
     return value if isinstance(value, str) else str(value)
 
 
+#: The largest seed a trajectory can record (its ``seed`` field is an int64).
+MAX_RECORDED_SEED = 2**63 - 1
+
+
+def _check_seed(seed: Any, span: int = 1) -> None:
+    """ValueError for an int seed the trajectory cannot store (``span``: a vector env's sub-envs get seed + i).
+
+    Other values are the env's to judge. Raised before the env resets: the seed used to fail inside
+    protobuf ("Value out of range") after the env had reset, leaving that episode unrecorded.
+    """
+    if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) and int(seed) > MAX_RECORDED_SEED - (span - 1):
+        top = MAX_RECORDED_SEED - (span - 1)
+        shown = repr(seed) if int(seed).bit_length() <= 256 else f"a {int(seed).bit_length()}-bit int"
+        raise ValueError(
+            f"reset(seed={shown:.80}): a recorded trajectory stores its seed as an int64; use a seed from 0 to "
+            f"{'2**63 - 1' if span == 1 else top}"
+        )
+
+
 class _Episode:
     """The steps of one episode being recorded."""
 
@@ -168,6 +187,7 @@ class RecordTrajectories(gym.Wrapper[Any, Any, Any, Any]):
         self._notes.update(fields)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        _check_seed(seed)  # before the episode in progress is flushed or the env touched
         self._flush_partial()
         obs, info = self.env.reset(seed=seed, options=options)
         env_id = self.env.spec.id if self.env.spec is not None else type(self.env.unwrapped).__name__
@@ -237,6 +257,7 @@ class RecordVectorTrajectories(VectorWrapper):
         self._notes.update(fields)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        _check_seed(seed, self.num_envs)
         mask = (options or {}).get("reset_mask")  # read first: the vector env pops it from options
         obs, info = self.env.reset(seed=seed, options=options)
         for i in range(self.num_envs):

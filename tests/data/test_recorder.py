@@ -246,3 +246,28 @@ def test_vector_env_with_autoreset_disabled() -> None:
     assert len(sink) == 2 and [s.action for s in sink[1].steps] == [sql, finish] and sink[1].seed == 6
     env.close()  # sub-env 0's new episode is recorded as partial
     assert len(sink) == 3 and len(sink[2].steps) == 1 and not sink[2].HasField("seed")
+
+
+def test_a_seed_past_int64_is_refused_before_the_episode_in_progress_is_touched() -> None:
+    # the trajectory's seed field is an int64: 2**63 failed inside protobuf after the env had reset
+    # (and after the episode in progress had been flushed), leaving that episode unrecorded
+    sink: list[Trajectory] = []
+    env = RecordTrajectories(gym.make(ENV_ID), sink)
+    env.reset(seed=1)
+    core = env.unwrapped
+    env.step(core.oracle_action())  # type: ignore[attr-defined]
+    for seed in (2**63, np.uint64(2**63), 10**5000):
+        with pytest.raises(ValueError, match=r"int64; use a seed from 0 to 2\*\*63 - 1"):
+            env.reset(seed=seed)
+    assert sink == []  # nothing flushed
+    env.step(core.oracle_action())  # type: ignore[attr-defined]  # the episode goes on
+    env.reset(seed=2**63 - 1)  # the largest storable seed is recorded as is
+    env.step(core.oracle_action())  # type: ignore[attr-defined]
+    env.close()
+    assert [t.seed for t in sink] == [1, 2**63 - 1] and len(sink[0].steps) == 2
+    vec = gym.make_vec(ENV_ID, num_envs=2, vectorization_mode="sync", wrappers=[RecorderKeysOnly])
+    venv = RecordVectorTrajectories(vec, sink)
+    with pytest.raises(ValueError, match=f"use a seed from 0 to {2**63 - 2}"):
+        venv.reset(seed=2**63 - 1)  # sub-env 1 would get 2**63
+    venv.reset(seed=2**63 - 2)
+    venv.close()
