@@ -17,6 +17,9 @@ from agentrl_envs.errors import AgentRLError
 
 __all__ = ["main"]
 
+#: Options whose default differs per command: ``--help`` shows these, and the command applies them.
+COMMAND_DEFAULTS: dict[str, dict[str, Any]] = {"ppo": {}, "sft": {"out": "runs/sft", "mode": "generate"}}
+
 
 def _add_config_options(p: argparse.ArgumentParser, command: str) -> None:
     """Every config option as a flag; those ``command`` does not read are hidden and refused by :func:`_check_read_by`."""
@@ -30,6 +33,7 @@ def _add_config_options(p: argparse.ArgumentParser, command: str) -> None:
         for f in dataclasses.fields(cls):
             flag = "--" + f.name.replace("_", "-")
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            default = COMMAND_DEFAULTS[command].get(f.name, default)
             help_text = f"{f.metadata['help']} (default: {default!r})"
             if command not in option_commands(f.name):
                 help_text = argparse.SUPPRESS
@@ -104,8 +108,8 @@ def _cmd_sft(args: argparse.Namespace) -> int:
             "--resume: sft keeps no checkpoints, so there is nothing to resume (a run that stopped starts over); drop --resume"
         )
     _check_read_by("sft", args)
-    overrides.setdefault("out", "runs/sft")
-    overrides.setdefault("mode", "generate")
+    for name, value in COMMAND_DEFAULTS["sft"].items():
+        overrides.setdefault(name, value)
     cfg = load_config(args.config, overrides)
     sft(cfg)
     return 0

@@ -255,3 +255,20 @@ def test_help_lists_only_the_options_a_command_reads() -> None:
     for flag in ("--grad-clip", "--max-prompt-tokens", "--max-new-tokens", "--episodes", "--sft-lr"):
         assert flag in sft_help, flag
     assert "--episodes" not in ppo_help and "--sft-lr" not in ppo_help
+
+
+def test_sft_help_shows_the_defaults_sft_applies(tmp_path, monkeypatch) -> None:
+    # sft --help said --out defaults to runs/ppo and --mode to candidates; sft ran in runs/sft, generate mode
+    import agentrl_train.sft as sft_module
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    helps = {c: " ".join(sub.choices[c].format_help().split()) for c in ("sft", "ppo")}
+    seen = []
+    monkeypatch.setattr(sft_module, "sft", lambda cfg: seen.append(cfg))
+    monkeypatch.chdir(tmp_path)
+    assert main(["sft"]) == 0
+    (cfg,) = seen
+    assert f"run folder (default: {cfg.run.out!r})" in helps["sft"] and cfg.run.out == "runs/sft"
+    assert f"token-level sampling) (default: {cfg.env.mode!r})" in helps["sft"] and cfg.env.mode == "generate"
+    assert "run folder (default: 'runs/ppo')" in helps["ppo"] and "sampling) (default: 'candidates')" in helps["ppo"]
