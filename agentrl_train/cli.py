@@ -48,6 +48,13 @@ def _add_config_options(p: argparse.ArgumentParser, command: str) -> None:
                 (group or p).add_argument(flag, dest=f.name, default=argparse.SUPPRESS, metavar=metavar, help=help_text)
 
 
+def _dataclass_default(name: str) -> Any:
+    from agentrl_train.config import option_names
+
+    f = option_names()[name][1]
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+
+
 def _check_read_by(command: str, args: argparse.Namespace) -> None:
     """ConfigError for a flag on the command line that ``command`` does not read (it was ignored silently).
 
@@ -108,7 +115,18 @@ def _cmd_sft(args: argparse.Namespace) -> int:
             "--resume: sft keeps no checkpoints, so there is nothing to resume (a run that stopped starts over); drop --resume"
         )
     _check_read_by("sft", args)
+    # sft's own defaults win over a --config file's out/mode (one file may serve ppo and sft, and its
+    # out: would make sft write over the ppo run's final/); said, not silent, when the file differs
+    from_file = load_config(args.config) if args.config else None
     for name, value in COMMAND_DEFAULTS["sft"].items():
+        if name not in overrides and from_file is not None:
+            in_file = from_file.run.out if name == "out" else from_file.env.mode
+            if in_file != value and in_file != _dataclass_default(name):
+                print(
+                    f"agentrl-train sft: --{name} {value} (sft's default; the --config file's {name}: {in_file} is not used by "
+                    f"sft, which may share the file with ppo; pass --{name} to choose)",
+                    file=sys.stderr,
+                )
         overrides.setdefault(name, value)
     cfg = load_config(args.config, overrides)
     sft(cfg)

@@ -272,3 +272,20 @@ def test_sft_help_shows_the_defaults_sft_applies(tmp_path, monkeypatch) -> None:
     assert f"run folder (default: {cfg.run.out!r})" in helps["sft"] and cfg.run.out == "runs/sft"
     assert f"token-level sampling) (default: {cfg.env.mode!r})" in helps["sft"] and cfg.env.mode == "generate"
     assert "run folder (default: 'runs/ppo')" in helps["ppo"] and "sampling) (default: 'candidates')" in helps["ppo"]
+
+
+def test_sft_says_when_it_does_not_use_a_config_files_out_and_mode(tmp_path, monkeypatch, capsys) -> None:
+    # a --config file's out:/mode: were dropped without a word (sft's defaults win: the file may be ppo's)
+    import agentrl_train.sft as sft_module
+
+    seen = []
+    monkeypatch.setattr(sft_module, "sft", lambda cfg: seen.append(cfg))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run.yaml").write_text("run: {out: runs/my-ppo}\nenv: {mode: candidates}\n")
+    assert main(["sft", "--config", "run.yaml"]) == 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert seen[-1].run.out == "runs/sft" and seen[-1].env.mode == "generate"
+    assert "--out runs/sft (sft's default; the --config file's out: runs/my-ppo is not used by sft" in err
+    assert "--mode" not in err  # mode: candidates is also ppo's default: no telling it from a file without mode:
+    assert main(["sft", "--config", "run.yaml", "--out", "runs/mine", "--mode", "generate"]) == 0
+    assert seen[-1].run.out == "runs/mine" and capsys.readouterr().err == ""
