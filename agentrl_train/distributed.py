@@ -11,8 +11,8 @@ and a backward that parks no Python object in the works it launches; otherwise a
 group was dropped right after a backward deadlocked (``~ProcessGroupGloo`` joins those threads while
 holding the GIL that they wait for).
 
-The tensors handed to a collective from Python are kept alive by :class:`Dist` until the process
-group is gone (:func:`setup` tears down in that order). Gloo's worker thread drops its last
+The latest tensors handed to a collective from Python (a window of 64) are kept alive by
+:class:`Dist` until the process group is gone (:func:`setup` tears down in that order). Gloo's worker thread drops its last
 reference to a finished work a moment after the caller's ``all_reduce`` has returned; if the
 Python tensor had died meanwhile, that drop is the tensor's last and its decref needs the GIL:
 at interpreter exit the thread then dies inside a C++ destructor and the rank aborts with
@@ -26,6 +26,7 @@ closes, else after ``AGENTRL_DIST_TIMEOUT_S``, default 300); :func:`setup` turns
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import datetime
 import hashlib
@@ -58,8 +59,10 @@ class Dist:
         #: seconds this rank spent in collectives: statistics and checks from launch to completion, and
         #: DDP's gradient all-reduce as the time its backward waited on it (:meth:`Trainable.backward`)
         self.comm_s = 0.0
-        #: every tensor handed to a collective, kept until the process group is destroyed (module docstring)
-        self._handed: list[torch.Tensor] = []
+        #: the latest tensors handed to collectives, kept until the process group is destroyed (module
+        #: docstring). Only the last few can still be held by a gloo thread (each collective completes
+        #: before the next starts), so a bounded window does: a long run does not keep them all.
+        self._handed: collections.deque[torch.Tensor] = collections.deque(maxlen=64)
 
     def _all_reduce(self, t: torch.Tensor, op: Any = None) -> torch.Tensor:
         """``all_reduce`` of ``t`` in place (sum unless ``op``), keeping ``t`` alive until teardown."""
