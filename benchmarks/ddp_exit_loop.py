@@ -61,7 +61,8 @@ def main() -> None:
         worker = Path(tmp) / "worker.py"
         worker.write_text(WORKER)
         for i in range(args.runs):
-            cmd = [torchrun, "--standalone", "--nproc-per-node=2", str(worker)]
+            # --log-dir: without it torchrun leaves a torchelastic_* folder in /tmp per launch
+            cmd = [torchrun, "--standalone", "--nproc-per-node=2", f"--log-dir={tmp}/logs-{i}", str(worker)]
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp)
             if proc.returncode != 0:
                 failed += 1
