@@ -48,13 +48,6 @@ def _add_config_options(p: argparse.ArgumentParser, command: str) -> None:
                 (group or p).add_argument(flag, dest=f.name, default=argparse.SUPPRESS, metavar=metavar, help=help_text)
 
 
-def _dataclass_default(name: str) -> Any:
-    from agentrl_train.config import option_names
-
-    f = option_names()[name][1]
-    return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-
-
 def _check_read_by(command: str, args: argparse.Namespace) -> None:
     """ConfigError for a flag on the command line that ``command`` does not read (it was ignored silently).
 
@@ -106,7 +99,7 @@ def _cmd_ppo(args: argparse.Namespace) -> int:
 
 
 def _cmd_sft(args: argparse.Namespace) -> int:
-    from agentrl_train.config import ConfigError, load_config
+    from agentrl_train.config import ConfigError, TrainConfig, load_config, option_value
     from agentrl_train.sft import sft
 
     overrides = _overrides(args)
@@ -120,8 +113,8 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     from_file = load_config(args.config) if args.config else None
     for name, value in COMMAND_DEFAULTS["sft"].items():
         if name not in overrides and from_file is not None:
-            in_file = from_file.run.out if name == "out" else from_file.env.mode
-            if in_file != value and in_file != _dataclass_default(name):
+            in_file = option_value(from_file, name)
+            if in_file not in (value, option_value(TrainConfig(), name)):
                 print(
                     f"agentrl-train sft: --{name} {value} (sft's default; the --config file's {name}: {in_file} is not used by "
                     f"sft, which may share the file with ppo; pass --{name} to choose)",

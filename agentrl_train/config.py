@@ -35,6 +35,7 @@ __all__ = [
     "make_run_dir",
     "option_commands",
     "option_names",
+    "option_value",
     "read_run_config",
 ]
 
@@ -220,9 +221,9 @@ class TrainConfig:
         _choice("scoring", p.scoring, ("mean", "sum"))
         _choice("score_baseline", p.score_baseline, ("none", "reference"))
         for name in ("num_envs", "updates", "rollout_steps", "epochs", "micro_batch", "max_new_tokens", "max_prompt_tokens"):
-            _positive(name, _get(self, name))
+            _positive(name, option_value(self, name))
         for name in ("tiny_corpus_episodes", "keep_checkpoints", "replay_mb"):
-            _positive(name, _get(self, name))
+            _positive(name, option_value(self, name))
         if r.eval_episodes < 1:
             raise ConfigError(
                 f"--eval-episodes={r.eval_episodes}: use a value > 0 (to skip evaluation: --eval-every 0 --final-eval-splits '[]')"
@@ -231,9 +232,9 @@ class TrainConfig:
         _at_most("replay_mb", r.replay_mb, MAX_REPLAY_MB, "the buffer is one file of that size in the run folder")
         _at_most("num_envs", e.num_envs, MAX_NUM_ENVS, "per process; under async each sub-env is a process")
         for name in ("episodes", "sft_epochs", "sft_batch", "sft_lr"):
-            _positive(name, _get(self, name))
+            _positive(name, option_value(self, name))
         for name in ("lr", "value_lr", "temperature", "grad_clip", "lora_alpha_ratio", "min_sigma"):
-            _positive(name, _get(self, name))
+            _positive(name, option_value(self, name))
         for name in (
             "accumulation",
             "sync_batch",
@@ -245,7 +246,7 @@ class TrainConfig:
             "seed",
             "threads",
         ):
-            _non_negative(name, _get(self, name))
+            _non_negative(name, option_value(self, name))
         for name in (
             "clip",
             "value_clip",
@@ -257,10 +258,10 @@ class TrainConfig:
             "lora_dropout",
             "anchor_coef",
         ):
-            _non_negative(name, _get(self, name))
+            _non_negative(name, option_value(self, name))
         for name in ("gamma", "lam", "reference_weight"):
-            if not 0.0 <= _get(self, name) <= 1.0:
-                raise ConfigError(f"--{_flag(name)}={_get(self, name)!r}: use a value in [0, 1]")
+            if not 0.0 <= option_value(self, name) <= 1.0:
+                raise ConfigError(f"--{_flag(name)}={option_value(self, name)!r}: use a value in [0, 1]")
         if e.mode == "candidates" and e.candidates < 2:
             raise ConfigError(f"--candidates={e.candidates}: candidates mode needs K >= 2 candidates per step")
         _at_most("candidates", e.candidates, MAX_CANDIDATES, "each candidate is scored by a forward pass every step")
@@ -403,7 +404,8 @@ def _flag(name: str) -> str:
     return name.replace("_", "-")
 
 
-def _get(cfg: TrainConfig, name: str) -> Any:
+def option_value(cfg: TrainConfig, name: str) -> Any:
+    """The value of option ``name`` (a flat name, e.g. ``out``) in ``cfg``."""
     section, _ = option_names()[name]
     return getattr(getattr(cfg, section), name)
 
