@@ -27,6 +27,7 @@ class _Slot:
         self.tools: list[Any] = [None]
         self.infos: list[dict[str, Any]] = [{}]
         self.generators = [torch.Generator().manual_seed(0)]
+        self.prompt_states: list[dict[str, Any]] = [{}]
 
 
 @torch.no_grad()
@@ -55,6 +56,7 @@ def evaluate(
             slot.generators[0].manual_seed(episode_seed(EVAL_SEED, j, 1))
             slot.messages[0] = [{"role": "system", "content": info["system_prompt"]}, {"role": "user", "content": str(obs)}]
             slot.tools[0], slot.infos[0] = info["tools"], info
+            slot.prompt_states[0] = {}
             ret, n, done = 0.0, 0, False
             while not done:
                 tr = act(policy, slot, 0, cfg, greedy=not sample, reference=False)

@@ -21,14 +21,14 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from agentrl_envs.errors import ConfigError
 
-__all__ = ["LORA_PRESETS", "Policy", "ScoreOut", "load_base", "lora_targets", "stop_token_ids"]
+__all__ = ["LORA_PRESETS", "Policy", "PromptState", "ScoreOut", "load_base", "lora_targets", "prefix_chains", "stop_token_ids"]
 
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj")
 MLP = ("gate_proj", "up_proj", "down_proj", "gate_up_proj")
@@ -151,6 +151,19 @@ class ScoreOut:
     scores_K: torch.Tensor  #: per-candidate score (mean or sum of token log-probs)
     value: torch.Tensor  #: V(prompt), a scalar
     token_logprobs: list[torch.Tensor]  #: per candidate, its tokens' log-probs
+
+
+@dataclass
+class PromptState:
+    """A prompt's keys/values, kept between an episode's steps so that each step encodes only its new tokens.
+
+    Valid for the weights that computed it: drop it when the adapter changes (``collect`` starts
+    every rollout without any).
+    """
+
+    ids: list[int]  #: the prompt's token ids
+    cache: Any  #: its keys/values (a transformers DynamicCache)
+    last_hidden: torch.Tensor  #: the last prompt token's hidden state, [H]
 
 
 class Policy(nn.Module):
@@ -400,6 +413,144 @@ class Policy(nn.Module):
         scores = total_K / torch.tensor(lens, device=self.device, dtype=total_K.dtype) if scoring == "mean" else total_K
         return ScoreOut(scores, self._value(hidden_1P[0, -1]), [lp_KC[k, : lens[k]] for k in range(K)])
 
+    def extend_prompt(self, prompt_ids: Sequence[int], state: PromptState | None = None) -> PromptState | None:
+        """The keys/values of ``prompt_ids``: only the tokens past ``state``'s prompt are encoded when that is a prefix.
+
+        Returns None for a model whose cache cannot be cut back after scoring (sliding-window or
+        other non-plain layers): the caller then scores the prompt from scratch.
+        """
+        from transformers.cache_utils import DynamicLayer
+
+        ids = list(prompt_ids)
+        if state is not None and len(state.ids) <= len(ids) and ids[: len(state.ids)] == state.ids:
+            if len(state.ids) == len(ids):
+                return state
+            new = torch.tensor([ids[len(state.ids) :]], device=self.device)
+            pos = torch.arange(len(state.ids), len(ids), device=self.device)[None]
+            out = self.causal.model(input_ids=new, cache=state.cache, use_cache=True, position_ids=pos)
+        else:
+            out = self.causal.model(input_ids=torch.tensor([ids], device=self.device), use_cache=True)
+        if not all(type(layer) is DynamicLayer for layer in getattr(out.cache, "layers", [None])):
+            return None
+        return PromptState(ids, out.cache, out.last_hidden_state[0, -1])
+
+    def score_candidates_on(self, state: PromptState, candidates: Sequence[Sequence[int]], scoring: str = "mean") -> ScoreOut:
+        """:meth:`score_candidates` over a :class:`PromptState`'s cached keys/values (left as they were).
+
+        The K candidates go through one forward as one sequence: a block mask lets each see the
+        whole prompt and its own earlier tokens, at its own positions after the prompt.
+        """
+        P, dev = len(state.ids), self.device
+        ids: list[int] = []
+        pos: list[int] = []
+        rows: list[int] = []  # rows of [last prompt hidden; candidate hiddens] that predict each candidate token
+        owner: list[int] = []
+        lens = [len(c) for c in candidates]
+        for k, c in enumerate(candidates):
+            s = len(ids)
+            ids += c
+            pos += range(P, P + len(c))
+            rows += [0, *range(1 + s, s + len(c))]
+            owner += [k] * len(c)
+        Q = len(ids)
+        mask_QS = torch.zeros(Q, P + Q, dtype=torch.bool, device=dev)
+        mask_QS[:, :P] = True
+        s = 0
+        for L in lens:
+            mask_QS[s : s + L, P + s : P + s + L] = torch.ones(L, L, dtype=torch.bool, device=dev).tril()
+            s += L
+        try:
+            hidden_Q = self.causal.model(
+                input_ids=torch.tensor([ids], device=dev),
+                attention_mask=mask_QS[None, None],
+                position_ids=torch.tensor([pos], device=dev),
+                cache=state.cache,
+                use_cache=True,
+            ).last_hidden_state[0]
+        finally:
+            if state.cache.get_seq_length() > P:
+                state.cache.crop(P - state.cache.get_seq_length())  # the candidates' keys/values go again
+        pred = torch.cat([state.last_hidden[None], hidden_Q])
+        lp_T, _ = self._logprobs(pred[torch.tensor(rows, device=dev)], torch.tensor(ids, device=dev))
+        total_K = torch.zeros(len(lens), device=dev, dtype=lp_T.dtype).index_add(0, torch.tensor(owner, device=dev), lp_T)
+        scores = total_K / torch.tensor(lens, device=dev, dtype=total_K.dtype) if scoring == "mean" else total_K
+        return ScoreOut(scores, self._value(state.last_hidden), list(torch.split(lp_T, lens)))
+
+    def score_candidates_many(
+        self, items: Sequence[tuple[Sequence[int], Sequence[Sequence[int]]]], scoring: str = "mean"
+    ) -> list[ScoreOut]:
+        """:meth:`score_candidates` of many ``(prompt_ids, candidates)`` items, sharing the prompts' common prefixes.
+
+        An episode's successive prompts are prefixes of one another, so the items are grouped into
+        chains (:func:`prefix_chains`). Per chain, one forward encodes its longest prompt, and a second
+        one all the chain's candidates over those cached keys/values: a block mask lets each candidate
+        see its own prompt's prefix of the cache and its own earlier tokens only, at its own positions.
+        Each result equals :meth:`score_candidates` of its item (up to float rounding), with gradients.
+        """
+        results: list[ScoreOut | None] = [None] * len(items)
+        dev = self.device
+        for head, members in prefix_chains([p for p, _ in items]):
+            P = len(items[head][0])
+            out = self.causal.model(input_ids=torch.tensor([list(items[head][0])], device=dev), use_cache=True)
+            hidden_P, cache = out.last_hidden_state[0], out.cache
+            ids: list[int] = []
+            pos: list[int] = []
+            blocks: list[tuple[int, int, int]] = []  # (start in ids, length, its prompt's length), members' candidates in order
+            for m in members:
+                P_m = len(items[m][0])
+                for c in items[m][1]:
+                    blocks.append((len(ids), len(c), P_m))
+                    ids += c
+                    pos += range(P_m, P_m + len(c))
+            Q = len(ids)
+            mask_QS = torch.zeros(Q, P + Q, dtype=torch.bool, device=dev)
+            rows: list[int] = []  # the hidden state that predicts each candidate token, as a row of [prompt; candidates]
+            owner: list[int] = []
+            for b, (s, L, P_m) in enumerate(blocks):
+                mask_QS[s : s + L, :P_m] = True
+                mask_QS[s : s + L, P + s : P + s + L] = torch.ones(L, L, dtype=torch.bool, device=dev).tril()
+                rows += [P_m - 1, *range(P + s, P + s + L - 1)]
+                owner += [b] * L
+            hidden_Q = self.causal.model(
+                input_ids=torch.tensor([ids], device=dev),
+                attention_mask=mask_QS[None, None],
+                position_ids=torch.tensor([pos], device=dev),
+                cache=cache,
+                use_cache=True,
+            ).last_hidden_state[0]
+            hidden = torch.cat([hidden_P, hidden_Q])
+            lp_T, _ = self._logprobs(hidden[torch.tensor(rows, device=dev)], torch.tensor(ids, device=dev))
+            lens_B = torch.tensor([L for _, L, _ in blocks], device=dev)
+            total_B = torch.zeros(len(blocks), device=dev, dtype=lp_T.dtype).index_add(0, torch.tensor(owner, device=dev), lp_T)
+            scores_B = total_B / lens_B.to(total_B.dtype) if scoring == "mean" else total_B
+            per_block = list(torch.split(lp_T, lens_B.tolist()))
+            b = 0
+            for m in members:
+                K, P_m = len(items[m][1]), len(items[m][0])
+                results[m] = ScoreOut(scores_B[b : b + K], self._value(hidden_P[P_m - 1]), per_block[b : b + K])
+                b += K
+        return cast("list[ScoreOut]", results)  # prefix_chains puts every item in a chain
+
+    def sequence_logprobs_many(
+        self, items: Sequence[tuple[Sequence[int], Sequence[int]]]
+    ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """:meth:`sequence_logprobs` of many ``(prompt_ids, new_ids)`` items in one causal forward per chain.
+
+        In generate mode the next prompt continues the last one's sampled ids (token in, token out),
+        so ``prompt + new_ids`` of an episode's steps are prefixes of one another: the chain's longest
+        sequence holds every member's tokens at their own positions.
+        """
+        results: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None] = [None] * len(items)
+        seqs = [[*p, *n] for p, n in items]
+        for head, members in prefix_chains(seqs):
+            ids = torch.tensor([seqs[head]], device=self.device)
+            hidden = self.causal.model(input_ids=ids).last_hidden_state[0]
+            for m in members:
+                P, N = len(items[m][0]), len(items[m][1])
+                lp_N, logp_NV = self._logprobs(hidden[P - 1 : P - 1 + N], ids[0, P : P + N])
+                results[m] = (lp_N, -(logp_NV.exp() * logp_NV).sum(-1), self._value(hidden[P - 1]))
+        return cast("list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]", results)
+
     def value(self, prompt_ids: Sequence[int]) -> torch.Tensor:
         hidden_1P, _ = self._prompt(prompt_ids)
         return self._value(hidden_1P[0, -1])
@@ -447,6 +598,30 @@ class Policy(nn.Module):
         lp_N, logp_NV = self._logprobs(hidden[P - 1 : P - 1 + N], ids[0, P : P + N])
         entropy_N = -(logp_NV.exp() * logp_NV).sum(-1)
         return lp_N, entropy_N, self._value(hidden[P - 1])
+
+
+def prefix_chains(seqs: Sequence[Sequence[int]]) -> list[tuple[int, list[int]]]:
+    """Group sequences into chains whose members are all prefixes of the chain's head (its longest).
+
+    Returns ``(head, members)`` index pairs, members longest first (the head among them); every index
+    is in exactly one chain. An empty sequence is a chain of its own (it has no last token to share).
+    """
+    chains: list[tuple[int, list[int]]] = []
+    lists = [list(x) for x in seqs]
+    n0 = min((len(x) for x in lists if x), default=0)
+    by_start: dict[tuple[int, ...], list[int]] = {}  # the first n0 tokens -> the chains (indices into ``chains``) with that start
+    for i in sorted(range(len(lists)), key=lambda j: (-len(lists[j]), j)):
+        s = lists[i]
+        key = tuple(s[:n0])
+        for c in by_start.get(key, []) if s else []:
+            if lists[chains[c][0]][: len(s)] == s:
+                chains[c][1].append(i)
+                break
+        else:
+            chains.append((i, [i]))
+            if s:
+                by_start.setdefault(key, []).append(len(chains) - 1)
+    return chains
 
 
 def stop_token_ids(tokenizer: Any) -> set[int]:

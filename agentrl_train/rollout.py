@@ -119,6 +119,8 @@ class EnvPool:
         self.actions: list[list[str]] = [[] for _ in range(num_envs)]  #: current episode's actions (for exact resume)
         self.messages: list[list[dict[str, str]]] = [[] for _ in range(num_envs)]
         self.streams: list[list[int]] = [[] for _ in range(num_envs)]  #: generate mode: the token stream (token in, token out)
+        #: candidates mode: each env's prompt keys/values under the policy and the reference (see ``candidate_policy``)
+        self.prompt_states: list[dict[str, Any]] = [{} for _ in range(num_envs)]
         self.tools: list[Any] = [None] * num_envs
         self.infos: list[dict[str, Any]] = [{} for _ in range(num_envs)]
         self.returns = [0.0] * num_envs
@@ -143,6 +145,7 @@ class EnvPool:
             self.messages[i] = [{"role": "system", "content": sub["system_prompt"]}, {"role": "user", "content": str(obs[i])}]
             self.actions[i] = []
             self.streams[i] = []
+            self.prompt_states[i] = {}
             self.returns[i] = 0.0
             self.lengths[i] = 0
             self.last_subtask[i] = -1
@@ -270,16 +273,38 @@ def greedy_candidate(logp_K: torch.Tensor, base_K: torch.Tensor | None, tol: flo
 
 
 def candidate_policy(
-    policy: Any, prompt: Sequence[int], cand_ids: Sequence[Sequence[int]], ppo: Any, *, reference: bool = True
+    policy: Any,
+    prompt: Sequence[int],
+    cand_ids: Sequence[Sequence[int]],
+    ppo: Any,
+    *,
+    reference: bool = True,
+    states: dict[str, Any] | None = None,
 ) -> tuple[Any, torch.Tensor | None, torch.Tensor]:
     """The candidates-mode policy in one state: the policy's scores (with V), the reference model's
-    scores (None unless ``reference`` or ``score_baseline="reference"`` needs them) and the log-probs."""
-    out = policy.score_candidates(prompt, cand_ids, ppo.scoring)
+    scores (None unless ``reference`` or ``score_baseline="reference"`` needs them) and the log-probs.
+
+    ``states`` (one env's, kept between its steps): the prompts' keys/values under the policy and
+    the reference, so that a step encodes only the tokens its prompt added to the last one's.
+    """
+    out = _score(policy, prompt, cand_ids, ppo.scoring, states, "policy")
     base_K = None
     if reference or ppo.score_baseline == "reference":
         with policy.reference():
-            base_K = policy.score_candidates(prompt, cand_ids, ppo.scoring).scores_K
+            base_K = _score(policy, prompt, cand_ids, ppo.scoring, states, "reference").scores_K
     return out, base_K, candidate_logprobs(out.scores_K, base_K, ppo)
+
+
+def _score(policy: Any, prompt: Sequence[int], cand_ids: Sequence[Sequence[int]], scoring: str, states: Any, key: str) -> Any:
+    if states is None or states.get("uncached"):
+        return policy.score_candidates(prompt, cand_ids, scoring)
+    state = policy.extend_prompt(prompt, states.get(key))
+    if state is None:  # a model whose cache cannot be cut back: score from scratch from now on
+        states.clear()
+        states["uncached"] = True
+        return policy.score_candidates(prompt, cand_ids, scoring)
+    states[key] = state
+    return policy.score_candidates_on(state, cand_ids, scoring)
 
 
 @torch.no_grad()
@@ -296,7 +321,10 @@ def act(policy: Any, pool: EnvPool, i: int, cfg: Any, *, greedy: bool = False, r
         if len(cands) < 2:
             raise ConfigError("candidates mode needs info['candidates']: make the env with candidates=K (K >= 2)")
         cand_ids = [policy.encode_action(c) for c in cands]
-        out, base_K, logp_K = candidate_policy(policy, prompt, cand_ids, ppo, reference=reference)
+        states = getattr(pool, "prompt_states", None)
+        out, base_K, logp_K = candidate_policy(
+            policy, prompt, cand_ids, ppo, reference=reference, states=states[i] if states is not None else None
+        )
         if greedy:
             a = greedy_candidate(logp_K, base_K)
         else:
@@ -342,6 +370,7 @@ def collect(policy: Any, pool: EnvPool, cfg: Any, recorder: Any = None) -> Rollo
     env_s = model_s = 0.0
     tokens = 0
     policy.eval()
+    pool.prompt_states = [{} for _ in range(N)]  # keys/values of the weights before the last update are stale
     for t in range(T):
         t0 = time.perf_counter()
         row = [act(policy, pool, i, cfg) for i in range(N)]

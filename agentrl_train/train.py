@@ -32,8 +32,10 @@ __all__ = [
     "check_env_id",
     "check_env_kwargs",
     "check_error_profile",
+    "episode_micro_batches",
     "train",
     "unit_terms",
+    "unit_terms_many",
     "wrap_trainable",
 ]
 
@@ -66,18 +68,40 @@ def unit_terms(
     ``(logp_U, entropy_U, value, old_logp_U, drift)``; ``drift`` is the mean squared distance of the
     K candidates' scores from the reference model's (candidates mode with reference scores; else 0).
     """
-    if cfg.env.mode == "candidates":
-        out = policy.score_candidates(tr.prompt_ids, tr.cand_ids, cfg.ppo.scoring)
+    return unit_terms_many(policy, [tr], cfg)[0]
+
+
+def unit_terms_many(
+    policy: Policy, trs: list[Transition], cfg: TrainConfig
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """:func:`unit_terms` of many transitions; an episode's transitions share one encoding of their prompts."""
+    dev = policy.device
+    if cfg.env.mode != "candidates":
+        outs = policy.sequence_logprobs_many([(tr.prompt_ids, tr.new_ids) for tr in trs])
+        zero = torch.zeros((), device=dev)
+        return [(lp, ent, v, torch.tensor(tr.token_logprobs, device=dev), zero) for (lp, ent, v), tr in zip(outs, trs)]
+    terms = []
+    for out, tr in zip(policy.score_candidates_many([(tr.prompt_ids, tr.cand_ids) for tr in trs], cfg.ppo.scoring), trs):
         logp_K = candidate_logprobs(out.scores_K, tr.baseline_scores or None, cfg.ppo)
         entropy = -(logp_K.exp() * logp_K).sum().reshape(1)
-        drift = torch.zeros((), device=policy.device)
+        drift = torch.zeros((), device=dev)
         if tr.baseline_scores:
             base_K = torch.tensor(tr.baseline_scores, device=out.scores_K.device, dtype=out.scores_K.dtype)
             drift = ((out.scores_K - base_K) ** 2).mean()
-        old = torch.tensor([tr.logprob], device=policy.device)
-        return logp_K[tr.action : tr.action + 1], entropy, out.value, old, drift
-    lp_N, ent_N, value = policy.sequence_logprobs(tr.prompt_ids, tr.new_ids)
-    return lp_N, ent_N, value, torch.tensor(tr.token_logprobs, device=policy.device), torch.zeros((), device=policy.device)
+        old = torch.tensor([tr.logprob], device=dev)
+        terms.append((logp_K[tr.action : tr.action + 1], entropy, out.value, old, drift))
+    return terms
+
+
+def episode_micro_batches(indices: list[int], samples: list[tuple[Transition, float, float]], size: int) -> list[list[int]]:
+    """One optimizer step's transitions cut into micro-batches of at most ``size``, each env's in a row.
+
+    The step's gradient is the sum over its micro-batches, so how they are cut changes nothing but
+    float rounding; keeping an env's successive transitions together lets them share one encoding
+    of their prompts (:func:`unit_terms_many`).
+    """
+    ordered = sorted(indices, key=lambda j: (samples[j][0].env_index, j))
+    return [ordered[j : j + size] for j in range(0, len(ordered), size)]
 
 
 class PPOLoss(torch.nn.Module):
@@ -98,8 +122,7 @@ class PPOLoss(torch.nn.Module):
     ) -> torch.Tensor:
         cfg, policy = self.cfg, self.policy
         loss = torch.zeros((), device=policy.device)
-        for tr, adv, ret in batch:
-            logp, ent, value, old, drift = unit_terms(policy, tr, cfg)
+        for (tr, adv, ret), (logp, ent, value, old, drift) in zip(batch, unit_terms_many(policy, [b[0] for b in batch], cfg)):
             pg, ratio, clipped = ppo.policy_loss(logp, old, torch.full_like(logp, adv), cfg.ppo.clip)
             kl = ppo.k3_kl(logp, torch.tensor(tr.ref_logprobs, device=logp.device), cfg.ppo.kl_clamp)
             vl = ppo.value_loss(value, torch.tensor(tr.value), torch.tensor(ret), cfg.ppo.value_clip)
@@ -333,7 +356,8 @@ def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, 
                     mbs = [order[j : j + cfg.ppo.micro_batch] for j in range(0, len(order), cfg.ppo.micro_batch)]
                     step = per_step or len(mbs)
                     for g in range(0, len(mbs), step):
-                        accumulate(policy, samples, mbs[g : g + step], cfg, ent_coef, cw, dist, stats, trainable)
+                        group = episode_micro_batches([j for mb in mbs[g : g + step] for j in mb], samples, cfg.ppo.micro_batch)
+                        accumulate(policy, samples, group, cfg, ent_coef, cw, dist, stats, trainable)
                         grad_norms = ppo.clip_gradients(groups, cfg.ppo.grad_clip, cfg.ppo.clip_mode)
                         optimizer.step()
                         optimizer.zero_grad(set_to_none=True)

@@ -191,3 +191,109 @@ def test_a_rank_above_the_layer_width_is_refused() -> None:
     # a module named on its own is bounded by its own width, and the kind by the rest
     t = lora_targets(gqa, "seed", {"attn": 64, "k_proj": 8, "v_proj": 8})
     assert t["rank_pattern"] == {**t["rank_pattern"], "q_proj": 64, "o_proj": 64, "k_proj": 8, "v_proj": 8}
+
+
+def _perturbed(policy, seed: int = 0):
+    """A copy of the shared policy whose adapter and value head are not zero (so scores depend on them)."""
+    p2 = copy.deepcopy(policy)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, p in p2.trainable_parameters():
+            if "lora_B" in n or n.startswith("value_head"):
+                p.add_(torch.randn(p.shape, generator=g) * 0.05)
+    return p2
+
+
+def _episode_prompts(policy) -> list[list[int]]:
+    """An episode's successive prompts (each a prefix of the next), a second episode's, and a repeat."""
+    msgs = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Email the median order."}]
+    other = [{"role": "system", "content": "You are an agent."}, {"role": "user", "content": "Count the staff rows."}]
+    p1 = policy.encode_prompt(msgs, None, 512)
+    p2 = [*p1, *policy.encode_action("SELECT amount FROM orders"), 7, 8, 9]
+    p3 = [*p2, *policy.encode_action("finish"), 10, 11]
+    q1 = policy.encode_prompt(other, None, 512)
+    return [p2, q1, p1, p3, list(p2), [*q1, 12]]
+
+
+def test_prefix_chains_put_every_sequence_in_one_chain_under_a_head_it_prefixes() -> None:
+    from agentrl_train.policy import prefix_chains
+
+    seqs = [[1, 2, 3], [1, 2], [4], [1, 2, 3, 4], [], [1, 3], [1, 2], [4, 5]]
+    chains = prefix_chains(seqs)
+    members = sorted(i for _, ms in chains for i in ms)
+    assert members == list(range(len(seqs)))
+    for head, ms in chains:
+        assert ms[0] == head and all(seqs[head][: len(seqs[m])] == seqs[m] for m in ms)
+        assert [len(seqs[m]) for m in ms] == sorted((len(seqs[m]) for m in ms), reverse=True)
+    by_head = {tuple(seqs[h]): sorted(ms) for h, ms in chains}
+    assert by_head[(1, 2, 3, 4)] == [0, 1, 3, 6] and by_head[(4, 5)] == [2, 7] and by_head[(1, 3)] == [5]
+    assert by_head[()] == [4]
+    assert prefix_chains([]) == []
+
+
+@pytest.mark.parametrize("scoring", ["mean", "sum"])
+def test_candidates_of_many_prompts_equal_each_prompt_scored_alone_with_their_gradients(small_policy, scoring: str) -> None:
+    policy = _perturbed(small_policy[0])
+    prompts = _episode_prompts(policy)
+    cands = [
+        [policy.encode_action(t) for t in ("finish", "SELECT amount FROM orders", "x" * 30)],
+        [policy.encode_action("a"), [5]],
+        [policy.encode_action(t) for t in ("finish", "python: print(1)")],
+        [policy.encode_action(t) for t in ("SELECT 1", "finish", "smtp", "y" * 12)],
+        [policy.encode_action(t) for t in ("b", "finish")],
+        [policy.encode_action(t) for t in ("c d e", "finish")],
+    ]
+    items = list(zip(prompts, cands))
+    params = [p for _, p in policy.trainable_parameters()]
+
+    def grads(outs) -> list[torch.Tensor]:
+        policy.zero_grad(set_to_none=True)
+        sum(o.scores_K.sum() + o.value for o in outs).backward()
+        return [p.grad.clone() if p.grad is not None else torch.zeros_like(p) for p in params]
+
+    alone = [policy.score_candidates(p, c, scoring) for p, c in items]
+    g_alone = grads(alone)
+    many = policy.score_candidates_many(items, scoring)
+    g_many = grads(many)
+    assert len(many) == len(items)
+    for a, m, (_, c) in zip(alone, many, items):
+        assert m.scores_K.shape == (len(c),)
+        assert torch.allclose(a.scores_K, m.scores_K, atol=1e-5)
+        assert float(a.value.detach()) == pytest.approx(float(m.value.detach()), abs=1e-5)
+        for ta, tm in zip(a.token_logprobs, m.token_logprobs):
+            assert torch.allclose(ta, tm, atol=1e-5)
+    assert any(float(g.abs().max()) > 0 for g in g_alone)
+    for ga, gm in zip(g_alone, g_many):
+        assert torch.allclose(ga, gm, atol=1e-5, rtol=1e-4)
+
+
+def test_sequence_logprobs_of_many_items_equal_each_alone(small_policy) -> None:
+    policy = _perturbed(small_policy[0], seed=1)
+    prompts = _episode_prompts(policy)
+    p1 = prompts[2]
+    new_1 = policy.encode_action("SELECT amount FROM orders")
+    items = [(p1, new_1), ([*p1, *new_1, 7, 8, 9], [11, 12, 13]), (prompts[1], [14]), (p1, new_1[:3])]
+    with torch.no_grad():
+        alone = [policy.sequence_logprobs(p, n) for p, n in items]
+        many = policy.sequence_logprobs_many(items)
+    for (lp_a, ent_a, v_a), (lp_m, ent_m, v_m) in zip(alone, many):
+        assert torch.allclose(lp_a, lp_m, atol=1e-5) and torch.allclose(ent_a, ent_m, atol=1e-5)
+        assert float(v_a) == pytest.approx(float(v_m), abs=1e-5)
+
+
+def test_a_prompt_extended_step_by_step_scores_as_one_encoded_whole(small_policy) -> None:
+    policy = _perturbed(small_policy[0], seed=2)
+    p2, q1, p1, p3 = _episode_prompts(policy)[:4]
+    cands = [policy.encode_action(t) for t in ("finish", "SELECT amount FROM orders", "z" * 25)]
+    with torch.no_grad():
+        state = None
+        for prompt in (p1, p2, p2, p3, q1):  # q1 is no extension of p3: encoded from scratch
+            state = policy.extend_prompt(prompt, state)
+            assert state is not None and state.ids == prompt and state.cache.get_seq_length() == len(prompt)
+            on = policy.score_candidates_on(state, cands, "mean")
+            assert state.cache.get_seq_length() == len(prompt)  # the candidates' keys/values were dropped again
+            alone = policy.score_candidates(prompt, cands, "mean")
+            assert torch.allclose(on.scores_K, alone.scores_K, atol=1e-5)
+            assert float(on.value) == pytest.approx(float(alone.value), abs=1e-5)
+            for a, b in zip(on.token_logprobs, alone.token_logprobs):
+                assert torch.allclose(a, b, atol=1e-5)

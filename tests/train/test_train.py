@@ -126,6 +126,23 @@ def test_microbatch_1_x_accumulation_8_equals_microbatch_8(small_policy) -> None
     assert any(float(g.abs().max()) > 0 for g in one.values())
 
 
+def test_a_steps_micro_batches_keep_each_envs_transitions_together(small_policy) -> None:
+    from agentrl_train.train import episode_micro_batches
+
+    policy, cfg = small_policy
+    samples = _fixed_batch(policy, cfg)  # rows of 2 envs: env 0, env 1, env 0, ...
+    step = [7, 0, 3, 2, 5, 6]
+    mbs = episode_micro_batches(step, samples, 4)
+    assert sorted(j for mb in mbs for j in mb) == sorted(step) and all(0 < len(mb) <= 4 for mb in mbs)
+    envs = [samples[j][0].env_index for mb in mbs for j in mb]
+    assert envs == sorted(envs)
+    flat = [j for mb in mbs for j in mb]
+    for k in set(envs):  # each env's transitions in their rollout order
+        mine = [j for j in flat if samples[j][0].env_index == k]
+        assert mine == sorted(mine)
+    assert episode_micro_batches([], samples, 4) == []
+
+
 def test_garbage_from_the_policy_gets_the_format_penalty(tmp_path) -> None:
     # generate mode with a barely trained model emits garbage; the env answers with penalties, never a crash
     cfg = small_config(tmp_path, mode="generate", max_new_tokens=12, updates=1, record=False)
@@ -487,3 +504,39 @@ def test_ppo_that_diverges_stops_naming_lr_and_saves_no_nan_weights(tmp_path) ->
     assert not (run / "final").exists() and not list((run / "checkpoints").glob("update-*"))
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["update"] for r in rows if r["kind"] == "update"] == [1]  # the diverged update is still logged
+
+
+def test_rollouts_with_kept_prompt_keys_values_equal_rollouts_that_encode_every_prompt(small_policy, monkeypatch) -> None:
+    from agentrl_train.policy import Policy
+
+    policy, cfg = small_policy
+    with torch.no_grad():  # a moved adapter, so that policy and reference scores differ
+        moved = {n: p.clone() for n, p in policy.trainable_parameters()}
+        g = torch.Generator().manual_seed(4)
+        for n, p in policy.trainable_parameters():
+            if "lora_B" in n:
+                p.add_(torch.randn(p.shape, generator=g) * 0.05)
+
+    def rollout():
+        pool = EnvPool(cfg.env.env, 2, run_seed=9, vectorization="sync", make_kwargs={"candidates": cfg.env.candidates})
+        try:
+            pool.reset()
+            return collect(policy, pool, cfg), pool
+        finally:
+            pool.close()
+
+    try:
+        kept, pool = rollout()
+        assert any("policy" in s for s in pool.prompt_states)  # the keys/values were kept
+        monkeypatch.setattr(Policy, "extend_prompt", lambda self, ids, state=None: None)
+        fresh, _ = rollout()
+    finally:
+        with torch.no_grad():
+            for n, p in policy.trainable_parameters():
+                p.copy_(moved[n])
+    for row_k, row_f in zip(kept.transitions, fresh.transitions):
+        for a, b in zip(row_k, row_f):
+            assert a.action == b.action and a.prompt_ids == b.prompt_ids
+            # log-probs are scores / temperature (0.1): float rounding of 1e-6 in a score is 1e-5 there
+            assert a.logprob == pytest.approx(b.logprob, abs=1e-4) and a.value == pytest.approx(b.value, abs=1e-5)
+            assert np.allclose(a.baseline_scores, b.baseline_scores, atol=1e-5)
