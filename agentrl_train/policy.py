@@ -468,8 +468,7 @@ class Policy(nn.Module):
                 use_cache=True,
             ).last_hidden_state[0]
         finally:
-            if state.cache.get_seq_length() > P:
-                state.cache.crop(P - state.cache.get_seq_length())  # the candidates' keys/values go again
+            _cut_back(state)  # the candidates' keys/values go again
         pred = torch.cat([state.last_hidden[None], hidden_Q])
         lp_T, _ = self._logprobs(pred[torch.tensor(rows, device=dev)], torch.tensor(ids, device=dev))
         total_K = torch.zeros(len(lens), device=dev, dtype=lp_T.dtype).index_add(0, torch.tensor(owner, device=dev), lp_T)
@@ -557,36 +556,68 @@ class Policy(nn.Module):
 
     @torch.no_grad()
     def generate(
-        self, prompt_ids: Sequence[int], max_new_tokens: int, *, greedy: bool = False, generator: torch.Generator | None = None
+        self,
+        prompt_ids: Sequence[int],
+        max_new_tokens: int,
+        *,
+        greedy: bool = False,
+        generator: torch.Generator | None = None,
+        state: PromptState | None = None,
     ) -> tuple[list[int], list[float], float]:
         """Sample an action token by token; stop at ``</tool_call>``, end of turn, or the budget.
 
-        Returns the new ids, their log-probs under the policy (temperature 1) and V(prompt).
+        ``state``: the prompt's keys/values (:meth:`extend_prompt`), left as they were; else the
+        prompt is encoded here. Returns the new ids, their log-probs under the policy (temperature 1)
+        and V(prompt).
         """
-        hidden_1P, cache = self._prompt(prompt_ids)
-        value = float(self._value(hidden_1P[0, -1]))
-        h = hidden_1P[:, -1]
+        if state is None:
+            hidden_1P, cache = self._prompt(prompt_ids)
+            h, P = hidden_1P[:, -1], len(prompt_ids)
+        else:
+            cache, h, P = state.cache, state.last_hidden[None], len(state.ids)
+        value = float(self._value(h[0]))
         ids: list[int] = []
         lps: list[float] = []
-        pos = len(prompt_ids)
-        for _ in range(max_new_tokens):
-            logp = torch.log_softmax(self.causal.lm_head(h).float(), dim=-1)[0]
-            if greedy:
-                tok = int(torch.argmax(logp))
-            else:
-                tok = int(torch.multinomial(logp.exp(), 1, generator=generator))
-            ids.append(tok)
-            lps.append(float(logp[tok]))
-            if tok in self.stop_ids:
-                break
-            out = self.causal.model(
-                input_ids=torch.tensor([[tok]], device=self.device),
-                cache=cache,
-                use_cache=True,
-                position_ids=torch.tensor([[pos]], device=self.device),
-            )
-            cache, h, pos = out.cache, out.last_hidden_state[:, -1], pos + 1
+        pos = P
+        try:
+            for _ in range(max_new_tokens):
+                logp = torch.log_softmax(self.causal.lm_head(h).float(), dim=-1)[0]
+                if greedy:
+                    tok = int(torch.argmax(logp))
+                else:
+                    tok = int(torch.multinomial(logp.exp(), 1, generator=generator))
+                ids.append(tok)
+                lps.append(float(logp[tok]))
+                if tok in self.stop_ids:
+                    break
+                out = self.causal.model(
+                    input_ids=torch.tensor([[tok]], device=self.device),
+                    cache=cache,
+                    use_cache=True,
+                    position_ids=torch.tensor([[pos]], device=self.device),
+                )
+                cache, h, pos = out.cache, out.last_hidden_state[:, -1], pos + 1
+        finally:
+            if state is not None:
+                _cut_back(state)
         return ids, lps, value
+
+    def sequence_logprobs_on(self, state: PromptState, new_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """:meth:`sequence_logprobs` over a :class:`PromptState`'s cached keys/values (left as they were)."""
+        P, N = len(state.ids), len(new_ids)
+        ids = torch.tensor([list(new_ids)], device=self.device)
+        try:
+            hidden_N = self.causal.model(
+                input_ids=ids,
+                cache=state.cache,
+                use_cache=True,
+                position_ids=torch.arange(P, P + N, device=self.device)[None],
+            ).last_hidden_state[0]
+        finally:
+            _cut_back(state)
+        pred = torch.cat([state.last_hidden[None], hidden_N[:-1]])
+        lp_N, logp_NV = self._logprobs(pred, ids[0])
+        return lp_N, -(logp_NV.exp() * logp_NV).sum(-1), self._value(state.last_hidden)
 
     def sequence_logprobs(
         self, prompt_ids: Sequence[int], new_ids: Sequence[int]
@@ -598,6 +629,13 @@ class Policy(nn.Module):
         lp_N, logp_NV = self._logprobs(hidden[P - 1 : P - 1 + N], ids[0, P : P + N])
         entropy_N = -(logp_NV.exp() * logp_NV).sum(-1)
         return lp_N, entropy_N, self._value(hidden[P - 1])
+
+
+def _cut_back(state: PromptState) -> None:
+    """Drop what a forward over ``state``'s cache appended past its prompt."""
+    extra = state.cache.get_seq_length() - len(state.ids)
+    if extra > 0:
+        state.cache.crop(-extra)
 
 
 def prefix_chains(seqs: Sequence[Sequence[int]]) -> list[tuple[int, list[int]]]:

@@ -119,7 +119,7 @@ class EnvPool:
         self.actions: list[list[str]] = [[] for _ in range(num_envs)]  #: current episode's actions (for exact resume)
         self.messages: list[list[dict[str, str]]] = [[] for _ in range(num_envs)]
         self.streams: list[list[int]] = [[] for _ in range(num_envs)]  #: generate mode: the token stream (token in, token out)
-        #: candidates mode: each env's prompt keys/values under the policy and the reference (see ``candidate_policy``)
+        #: each env's prompt keys/values under the policy and the reference, kept between its steps (``act``)
         self.prompt_states: list[dict[str, Any]] = [{} for _ in range(num_envs)]
         self.tools: list[Any] = [None] * num_envs
         self.infos: list[dict[str, Any]] = [{} for _ in range(num_envs)]
@@ -295,36 +295,49 @@ def candidate_policy(
     return out, base_K, candidate_logprobs(out.scores_K, base_K, ppo)
 
 
-def _score(policy: Any, prompt: Sequence[int], cand_ids: Sequence[Sequence[int]], scoring: str, states: Any, key: str) -> Any:
+def _prompt_state(policy: Any, prompt: Sequence[int], states: dict[str, Any] | None, key: str) -> Any:
+    """One env's prompt keys/values under ``key`` (``policy`` or ``reference``), extended to ``prompt``.
+
+    None: encode the prompt from scratch (no ``states``, or a model whose cache cannot be cut back).
+    """
     if states is None or states.get("uncached"):
-        return policy.score_candidates(prompt, cand_ids, scoring)
+        return None
     state = policy.extend_prompt(prompt, states.get(key))
-    if state is None:  # a model whose cache cannot be cut back: score from scratch from now on
+    if state is None:
         states.clear()
         states["uncached"] = True
-        return policy.score_candidates(prompt, cand_ids, scoring)
+        return None
     states[key] = state
+    return state
+
+
+def _score(policy: Any, prompt: Sequence[int], cand_ids: Sequence[Sequence[int]], scoring: str, states: Any, key: str) -> Any:
+    state = _prompt_state(policy, prompt, states, key)
+    if state is None:
+        return policy.score_candidates(prompt, cand_ids, scoring)
     return policy.score_candidates_on(state, cand_ids, scoring)
 
 
 @torch.no_grad()
 def act(policy: Any, pool: EnvPool, i: int, cfg: Any, *, greedy: bool = False, reference: bool = True) -> Transition:
-    """The policy's action for local env i in its current state (no grad, dropout off)."""
+    """The policy's action for local env i in its current state (no grad, dropout off).
+
+    When ``pool`` has ``prompt_states``, env i's prompt keys/values are kept there between its steps.
+    """
     ppo, mode = cfg.ppo, cfg.env.mode
     k = pool.first_index + i
     if mode == "generate" and getattr(pool, "streams", None) and pool.streams[i]:
         prompt = pool.streams[i]
     else:
         prompt = policy.encode_prompt(pool.messages[i], pool.tools[i], ppo.max_prompt_tokens)
+    kept = getattr(pool, "prompt_states", None)
+    states = kept[i] if kept is not None else None
     if mode == "candidates":
         cands = list(pool.infos[i].get("candidates") or [])
         if len(cands) < 2:
             raise ConfigError("candidates mode needs info['candidates']: make the env with candidates=K (K >= 2)")
         cand_ids = [policy.encode_action(c) for c in cands]
-        states = getattr(pool, "prompt_states", None)
-        out, base_K, logp_K = candidate_policy(
-            policy, prompt, cand_ids, ppo, reference=reference, states=states[i] if states is not None else None
-        )
+        out, base_K, logp_K = candidate_policy(policy, prompt, cand_ids, ppo, reference=reference, states=states)
         if greedy:
             a = greedy_candidate(logp_K, base_K)
         else:
@@ -345,14 +358,19 @@ def act(policy: Any, pool: EnvPool, i: int, cfg: Any, *, greedy: bool = False, r
             baseline_scores=baseline,
         )
     gen = None if greedy else pool.generators[i]
-    new_ids, lps, value = policy.generate(prompt, ppo.max_new_tokens, greedy=greedy, generator=gen)
+    state = _prompt_state(policy, prompt, states, "policy")
+    new_ids, lps, value = policy.generate(prompt, ppo.max_new_tokens, greedy=greedy, generator=gen, state=state)
     text = policy.tokenizer.decode(new_ids, skip_special_tokens=False)
     for end in ("<|im_end|>", "<|eot_id|>", "<|end|>"):
         text = text.removesuffix(end)
     ref = []
     if reference:
         with policy.reference():
-            ref_lp, _, _ = policy.sequence_logprobs(prompt, new_ids)
+            ref_state = _prompt_state(policy, prompt, states, "reference")
+            if ref_state is None:
+                ref_lp, _, _ = policy.sequence_logprobs(prompt, new_ids)
+            else:
+                ref_lp, _, _ = policy.sequence_logprobs_on(ref_state, new_ids)
         ref = ref_lp.tolist()
     return Transition(
         k, prompt, text, new_ids=new_ids, logprob=float(sum(lps)), token_logprobs=lps, ref_logprobs=ref, value=value

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
 import pytest
 import torch
 
@@ -296,4 +297,23 @@ def test_a_prompt_extended_step_by_step_scores_as_one_encoded_whole(small_policy
             assert torch.allclose(on.scores_K, alone.scores_K, atol=1e-5)
             assert float(on.value) == pytest.approx(float(alone.value), abs=1e-5)
             for a, b in zip(on.token_logprobs, alone.token_logprobs):
+                assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_generation_and_its_reference_log_probs_over_kept_keys_values_equal_those_from_scratch(small_policy) -> None:
+    policy = _perturbed(small_policy[0], seed=3)
+    p2, _, p1, p3 = _episode_prompts(policy)[:4]
+    with torch.no_grad():
+        state = None
+        for prompt in (p1, p2, p3):
+            state = policy.extend_prompt(prompt, state)
+            kept = policy.generate(prompt, 16, generator=torch.Generator().manual_seed(5), state=state)
+            assert state.cache.get_seq_length() == len(prompt)  # the sampled tokens' keys/values were dropped again
+            fresh = policy.generate(prompt, 16, generator=torch.Generator().manual_seed(5))
+            assert kept[0] == fresh[0] and len(kept[0]) >= 1
+            assert np.allclose(kept[1], fresh[1], atol=1e-5) and kept[2] == pytest.approx(fresh[2], abs=1e-5)
+            on = policy.sequence_logprobs_on(state, kept[0])
+            assert state.cache.get_seq_length() == len(prompt)
+            alone = policy.sequence_logprobs(prompt, kept[0])
+            for a, b in zip(on, alone):
                 assert torch.allclose(a, b, atol=1e-5)

@@ -506,10 +506,16 @@ def test_ppo_that_diverges_stops_naming_lr_and_saves_no_nan_weights(tmp_path) ->
     assert [r["update"] for r in rows if r["kind"] == "update"] == [1]  # the diverged update is still logged
 
 
-def test_rollouts_with_kept_prompt_keys_values_equal_rollouts_that_encode_every_prompt(small_policy, monkeypatch) -> None:
+@pytest.mark.parametrize("mode", ["candidates", "generate"])
+def test_rollouts_with_kept_prompt_keys_values_equal_rollouts_that_encode_every_prompt(small_policy, monkeypatch, mode) -> None:
+    import dataclasses
+
     from agentrl_train.policy import Policy
 
     policy, cfg = small_policy
+    cfg = dataclasses.replace(
+        cfg, env=dataclasses.replace(cfg.env, mode=mode), ppo=dataclasses.replace(cfg.ppo, max_new_tokens=12)
+    )
     with torch.no_grad():  # a moved adapter, so that policy and reference scores differ
         moved = {n: p.clone() for n, p in policy.trainable_parameters()}
         g = torch.Generator().manual_seed(4)
@@ -518,7 +524,8 @@ def test_rollouts_with_kept_prompt_keys_values_equal_rollouts_that_encode_every_
                 p.add_(torch.randn(p.shape, generator=g) * 0.05)
 
     def rollout():
-        pool = EnvPool(cfg.env.env, 2, run_seed=9, vectorization="sync", make_kwargs={"candidates": cfg.env.candidates})
+        make_kwargs = {"candidates": cfg.env.candidates} if mode == "candidates" else {}
+        pool = EnvPool(cfg.env.env, 2, run_seed=9, vectorization="sync", make_kwargs=make_kwargs)
         try:
             pool.reset()
             return collect(policy, pool, cfg), pool
@@ -536,7 +543,9 @@ def test_rollouts_with_kept_prompt_keys_values_equal_rollouts_that_encode_every_
                 p.copy_(moved[n])
     for row_k, row_f in zip(kept.transitions, fresh.transitions):
         for a, b in zip(row_k, row_f):
-            assert a.action == b.action and a.prompt_ids == b.prompt_ids
+            assert a.action == b.action and a.prompt_ids == b.prompt_ids and a.new_ids == b.new_ids
             # log-probs are scores / temperature (0.1): float rounding of 1e-6 in a score is 1e-5 there
             assert a.logprob == pytest.approx(b.logprob, abs=1e-4) and a.value == pytest.approx(b.value, abs=1e-5)
             assert np.allclose(a.baseline_scores, b.baseline_scores, atol=1e-5)
+            assert np.allclose(a.token_logprobs, b.token_logprobs, atol=1e-5)
+            assert np.allclose(a.ref_logprobs, b.ref_logprobs, atol=1e-4)
