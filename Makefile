@@ -5,8 +5,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 ENVS   := AgentRL/SQL-v0 AgentRL/Python-v0 AgentRL/SMTP-v0 AgentRL/SQLPythonSMTP-v0 AgentRL/HTTP-v0 AgentRL/Workplace-v0
 EPISODES ?= 20
-DEMO_UPDATES ?= 10
-DEMO_EVAL_EVERY ?= 5
+DEMO_UPDATES ?= 5
+DEMO_EVAL_EVERY ?= 1
 
 .PHONY: setup demo test test-fast lint format bench soak clean leaderboard
 

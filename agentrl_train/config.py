@@ -89,7 +89,7 @@ class EnvConfig:
 
     env: str = _f("AgentRL/SQLPythonSMTP-v0", "env id (see `agentrl-envs list`)")
     split: str = _f("train", "task split to train on: train, test or heldout")
-    num_envs: int = _f(8, "sub-envs of the vector env", commands=_PPO_ONLY)
+    num_envs: int = _f(16, "sub-envs of the vector env", commands=_PPO_ONLY)
     vectorization: str = _f("async", "async (one process per sub-env) or sync (one process; for debugging)", commands=_PPO_ONLY)
     mode: str = _f("candidates", "candidates (a distribution over info['candidates']) or generate (token-level sampling)")
     candidates: int = _f(4, "K candidate actions per step in candidates mode")
@@ -101,7 +101,7 @@ class EnvConfig:
 class PPOConfig:
     """The algorithm: rollout size, PPO losses, schedules, clipping and advantage estimation."""
 
-    updates: int = _f(10, "PPO updates (each: one rollout of rollout_steps x num_envs transitions, then epochs of SGD)")
+    updates: int = _f(5, "PPO updates (each: one rollout of rollout_steps x num_envs transitions, then epochs of SGD)")
     rollout_steps: int = _f(8, "env steps per sub-env per update")
     epochs: int = _f(2, "passes over each rollout")
     micro_batch: int = _f(16, "transitions per forward/backward pass (memory)")
@@ -138,7 +138,7 @@ class PPOConfig:
         "reference", "candidates mode: subtract the reference model's score of each candidate (reference) or not (none)"
     )
     reference_weight: float = _f(
-        1.0,
+        0.9,
         "candidates mode, score_baseline=reference: the share of the reference model's score subtracted "
         "(1: the adapter's change alone decides and the start policy is uniform; below 1 the base model's "
         "preference stays in the policy with weight 1 - this, a margin the adapter must overcome)",

@@ -5,7 +5,7 @@ the batch (the control: the same budget should stay flat), and prints greedy suc
 test at every evaluation with the wall time it was reached, next to the no-model baselines
 (random candidate, overlap heuristic) on the same episodes.
 
-    python benchmarks/bench_learning.py [--seeds 0 1 2] [--updates 10] [--control] [--control-seeds 0 1 2] [--parallel]
+    python benchmarks/bench_learning.py [--seeds 0 1 2] [--updates N] [--control] [--control-seeds 0 1 2] [--parallel]
 """
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ import tempfile
 from pathlib import Path
 
 
-def run(out: Path, seed: int, updates: int, shuffle: bool) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "agentrl_train", "ppo", "--seed", str(seed), "--updates", str(updates), "--out", str(out)]
+def run(out: Path, seed: int, updates: int | None, shuffle: bool) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "agentrl_train", "ppo", "--seed", str(seed), "--out", str(out)]
+    if updates is not None:
+        cmd += ["--updates", str(updates)]
     cmd += ["--no-progress", "--no-tensorboard", "--no-record", "--checkpoint-every", "0"]
     if shuffle:
         cmd += ["--shuffle-rewards"]
@@ -56,7 +58,7 @@ def baselines(episodes: int) -> dict[str, dict[str, float]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2], help="seeds to train (default 0 1 2; none: only controls)")
-    ap.add_argument("--updates", type=int, default=10, help="PPO updates per run (default: the CLI's 10)")
+    ap.add_argument("--updates", type=int, default=None, help="PPO updates per run (default: the CLI's default, 5)")
     ap.add_argument("--control", action="store_true", help="also run seed 0 with rewards shuffled across the batch")
     ap.add_argument("--control-seeds", type=int, nargs="+", default=[], help="run these seeds with rewards shuffled")
     ap.add_argument(
