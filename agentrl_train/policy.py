@@ -435,45 +435,10 @@ class Policy(nn.Module):
         return PromptState(ids, out.cache, out.last_hidden_state[0, -1])
 
     def score_candidates_on(self, state: PromptState, candidates: Sequence[Sequence[int]], scoring: str = "mean") -> ScoreOut:
-        """:meth:`score_candidates` over a :class:`PromptState`'s cached keys/values (left as they were).
-
-        The K candidates go through one forward as one sequence: a block mask lets each see the
-        whole prompt and its own earlier tokens, at its own positions after the prompt.
-        """
-        P, dev = len(state.ids), self.device
-        ids: list[int] = []
-        pos: list[int] = []
-        rows: list[int] = []  # rows of [last prompt hidden; candidate hiddens] that predict each candidate token
-        owner: list[int] = []
-        lens = [len(c) for c in candidates]
-        for k, c in enumerate(candidates):
-            s = len(ids)
-            ids += c
-            pos += range(P, P + len(c))
-            rows += [0, *range(1 + s, s + len(c))]
-            owner += [k] * len(c)
-        Q = len(ids)
-        mask_QS = torch.zeros(Q, P + Q, dtype=torch.bool, device=dev)
-        mask_QS[:, :P] = True
-        s = 0
-        for L in lens:
-            mask_QS[s : s + L, P + s : P + s + L] = torch.ones(L, L, dtype=torch.bool, device=dev).tril()
-            s += L
-        try:
-            hidden_Q = self.causal.model(
-                input_ids=torch.tensor([ids], device=dev),
-                attention_mask=mask_QS[None, None],
-                position_ids=torch.tensor([pos], device=dev),
-                cache=state.cache,
-                use_cache=True,
-            ).last_hidden_state[0]
-        finally:
-            _cut_back(state)  # the candidates' keys/values go again
-        pred = torch.cat([state.last_hidden[None], hidden_Q])
-        lp_T, _ = self._logprobs(pred[torch.tensor(rows, device=dev)], torch.tensor(ids, device=dev))
-        total_K = torch.zeros(len(lens), device=dev, dtype=lp_T.dtype).index_add(0, torch.tensor(owner, device=dev), lp_T)
-        scores = total_K / torch.tensor(lens, device=dev, dtype=total_K.dtype) if scoring == "mean" else total_K
-        return ScoreOut(scores, self._value(state.last_hidden), list(torch.split(lp_T, lens)))
+        """:meth:`score_candidates` over a :class:`PromptState`'s cached keys/values (left as they were)."""
+        P = len(state.ids)
+        scores, token_lps = self._score_over_cache(state.cache, P, [(P, state.last_hidden, candidates)], scoring)[0]
+        return ScoreOut(scores, self._value(state.last_hidden), token_lps)
 
     def score_candidates_many(
         self, items: Sequence[tuple[Sequence[int], Sequence[Sequence[int]]]], scoring: str = "mean"
@@ -481,35 +446,54 @@ class Policy(nn.Module):
         """:meth:`score_candidates` of many ``(prompt_ids, candidates)`` items, sharing the prompts' common prefixes.
 
         An episode's successive prompts are prefixes of one another, so the items are grouped into
-        chains (:func:`prefix_chains`). Per chain, one forward encodes its longest prompt, and a second
-        one all the chain's candidates over those cached keys/values: a block mask lets each candidate
-        see its own prompt's prefix of the cache and its own earlier tokens only, at its own positions.
-        Each result equals :meth:`score_candidates` of its item (up to float rounding), with gradients.
+        chains (:func:`prefix_chains`). Per chain, one forward encodes its longest prompt and a second
+        one all the chain's candidates over those keys/values (:meth:`_score_over_cache`). Each result
+        equals :meth:`score_candidates` of its item (up to float rounding), with gradients.
         """
         results: list[ScoreOut | None] = [None] * len(items)
-        dev = self.device
         for head, members in prefix_chains([p for p, _ in items]):
-            P = len(items[head][0])
-            out = self.causal.model(input_ids=torch.tensor([list(items[head][0])], device=dev), use_cache=True)
-            hidden_P, cache = out.last_hidden_state[0], out.cache
-            ids: list[int] = []
-            pos: list[int] = []
-            blocks: list[tuple[int, int, int]] = []  # (start in ids, length, its prompt's length), members' candidates in order
-            for m in members:
-                P_m = len(items[m][0])
-                for c in items[m][1]:
-                    blocks.append((len(ids), len(c), P_m))
-                    ids += c
-                    pos += range(P_m, P_m + len(c))
-            Q = len(ids)
-            mask_QS = torch.zeros(Q, P + Q, dtype=torch.bool, device=dev)
-            rows: list[int] = []  # the hidden state that predicts each candidate token, as a row of [prompt; candidates]
-            owner: list[int] = []
-            for b, (s, L, P_m) in enumerate(blocks):
-                mask_QS[s : s + L, :P_m] = True
-                mask_QS[s : s + L, P + s : P + s + L] = torch.ones(L, L, dtype=torch.bool, device=dev).tril()
-                rows += [P_m - 1, *range(P + s, P + s + L - 1)]
-                owner += [b] * L
+            out = self.causal.model(input_ids=torch.tensor([list(items[head][0])], device=self.device), use_cache=True)
+            hidden_P = out.last_hidden_state[0]
+            prompts = [(len(items[m][0]), hidden_P[len(items[m][0]) - 1], items[m][1]) for m in members]
+            scored = self._score_over_cache(out.cache, len(items[head][0]), prompts, scoring)
+            for m, (_, last, _), (scores, token_lps) in zip(members, prompts, scored):
+                results[m] = ScoreOut(scores, self._value(last), token_lps)
+        return cast("list[ScoreOut]", results)  # prefix_chains puts every item in a chain
+
+    def _score_over_cache(
+        self, cache: Any, P: int, prompts: Sequence[tuple[int, torch.Tensor, Sequence[Sequence[int]]]], scoring: str
+    ) -> list[tuple[torch.Tensor, list[torch.Tensor]]]:
+        """Score the candidates of prompts that are prefixes of the ``P`` cached tokens, in one forward.
+
+        ``prompts``: per prompt, its length ``P_m``, its last token's hidden state and its candidates.
+        All candidates go through the model as one sequence under a block mask: each token sees its
+        prompt's first ``P_m`` cached tokens and its own candidate's earlier tokens, at positions
+        ``P_m, P_m + 1, ...``. The cache is cut back to ``P`` afterwards. Returns per prompt the scores
+        (mean or sum of token log-probs) and each candidate's token log-probs.
+        """
+        dev = self.device
+        ids: list[int] = []
+        pos: list[int] = []
+        rows: list[int] = []  # the row of [prompts' last hiddens; candidate hiddens] that predicts each token
+        owner: list[int] = []  # the candidate (block) of each token
+        lens: list[int] = []
+        for m, (P_m, _, candidates) in enumerate(prompts):
+            for c in candidates:
+                s = len(ids)
+                ids += c
+                pos += range(P_m, P_m + len(c))
+                rows += [m, *range(len(prompts) + s, len(prompts) + s + len(c) - 1)]
+                owner += [len(lens)] * len(c)
+                lens.append(len(c))
+        Q = len(ids)
+        mask_QS = torch.zeros(Q, P + Q, dtype=torch.bool, device=dev)
+        s = 0
+        for P_m, _, candidates in prompts:
+            for c in candidates:
+                mask_QS[s : s + len(c), :P_m] = True
+                mask_QS[s : s + len(c), P + s : P + s + len(c)] = torch.ones(len(c), len(c), dtype=torch.bool, device=dev).tril()
+                s += len(c)
+        try:
             hidden_Q = self.causal.model(
                 input_ids=torch.tensor([ids], device=dev),
                 attention_mask=mask_QS[None, None],
@@ -517,18 +501,19 @@ class Policy(nn.Module):
                 cache=cache,
                 use_cache=True,
             ).last_hidden_state[0]
-            hidden = torch.cat([hidden_P, hidden_Q])
-            lp_T, _ = self._logprobs(hidden[torch.tensor(rows, device=dev)], torch.tensor(ids, device=dev))
-            lens_B = torch.tensor([L for _, L, _ in blocks], device=dev)
-            total_B = torch.zeros(len(blocks), device=dev, dtype=lp_T.dtype).index_add(0, torch.tensor(owner, device=dev), lp_T)
-            scores_B = total_B / lens_B.to(total_B.dtype) if scoring == "mean" else total_B
-            per_block = list(torch.split(lp_T, lens_B.tolist()))
-            b = 0
-            for m in members:
-                K, P_m = len(items[m][1]), len(items[m][0])
-                results[m] = ScoreOut(scores_B[b : b + K], self._value(hidden_P[P_m - 1]), per_block[b : b + K])
-                b += K
-        return cast("list[ScoreOut]", results)  # prefix_chains puts every item in a chain
+        finally:
+            _cut_back(cache, P)  # the candidates' keys/values go again
+        pred = torch.cat([torch.stack([last for _, last, _ in prompts]), hidden_Q])
+        lp_T, _ = self._logprobs(pred[torch.tensor(rows, device=dev)], torch.tensor(ids, device=dev))
+        total_B = torch.zeros(len(lens), device=dev, dtype=lp_T.dtype).index_add(0, torch.tensor(owner, device=dev), lp_T)
+        scores_B = total_B / torch.tensor(lens, device=dev, dtype=total_B.dtype) if scoring == "mean" else total_B
+        per_block = list(torch.split(lp_T, lens))
+        out: list[tuple[torch.Tensor, list[torch.Tensor]]] = []
+        b = 0
+        for _, _, candidates in prompts:
+            out.append((scores_B[b : b + len(candidates)], per_block[b : b + len(candidates)]))
+            b += len(candidates)
+        return out
 
     def sequence_logprobs_many(
         self, items: Sequence[tuple[Sequence[int], Sequence[int]]]
@@ -599,7 +584,7 @@ class Policy(nn.Module):
                 cache, h, pos = out.cache, out.last_hidden_state[:, -1], pos + 1
         finally:
             if state is not None:
-                _cut_back(state)
+                _cut_back(state.cache, len(state.ids))
         return ids, lps, value
 
     def sequence_logprobs_on(self, state: PromptState, new_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -614,7 +599,7 @@ class Policy(nn.Module):
                 position_ids=torch.arange(P, P + N, device=self.device)[None],
             ).last_hidden_state[0]
         finally:
-            _cut_back(state)
+            _cut_back(state.cache, len(state.ids))
         pred = torch.cat([state.last_hidden[None], hidden_N[:-1]])
         lp_N, logp_NV = self._logprobs(pred, ids[0])
         return lp_N, -(logp_NV.exp() * logp_NV).sum(-1), self._value(state.last_hidden)
@@ -631,11 +616,11 @@ class Policy(nn.Module):
         return lp_N, entropy_N, self._value(hidden[P - 1])
 
 
-def _cut_back(state: PromptState) -> None:
-    """Drop what a forward over ``state``'s cache appended past its prompt."""
-    extra = state.cache.get_seq_length() - len(state.ids)
+def _cut_back(cache: Any, length: int) -> None:
+    """Drop what a forward appended to ``cache`` past its first ``length`` tokens (a prompt's)."""
+    extra = cache.get_seq_length() - length
     if extra > 0:
-        state.cache.crop(-extra)
+        cache.crop(-extra)
 
 
 def prefix_chains(seqs: Sequence[Sequence[int]]) -> list[tuple[int, list[int]]]:
