@@ -608,12 +608,7 @@ class Policy(nn.Module):
         self, prompt_ids: Sequence[int], new_ids: Sequence[int]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Log-probs and entropies of ``new_ids`` after the prompt (one forward, with grad) and V(prompt)."""
-        ids = torch.tensor([[*prompt_ids, *new_ids]], device=self.device)
-        hidden = self.causal.model(input_ids=ids).last_hidden_state[0]
-        P, N = len(prompt_ids), len(new_ids)
-        lp_N, logp_NV = self._logprobs(hidden[P - 1 : P - 1 + N], ids[0, P : P + N])
-        entropy_N = -(logp_NV.exp() * logp_NV).sum(-1)
-        return lp_N, entropy_N, self._value(hidden[P - 1])
+        return self.sequence_logprobs_many([(prompt_ids, new_ids)])[0]
 
 
 def _cut_back(cache: Any, length: int) -> None:
