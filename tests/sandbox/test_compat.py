@@ -178,6 +178,15 @@ def test_random_state_differs_between_runs(runner: SandboxRunner, tmp_path: Path
     assert len(outputs) == 3
 
 
+def test_numpy_starts_each_run_on_a_fresh_whole_key(runner: SandboxRunner, tmp_path: Path) -> None:
+    if not runner.numpy_available:
+        pytest.skip("numpy is not installed")
+    code = "import numpy\n_, key, pos, gauss, _ = numpy.random.get_state()\nprint(pos, gauss, key[:4].tolist())"
+    runs = [_run(runner, code, tmp_path).stdout.split(" ", 2) for _ in range(3)]
+    assert [(pos, gauss) for pos, gauss, _key in runs] == [("624", "0")] * 3  # a new block is drawn from the new key
+    assert len({key for _pos, _gauss, key in runs}) == 3
+
+
 def test_subprocesses_and_threads_work(runner: SandboxRunner, tmp_path: Path) -> None:
     code = (
         "import subprocess, sys, threading\n"

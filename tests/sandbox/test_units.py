@@ -3,11 +3,13 @@ small BPF interpreter), the result framing and the overlay copy-back."""
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import platform
 import stat
 import struct
+import sys
 from pathlib import Path
 
 import pytest
@@ -283,3 +285,68 @@ def test_copy_back_reports_a_short_copy(tmp_path: Path, monkeypatch: pytest.Monk
     kept = sorted(p.name for p in real.iterdir())
     assert len(kept) == 1 and kept[0] in ("a.txt", "b.txt")  # the other one, whole; no temporary left
     assert (real / kept[0]).read_text() in ("aaaa", "bbbb")
+
+
+# -- what a run's program does with few writes (each write to a page it shares with the zygote is a copy) --
+
+
+def test_packed_landlock_rules_are_the_kernels_structs_back_to_back() -> None:
+    from simulators.python.sandbox import _landlock
+
+    rules = [(5, 0x1), (17, 0xFFFF), (300, 1 << 40)]
+    buf = _landlock.pack_path_rules(rules)
+    assert bytes(buf) == b"".join(struct.pack("=Qi", access, fd) for fd, access in rules)
+    assert len(buf) == 12 * len(rules)  # struct landlock_path_beneath_attr is packed: u64 + s32
+    empty = _landlock.pack_path_rules([])
+    assert len(empty) == 0
+    _landlock.add_packed_rules(-1, empty)  # nothing to add: no call at all (a call on fd -1 would raise)
+    with pytest.raises(OSError, match="syscall 445"):
+        _landlock.add_packed_rules(-1, buf)
+
+
+def test_linux_wrappers_name_the_call_that_failed() -> None:
+    from simulators.python.sandbox import _linux
+
+    with pytest.raises(OSError, match=r"^\[Errno 9\] setns: Bad file descriptor"):
+        _linux.setns(-1, 0)
+    with pytest.raises(OSError, match=r"prctl\(987654\)") as info:
+        _linux.prctl(987654)
+    assert info.value.errno == errno.EINVAL
+    with pytest.raises(OSError, match=r"unshare\(0x1\)"):
+        _linux.unshare(0x1)  # not a namespace flag
+    with pytest.raises(OSError, match="syscall 436"):
+        _linux.syscall(_linux.NR_CLOSE_RANGE, ctypes.c_uint(5), ctypes.c_uint(4), ctypes.c_uint(0))  # first > last
+    assert _linux.prctl(39) in (0, 1)  # PR_GET_NO_NEW_PRIVS: a call that succeeds returns its value
+
+
+def test_numpy_global_generator_is_reseeded_with_a_whole_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    np = pytest.importorskip("numpy")
+    import numpy.random  # noqa: F401
+
+    from simulators.python.sandbox import _program
+
+    saved = np.random.get_state()
+    try:
+        np.random.seed(1)
+        address = _program.numpy_mt_state()
+        assert address, "numpy's MT19937 layout did not check out"
+        before = np.random.get_state()[1].copy()
+        _program._reseed(address)
+        _name, key, pos, has_gauss, _cached = np.random.get_state()
+        assert pos == 624 and has_gauss == 0  # the next draw generates a new block from the new key
+        assert (key != before).sum() > 600  # 624 fresh words (a few may match by chance)
+        draws = np.random.random(1000)
+        assert 0.4 < draws.mean() < 0.6 and len(set(draws.tolist())) == 1000
+        np.random.seed(7)  # numpy's own calls still work on the state we wrote
+        assert np.random.random() == np.random.RandomState(7).random()
+        np.random.standard_normal()  # caches a Gaussian: a run would start with it, so the address is refused
+        assert _program.numpy_mt_state() == 0
+    finally:
+        np.random.set_state(saved)
+    fake = type(sys)("numpy.random")  # another numpy, without the legacy generator: numpy's own seed() instead
+    monkeypatch.setitem(sys.modules, "numpy.random", fake)
+    assert _program.numpy_mt_state() == 0
+    seeds: list[int] = []
+    fake.seed = seeds.append  # type: ignore[attr-defined]
+    _program._reseed(0)
+    assert len(seeds) == 1 and 0 <= seeds[0] < 2**32

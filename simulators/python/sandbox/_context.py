@@ -35,6 +35,7 @@ class Context:
     uid: int  # the ids a run's user namespace maps its root to
     gid: int
     rules: list[tuple[int, int]]  # (O_PATH fd, Landlock access) granted to every run
+    rule_fds: tuple[int, ...]  # their descriptors, sorted: a run's program reads only this
     seccomp_filter: Any  # a _seccomp.Prepared, or None
     mnt: str  # mount point of a run's tmpfs (each run has its own mount namespace)
     workspace_bytes: int
@@ -43,11 +44,12 @@ class Context:
     control_fd: int
     env: dict[str, str]
     #: prepared once in the zygote, so that a run's program only makes system calls with them:
-    #: the packed Landlock ruleset attribute and rules (see :func:`._landlock.path_rule`), and the
+    #: the packed Landlock ruleset attribute and rules (see :func:`._landlock.pack_path_rules`), and the
     #: program's stdio objects (on descriptors 0-2, built where those were a pipe and /dev/null)
     landlock_attr: Any = None
-    landlock_rules: list[Any] = field(default_factory=list)
+    landlock_rules: Any = None
     streams: dict[str, Any] = field(default_factory=dict)
+    numpy_mt_state: int = 0  # see :func:`._program.numpy_mt_state`
     probe: bool = False
     overlaid: bool = False  # the program mounted the overlay over the workspace (the host copies back then)
     prepared: float = 0.0  # when the program had done everything that does not need its request (monotonic)

@@ -77,22 +77,35 @@ def create_prepared_ruleset(attr: ctypes.Array[ctypes.c_char]) -> int:
     return syscall(NR_LANDLOCK_CREATE_RULESET, attr, ctypes.c_size_t(len(attr)), ctypes.c_uint(0))
 
 
-def path_rule(parent_fd: int, access: int) -> ctypes.Array[ctypes.c_char]:
-    """A ``struct landlock_path_beneath_attr`` packed once, for :func:`add_prepared_rule`."""
-    attr = struct.pack("=Qi", access, parent_fd)  # the struct is packed
-    return ctypes.create_string_buffer(attr, len(attr))
+_PATH_RULE = struct.Struct("=Qi")  # struct landlock_path_beneath_attr (packed): allowed_access, parent_fd
 
 
-def add_prepared_rule(ruleset: int, rule: ctypes.Array[ctypes.c_char]) -> None:
-    """Add a rule packed by :func:`path_rule` (its descriptor must still be open)."""
-    syscall(NR_LANDLOCK_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(1), rule, ctypes.c_uint(0))
+def pack_path_rules(rules: list[tuple[int, int]]) -> ctypes.Array[ctypes.c_char]:
+    """``(O_PATH fd, access)`` pairs packed once, one ``struct landlock_path_beneath_attr`` after another
+    in a single buffer, for :func:`add_packed_rules`."""
+    data = b"".join(_PATH_RULE.pack(access, fd) for fd, access in rules)
+    return ctypes.create_string_buffer(data, len(data))
+
+
+def add_packed_rules(ruleset: int, rules: ctypes.Array[ctypes.c_char]) -> None:
+    """Add every rule packed by :func:`pack_path_rules` (their descriptors must still be open).
+
+    One buffer, addressed by offset: a run's program touches no per-rule object (each would be a
+    page it shares with the zygote, copied on the first write of its reference count)."""
+    base = ctypes.addressof(rules)
+    for offset in range(0, len(rules), _PATH_RULE.size):
+        syscall(NR_LANDLOCK_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(1), ctypes.c_void_p(base + offset), ctypes.c_uint(0))
+
+
+_ONE_RULE = ctypes.create_string_buffer(_PATH_RULE.size)  # made at import (the zygote's): a run makes no ctypes type
 
 
 def add_path_rule(ruleset: int, parent_fd: int, access: int) -> None:
-    """Grant ``access`` beneath the file or directory open at ``parent_fd`` (an O_PATH fd)."""
-    attr = struct.pack("=Qi", access, parent_fd)  # struct landlock_path_beneath_attr is packed
-    buf = ctypes.create_string_buffer(attr, len(attr))
-    syscall(NR_LANDLOCK_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(1), buf, ctypes.c_uint(0))
+    """Grant ``access`` beneath the file or directory open at ``parent_fd`` (an O_PATH fd).
+
+    Not thread-safe (one shared buffer): the sandbox calls it from a single-threaded program."""
+    _PATH_RULE.pack_into(_ONE_RULE, 0, access, parent_fd)
+    syscall(NR_LANDLOCK_ADD_RULE, ctypes.c_int(ruleset), ctypes.c_int(1), _ONE_RULE, ctypes.c_uint(0))
 
 
 def restrict_self(ruleset: int) -> None:

@@ -10,6 +10,7 @@ import ctypes
 import os
 import platform
 import struct
+from typing import NoReturn
 
 ARCH = platform.machine()
 
@@ -103,14 +104,25 @@ def clone_pauser() -> int:
 
 def _check(ret: int, what: str) -> int:
     if ret < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
+        _fail(what)
     return ret
+
+
+def _fail(what: str) -> NoReturn:
+    err = ctypes.get_errno()
+    raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+# The hot wrappers below name their call only when it fails: a message built on every call would
+# cost a run's program copy-on-write faults (pages it shares with the zygote) for nothing.
 
 
 def syscall(nr: int, *args: object) -> int:
     """Raw syscall with a negative return turned into :class:`OSError`."""
-    return _check(_syscall(ctypes.c_long(nr), *args), f"syscall {nr}")
+    ret = _syscall(ctypes.c_long(nr), *args)
+    if ret < 0:
+        _fail(f"syscall {nr}")
+    return int(ret)
 
 
 def nr(name: str) -> int:
@@ -118,22 +130,32 @@ def nr(name: str) -> int:
     return _NR[name]
 
 
+_libc.unshare.argtypes = [ctypes.c_int]
+_libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
+_libc.prctl.argtypes = [ctypes.c_int, _ulong, _ulong, _ulong, _ulong]
+
+
 def unshare(flags: int) -> None:
-    _check(_libc.unshare(ctypes.c_int(flags)), f"unshare({flags:#x})")
+    if _libc.unshare(flags) < 0:
+        _fail(f"unshare({flags:#x})")
 
 
 def setns(fd: int, nstype: int) -> None:
-    _check(_libc.setns(ctypes.c_int(fd), ctypes.c_int(nstype)), "setns")
+    if _libc.setns(fd, nstype) < 0:
+        _fail("setns")
 
 
 def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None) -> None:
     enc = [None if s is None else os.fsencode(s) for s in (source, target, fstype, data)]
-    ret = _libc.mount(enc[0], enc[1], enc[2], _ulong(flags), enc[3])
-    _check(ret, f"mount {fstype or ''} on {target}")
+    if _libc.mount(enc[0], enc[1], enc[2], _ulong(flags), enc[3]) < 0:
+        _fail(f"mount {fstype or ''} on {target}")
 
 
 def prctl(option: int, a2: int = 0, a3: int = 0, a4: int = 0, a5: int = 0) -> int:
-    return _check(_libc.prctl(ctypes.c_int(option), _ulong(a2), _ulong(a3), _ulong(a4), _ulong(a5)), f"prctl({option})")
+    ret = _libc.prctl(option, a2, a3, a4, a5)
+    if ret < 0:
+        _fail(f"prctl({option})")
+    return int(ret)
 
 
 def close_range(first: int, last: int) -> None:

@@ -13,7 +13,9 @@ agent's code runs only after every layer is on.
 
 from __future__ import annotations
 
+import _signal
 import builtins
+import ctypes
 import io
 import json
 import os
@@ -90,11 +92,13 @@ def _prepare(ctx: Context, out_w: int, err_w: int, go_r: int, setup_w: int) -> i
     os.dup2(err_w, 2)
     os.dup2(ctx.devnull, 0)
     # The zygote's other descriptors (its control socket, other runs' status pipes) are never ours.
-    _close_all_but({0, 1, 2, go_r, setup_w, *(fd for fd, _access in ctx.rules)})
+    _close_all_but(sorted((0, 1, 2, go_r, setup_w, *ctx.rule_fds)))
     # Inherited: SIGPIPE and SIGXFSZ ignored (the interpreter's), the environment and oom_score_adj
     # 1000 (the zygote's), an empty capability bounding set.
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # SIGCHLD is at its default already (the zygote's); SIGINT raises KeyboardInterrupt, as in a cold
+    # interpreter. ``_signal`` directly: ``signal.signal`` converts to enums, which writes to pages of the
+    # zygote's (copy-on-write faults).
+    _signal.signal(_signal.SIGINT, _signal.default_int_handler)
     os.setsid()  # a new session; without a pid namespace, one killpg reaches every descendant that stays in it
     if plan.subreaper:  # without a pid namespace: orphans of the run stay below us, where the host finds them
         _linux.prctl(_linux.PR_SET_CHILD_SUBREAPER, 1)
@@ -103,15 +107,16 @@ def _prepare(ctx: Context, out_w: int, err_w: int, go_r: int, setup_w: int) -> i
     ruleset = [-1]
     if plan.landlock:
         ctx.step("landlock", _static_ruleset, ctx, ruleset)
-    for fd, _access in ctx.rules:
+    for fd in ctx.rule_fds:
         os.close(fd)
-    _fresh_process_state(ctx.streams)
+    _reseed(ctx.numpy_mt_state)
     return ruleset[0]
 
 
-def _close_all_but(keep: set[int]) -> None:
+def _close_all_but(keep: list[int]) -> None:
+    """Close every descriptor not in ``keep`` (sorted)."""
     low = 0
-    for fd in sorted(keep):
+    for fd in keep:
         if fd > low:
             os.closerange(low, fd)
         low = fd + 1
@@ -158,8 +163,7 @@ def _static_ruleset(ctx: Context, out: list[int]) -> None:
     """The ruleset of every run (``out[0]``): the zygote's prepared rules plus this process's ``/proc/self``."""
     handled = _landlock.handled_fs(ctx.plan.landlock)
     ruleset = out[0] = _landlock.create_prepared_ruleset(ctx.landlock_attr)
-    for rule in ctx.landlock_rules:
-        _landlock.add_prepared_rule(ruleset, rule)
+    _landlock.add_packed_rules(ruleset, ctx.landlock_rules)
     fd = os.open("/proc/self", os.O_PATH | os.O_CLOEXEC)
     try:
         _landlock.add_path_rule(ruleset, fd, (_landlock.READ_FILE | _landlock.READ_DIR) & handled)
@@ -167,10 +171,10 @@ def _static_ruleset(ctx: Context, out: list[int]) -> None:
         os.close(fd)
 
 
-def prepared_rules(rules: list[tuple[int, int]], abi: int) -> tuple[Any, list[Any]]:
+def prepared_rules(rules: list[tuple[int, int]], abi: int) -> tuple[Any, Any]:
     """The ruleset attribute and ``rules`` (O_PATH fd, access) packed once, in the zygote."""
     handled = _landlock.handled_fs(abi)
-    return _landlock.ruleset_attr(abi), [_landlock.path_rule(fd, access & handled) for fd, access in rules]
+    return _landlock.ruleset_attr(abi), _landlock.pack_path_rules([(fd, access & handled) for fd, access in rules])
 
 
 def make_streams(devnull: int) -> dict[str, Any]:
@@ -178,7 +182,8 @@ def make_streams(devnull: int) -> dict[str, Any]:
 
     The objects are made on descriptors 0-2 while those are what a program's are (``/dev/null``
     and a pipe), so that what they probe then (seekable, position) is what it would be in the
-    program; each program forks with them unused and only assigns them.
+    program; the zygote installs them (:func:`fresh_interpreter_state`) and writes nothing to them,
+    so each program forks with them in place and unused.
     """
     saved = [os.dup(fd) for fd in (0, 1, 2)]
     r, w = os.pipe()
@@ -202,22 +207,62 @@ def make_streams(devnull: int) -> dict[str, Any]:
         os.close(w)
 
 
-def _fresh_process_state(streams: dict[str, Any]) -> None:
-    """What a cold interpreter would have that a fork of the zygote does not."""
+def fresh_interpreter_state(streams: dict[str, Any]) -> None:
+    """What a cold interpreter would have that the zygote does not, set once in the zygote: every
+    program inherits it without writing a page (its stdio objects, ``sys.argv``, no cached temp folder)."""
     tempfile = sys.modules.get("tempfile")
     if tempfile is not None:
         tempfile.tempdir = None  # type: ignore[attr-defined]
-    random = sys.modules.get("random")
-    if random is not None:
-        random.seed()  # type: ignore[attr-defined]  # os.fork would have; the zygote forks without its hooks
-    np_random = sys.modules.get("numpy.random")
-    if np_random is not None:  # the fork shares the zygote's generator state
-        np_random.seed(int.from_bytes(os.urandom(4), "little"))  # type: ignore[attr-defined]
     for name, stream in streams.items():
         setattr(sys, name, stream)
         setattr(sys, f"__{name}__", stream)
     sys.argv = ["<agent>"]
     sys.dont_write_bytecode = True
+
+
+_MT_KEY_BYTES = 624 * 4  # numpy's mt19937_state: uint32_t key[624]; int pos
+
+
+def numpy_mt_state() -> int:
+    """The address of the legacy global numpy generator's MT19937 state (``mt19937_state``), or 0.
+
+    Found once in the zygote, and used only when the layout checks out here: the key and position at
+    that address are the ones numpy reports, and no Gaussian is cached (a run starts without one).
+    """
+    np_random = sys.modules.get("numpy.random")
+    try:
+        bitgen = np_random.mtrand._rand._bit_generator  # type: ignore[union-attr]
+        if type(bitgen).__name__ != "MT19937" or np_random.get_state()[3] != 0:  # type: ignore[union-attr]
+            return 0
+        state = bitgen.state["state"]
+        address = int(bitgen.ctypes.state_address)
+        key_ok = ctypes.string_at(address, _MT_KEY_BYTES) == state["key"].tobytes()
+        pos_ok = ctypes.c_int.from_address(address + _MT_KEY_BYTES).value == int(state["pos"])
+    except Exception:  # another numpy, another layout: reseed through numpy's own call
+        return 0
+    return address if key_ok and pos_ok else 0
+
+
+def _reseed(numpy_state: int) -> None:
+    """Fresh generator state, as a cold interpreter's imports would have made (the fork shares the zygote's).
+
+    numpy's legacy global generator gets 624 words from the OS written straight into its MT19937
+    key, with the position at the end (the next draw regenerates the block), as a fresh
+    ``RandomState()`` seeded from the OS would be: ``numpy.random.seed`` (a 32-bit seed) touches ~40
+    pages of the zygote's on its way, each a copy-on-write fault of the run.
+    """
+    random = sys.modules.get("random")
+    if random is not None:
+        random.seed()  # type: ignore[attr-defined]  # os.fork would have; the zygote forks without its hooks
+    if numpy_state:
+        ctypes.memmove(numpy_state, os.urandom(_MT_KEY_BYTES) + _MT_POS_END, _MT_KEY_BYTES + 4)
+        return
+    np_random = sys.modules.get("numpy.random")
+    if np_random is not None:
+        np_random.seed(int.from_bytes(os.urandom(4), "little"))  # type: ignore[attr-defined]
+
+
+_MT_POS_END = (624).to_bytes(4, sys.byteorder)  # pos == 624: the next draw generates a new block
 
 
 def _lock_in(ctx: Context, header: dict[str, Any], ruleset: int, setup_w: int) -> int:

@@ -53,7 +53,11 @@ def recv_frame(sock: socket.socket) -> bytes:
 
 
 def send_json(sock: socket.socket, obj: dict[str, Any], fds: list[int] | None = None) -> None:
-    data = frame(json.dumps(obj, separators=(",", ":")).encode())
+    send_frame_with_fds(sock, frame(json.dumps(obj, separators=(",", ":")).encode()), fds)
+
+
+def send_frame_with_fds(sock: socket.socket, data: bytes, fds: list[int] | None = None) -> None:
+    """``data`` (a whole frame), with ``fds`` attached to its first bytes."""
     if fds:
         sent = socket.send_fds(sock, [data], fds)
         if sent < len(data):

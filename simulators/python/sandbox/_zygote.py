@@ -32,8 +32,8 @@ from typing import Any, NoReturn
 
 from . import _landlock, _linux, _monitor, _seccomp
 from ._context import SETUP_FAILED, Context, Plan
-from ._program import make_streams, prepared_rules, program_main
-from ._protocol import recv_frame, send_json
+from ._program import fresh_interpreter_state, make_streams, numpy_mt_state, prepared_rules, program_main
+from ._protocol import frame, recv_frame, send_frame_with_fds, send_json
 
 FULL, REDUCED, UNSAFE = "FULL", "REDUCED", "UNSAFE"
 #: layers a run needs for tier FULL
@@ -127,6 +127,7 @@ class _Zygote:
         self.notes: list[str] = []
         self.zns = -1
         self.kids: dict[int, tuple[int, int]] = {}  # pid -> (pidfd, status pipe or -1): programs and pid 1s
+        self._replies: dict[tuple[str, ...], bytes] = {}  # a slot's reply frame, by the names of its descriptors
         self.sleep = shutil.which("sleep", path="/usr/bin:/bin") or ""
         self.notes += [f"{name}: disabled by configuration" for name in sorted(self.disable)]
 
@@ -186,7 +187,7 @@ class _Zygote:
             seccomp=bool(seccomp_filter) and "seccomp" not in self.disable,
         )
         rules = self._landlock_rules()
-        landlock_attr, landlock_rules = prepared_rules(rules, abi) if abi else (None, [])
+        landlock_attr, landlock_rules = prepared_rules(rules, abi) if abi else (None, None)
         devnull = os.open("/dev/null", os.O_RDWR | os.O_CLOEXEC)
         self.ctx = Context(
             plan=plan,
@@ -194,6 +195,7 @@ class _Zygote:
             uid=0 if self.layers.get("userns") else self.uid,
             gid=0 if self.layers.get("userns") else self.gid,
             rules=rules,
+            rule_fds=tuple(sorted(fd for fd, _access in rules)),
             seccomp_filter=seccomp_filter,
             mnt=self.config["mnt"],
             workspace_bytes=int(self.config.get("workspace_bytes") or 0),
@@ -204,8 +206,10 @@ class _Zygote:
             landlock_attr=landlock_attr,
             landlock_rules=landlock_rules,
             streams=make_streams(devnull),
+            numpy_mt_state=numpy_mt_state(),
         )
         self.work_dir, self.upper_dir = f"{self.ctx.mnt}/work", f"{self.ctx.mnt}/upper"
+        fresh_interpreter_state(self.ctx.streams)
         hello = self._probe()
         send_json(self.sock, hello)
 
@@ -316,6 +320,7 @@ class _Zygote:
         errors = {**self.ctx.errors, **report.get("program_errors", {})}
         for name, message in errors.items():
             self.notes.append(f"{name}: {message}")
+        self.ctx.applied, self.ctx.errors = {}, {}  # the probe's record; later runs' reports stay short
         try:
             seen = json.loads(out)
         except ValueError:
@@ -392,7 +397,12 @@ class _Zygote:
                     break
                 continue
             try:
-                send_json(self.sock, {"ok": True, "fds": names}, fds)
+                reply = self._replies.get(tuple(names))
+                if reply is None:  # one per set of names (a handful): encoded once
+                    reply = self._replies[tuple(names)] = frame(
+                        json.dumps({"ok": True, "fds": names}, separators=(",", ":")).encode()
+                    )
+                send_frame_with_fds(self.sock, reply, fds)
             except OSError:
                 break  # the host hung up
             finally:
