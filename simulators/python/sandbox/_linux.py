@@ -102,12 +102,6 @@ def clone_pauser() -> int:
     return int(pid)
 
 
-def _check(ret: int, what: str) -> int:
-    if ret < 0:
-        _fail(what)
-    return ret
-
-
 def _fail(what: str) -> NoReturn:
     err = ctypes.get_errno()
     raise OSError(err, f"{what}: {os.strerror(err)}")

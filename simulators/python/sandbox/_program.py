@@ -221,6 +221,7 @@ def fresh_interpreter_state(streams: dict[str, Any]) -> None:
 
 
 _MT_KEY_BYTES = 624 * 4  # numpy's mt19937_state: uint32_t key[624]; int pos
+_MT_POS_END = (624).to_bytes(4, sys.byteorder)  # pos == 624: the next draw generates a new block
 
 
 def numpy_mt_state() -> int:
@@ -260,9 +261,6 @@ def _reseed(numpy_state: int) -> None:
     np_random = sys.modules.get("numpy.random")
     if np_random is not None:
         np_random.seed(int.from_bytes(os.urandom(4), "little"))  # type: ignore[attr-defined]
-
-
-_MT_POS_END = (624).to_bytes(4, sys.byteorder)  # pos == 624: the next draw generates a new block
 
 
 def _lock_in(ctx: Context, header: dict[str, Any], ruleset: int, setup_w: int) -> int:
