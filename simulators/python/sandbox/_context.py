@@ -34,8 +34,7 @@ class Context:
     root: bool
     uid: int  # the ids a run's user namespace maps its root to
     gid: int
-    rules: list[tuple[int, int]]  # (O_PATH fd, Landlock access) granted to every run
-    rule_fds: tuple[int, ...]  # their descriptors, sorted: a run's program reads only this
+    rule_fds: tuple[int, ...]  # O_PATH descriptors of the Landlock rules granted to every run, sorted
     seccomp_filter: Any  # a _seccomp.Prepared, or None
     mnt: str  # mount point of a run's tmpfs (each run has its own mount namespace)
     workspace_bytes: int

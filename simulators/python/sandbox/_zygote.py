@@ -194,7 +194,6 @@ class _Zygote:
             root=self.root,
             uid=0 if self.layers.get("userns") else self.uid,
             gid=0 if self.layers.get("userns") else self.gid,
-            rules=rules,
             rule_fds=tuple(sorted(fd for fd, _access in rules)),
             seccomp_filter=seccomp_filter,
             mnt=self.config["mnt"],
