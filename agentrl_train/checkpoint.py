@@ -1,7 +1,11 @@
 """Checkpoints with exact resume: trainable weights, optimizer, every RNG, env seeds and episode state.
 
 A checkpoint is a folder ``checkpoints/update-NNNNNN/`` written to a temporary name and renamed, so
-it is complete or absent; ``checkpoints/latest`` names the newest. Resuming restores the weights,
+it is complete or absent; ``checkpoints/latest`` names the newest, and only a name of that form
+inside the run folder is accepted from it. Nothing in a checkpoint is pickled: the trainable weights
+are ``trainable.safetensors``, the rest (optimizer, RNG states, each rank's env state) JSON plus
+safetensors (:mod:`agentrl_train.statefile`), so loading a checkpoint someone sent cannot run code;
+a folder in the older pickle format (``state.pt``) is refused, not read. Resuming restores the weights,
 the optimizer, the SGD generator, each env's sampling generator and its current episode (reset on
 its seed, actions replayed), so a stopped and resumed run ends with the same parameters as one that
 was not stopped (same seed, CPU).
@@ -10,8 +14,8 @@ was not stopped (same seed, CPU).
 from __future__ import annotations
 
 import os
-import pickle
 import random
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -20,8 +24,11 @@ import numpy as np
 import torch
 
 from agentrl_envs.errors import AgentRLError
+from agentrl_train.statefile import StateFileError, load_tree, save_tree
 
-__all__ = ["CheckpointError", "load_latest", "save"]
+__all__ = ["CheckpointError", "checkpoint_folder", "is_checkpoint_name", "load_latest", "save"]
+
+_NAME = re.compile(r"update-[0-9]{6,12}")
 
 
 class CheckpointError(AgentRLError):
@@ -54,10 +61,11 @@ def save(
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    torch.save({"pool": pool.state(), "rank": dist.rank, "world": dist.world}, tmp / f"envs-rank{dist.rank}.pt")
+    save_tree(tmp / f"envs-rank{dist.rank}", {"pool": pool.state(), "rank": dist.rank, "world": dist.world})
     if dist.is_main:
         save_file({n: p.detach().cpu().contiguous() for n, p in policy.trainable_parameters()}, tmp / "trainable.safetensors")
-        torch.save(
+        save_tree(
+            tmp / "state",
             {
                 "update": update,
                 "global_steps": global_steps,
@@ -69,7 +77,6 @@ def save(
                 "history": history,
                 "world": dist.world,
             },
-            tmp / "state.pt",
         )
     dist.barrier()
     if dist.is_main:
@@ -99,21 +106,26 @@ def load_latest(
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    root = _dir(out)
-    latest = root / "latest"
-    if not latest.exists():
-        raise CheckpointError(f"--resume: no checkpoint in {root}; run without --resume to start fresh")
-    folder = root / latest.read_text().strip()
+    folder = checkpoint_folder(out)
     if not (folder / "complete").exists():
         raise CheckpointError(f"--resume: checkpoint {folder} is incomplete; delete it and point 'latest' at an older one")
+    if (folder / "state.pt").exists() and not (folder / "state.json").exists():
+        raise CheckpointError(
+            f"--resume: checkpoint {folder} is in the old pickle format (state.pt), which is not loaded because "
+            "unpickling runs code; start the run again without --resume (its final/ adapter still loads)"
+        )
     try:
         weights = load_file(folder / "trainable.safetensors")
-        state = torch.load(folder / "state.pt", weights_only=False)
-        envs = torch.load(folder / f"envs-rank{rank}.pt", weights_only=False)
+        state = load_tree(folder / "state")
+        envs = load_tree(folder / f"envs-rank{rank}")
     except FileNotFoundError as exc:
         raise CheckpointError(f"--resume: checkpoint {folder} lacks {Path(exc.filename or '').name}") from None
-    except (SafetensorError, RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError) as exc:
-        raise CheckpointError(f"--resume: checkpoint {folder} is corrupt ({type(exc).__name__}: {exc})") from None
+    except StateFileError as exc:
+        raise CheckpointError(f"--resume: checkpoint {folder} is corrupt ({exc})") from None
+    except (SafetensorError, RuntimeError, OSError, ValueError) as exc:
+        raise CheckpointError(f"--resume: checkpoint {folder} is corrupt ({type(exc).__name__}: {str(exc)[:200]})") from None
+    if not isinstance(state, dict) or not isinstance(envs, dict) or "pool" not in envs:
+        raise CheckpointError(f"--resume: checkpoint {folder} is corrupt (its state files do not hold a training state)")
     if state.get("world", 1) != world:
         raise CheckpointError(
             f"--resume: checkpoint {folder} was written by {state.get('world')} ranks, this run has {world}; "
@@ -132,13 +144,42 @@ def load_latest(
                     f"--resume: {name} has shape {tuple(weights[name].shape)} in the checkpoint, {tuple(p.shape)} here"
                 )
             p.copy_(weights[name])
-    optimizer.load_state_dict(state["optimizer"])
-    sgd_rng.bit_generator.state = state["sgd_rng"]
-    random.setstate(state["python_rng"])
-    np.random.set_state(state["numpy_rng"])
-    torch.set_rng_state(state["torch_rng"])
+    try:
+        optimizer.load_state_dict(state["optimizer"])
+        sgd_rng.bit_generator.state = state["sgd_rng"]
+        random.setstate(state["python_rng"])
+        np.random.set_state(state["numpy_rng"])
+        torch.set_rng_state(state["torch_rng"])
+    except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as exc:
+        raise CheckpointError(f"--resume: checkpoint {folder} is corrupt ({type(exc).__name__}: {str(exc)[:200]})") from None
     pool.restore(envs["pool"])
     return state
+
+
+def is_checkpoint_name(name: str) -> bool:
+    """``update-`` and 6-12 digits: the only names a checkpoint folder has."""
+    return bool(_NAME.fullmatch(name))
+
+
+def checkpoint_folder(out: Path, option: str = "--resume") -> Path:
+    """The checkpoint ``checkpoints/latest`` names: an ``update-N`` folder directly inside the run folder.
+
+    ``latest`` is a file a stranger may have written: anything but such a name (a path, ``..``, a
+    symbolic link leading elsewhere) is refused before any file is opened.
+    """
+    root = _dir(out)
+    latest = root / "latest"
+    if not latest.is_file():
+        raise CheckpointError(f"{option}: no checkpoint in {root}; run without {option} to start fresh")
+    if latest.stat().st_size > 64:
+        raise CheckpointError(f"{option}: {latest} is not a checkpoint name (it should hold e.g. update-000010)")
+    name = latest.read_text(encoding="utf-8", errors="replace").strip()
+    if not _NAME.fullmatch(name):
+        raise CheckpointError(f"{option}: {latest} names {name[:40]!r}, not a checkpoint of this run (e.g. update-000010)")
+    folder = root / name
+    if folder.is_symlink() or not folder.is_dir() or folder.resolve().parent != root.resolve():
+        raise CheckpointError(f"{option}: {folder} is not a checkpoint folder inside {root}")
+    return folder
 
 
 def _step(folder: Path) -> int | None:

@@ -143,19 +143,20 @@ class Dist:
         return float((hi - lo).max()) if flat.numel() else 0.0
 
     def gather(self, obj: Any) -> list[Any]:
-        """Every rank's ``obj`` (picklable), in rank order, on every rank.
+        """Every rank's ``obj`` (a JSON value: statistics, not code), in rank order, on every rank.
 
         Two all-reduces of byte tensors this rank keeps (not ``all_gather_object``, whose tensors
-        die with the call: see the module docstring): the longest pickle, then every rank's bytes
-        in its own row of a zero matrix.
+        die with the call: see the module docstring): the longest JSON text, then every rank's bytes
+        in its own row of a zero matrix. JSON, not pickle: bytes that arrive from another process
+        are never a program.
         """
         if not self.active:
             return [obj]
-        import pickle
+        import json
 
         import torch.distributed as td
 
-        data = pickle.dumps(obj)
+        data = json.dumps(obj, separators=(",", ":")).encode()
         longest = int(self._all_reduce(torch.tensor([len(data)], dtype=torch.int64, device=self.device), td.ReduceOp.MAX)[0])
         rows = torch.zeros((self.world, longest + 8), dtype=torch.uint8)
         rows[self.rank, :8] = torch.tensor(list(len(data).to_bytes(8, "little")), dtype=torch.uint8)
@@ -164,7 +165,7 @@ class Dist:
         out = []
         for r in range(self.world):
             row = rows[r].numpy().tobytes()
-            out.append(pickle.loads(row[8 : 8 + int.from_bytes(row[:8], "little")]))  # our own ranks' bytes
+            out.append(json.loads(row[8 : 8 + int.from_bytes(row[:8], "little")]))
         return out
 
 
@@ -361,7 +362,7 @@ def _is_comm_failure(exc: BaseException) -> bool:
 
 
 def exec_torchrun(nproc: int, argv: list[str], log_dir: str | None = None) -> int:
-    """``agentrl-train ppo --nproc N ...`` -> ``torchrun --nproc-per-node N [--log-dir D] -m agentrl_train ppo ...``."""
+    """``agentrl-train ppo --nproc N ...`` -> ``torchrun ... --nproc-per-node N [--log-dir D] -m agentrl_train ppo ...``, on loopback."""
     torchrun = shutil.which("torchrun") or os.path.join(os.path.dirname(sys.executable), "torchrun")
     if not os.path.exists(torchrun):
         raise ConfigError("--nproc: torchrun is not installed next to this Python; pip install -e '.[train]'")
@@ -377,7 +378,10 @@ def exec_torchrun(nproc: int, argv: list[str], log_dir: str | None = None) -> in
         if a.startswith("--nproc="):
             continue
         args.append(a)
-    launch = [torchrun, "--standalone", f"--nproc-per-node={nproc}"]
+    # One machine: rendezvous, store and gloo's sockets on loopback only (docs/security.md); the
+    # ranks trust each other's tensors, so nothing else on the network may join.
+    launch = [torchrun, "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", "--local-addr=127.0.0.1", f"--nproc-per-node={nproc}"]
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     if log_dir is not None:
         launch.append(f"--log-dir={log_dir}")
     os.execv(torchrun, [*launch, "-m", "agentrl_train", *args])

@@ -187,15 +187,19 @@ def load_run(run: str, checkpoint: str | None = None) -> tuple[Any, Any]:
 
 def _checkpoint_file(folder: Any, checkpoint: str) -> Any:
     from agentrl_envs.errors import ConfigError
+    from agentrl_train.checkpoint import CheckpointError, checkpoint_folder, is_checkpoint_name
 
     ckpts = folder / "checkpoints"
     name = checkpoint
     if checkpoint == "latest":
-        if not (ckpts / "latest").is_file():
-            raise ConfigError(f"--checkpoint latest: no {ckpts / 'latest'} (the run wrote no checkpoint)")
-        name = (ckpts / "latest").read_text(encoding="utf-8", errors="replace").strip()
-    if not name or "/" in name or "\\" in name or name in (".", ".."):
-        raise ConfigError(f"--checkpoint {checkpoint!r}: {name!r} is not a checkpoint name (e.g. update-000010, or latest)")
+        try:
+            name = checkpoint_folder(folder, "--checkpoint latest").name
+        except CheckpointError as exc:
+            raise ConfigError(str(exc)) from None
+    if not is_checkpoint_name(name) or (ckpts / name).is_symlink():
+        raise ConfigError(
+            f"--checkpoint {checkpoint[:40]!r}: {name[:40]!r} is not a checkpoint name (e.g. update-000010, or latest)"
+        )
     f = ckpts / name / "trainable.safetensors"
     if not f.is_file():
         have = sorted(p.name for p in ckpts.glob("update-*")) if ckpts.is_dir() else []

@@ -144,10 +144,14 @@ def test_nproc_checks_options_once_and_keeps_torchrun_logs_in_the_run_folder(mon
     assert "--nproc 0: the number of processes must be at least 1" in capsys.readouterr().err
     assert launched == []
     # good options: torchrun gets the same arguments without --nproc, and its logs go under the run folder
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
     assert main(["ppo", "--nproc=2", "--updates", "3", "--out", str(run)]) == 0
     (argv,) = launched
+    assert os.environ["GLOO_SOCKET_IFNAME"] == "lo"  # gloo's sockets on loopback too
     assert argv[1:] == [
-        "--standalone",
+        "--rdzv-backend=c10d",  # rendezvous on loopback, not --standalone's localhost name
+        "--rdzv-endpoint=127.0.0.1:0",
+        "--local-addr=127.0.0.1",
         "--nproc-per-node=2",
         f"--log-dir={run / 'torchrun'}",
         "-m",

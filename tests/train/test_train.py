@@ -350,7 +350,7 @@ def test_failed_resume_leaves_config_and_metrics_alone(tmp_path) -> None:
     train(small_config(tmp_path, updates=1, record=False), log=lambda *a, **k: None)
     before = {f: (run / f).read_bytes() for f in ("config.yaml", "metrics.jsonl")}
     ck = run / "checkpoints" / "update-000001"
-    for damaged in ("trainable.safetensors", "state.pt"):  # an unpicklable state.pt was a raw UnpicklingError
+    for damaged in ("trainable.safetensors", "state.json", "state.safetensors", "envs-rank0.json"):
         good = (ck / damaged).read_bytes()
         (ck / damaged).write_bytes(b"not a checkpoint file")
         with pytest.raises(checkpoint.CheckpointError, match="corrupt"):
