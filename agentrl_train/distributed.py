@@ -380,7 +380,13 @@ def exec_torchrun(nproc: int, argv: list[str], log_dir: str | None = None) -> in
         args.append(a)
     # One machine: rendezvous, store and gloo's sockets on loopback only (docs/security.md); the
     # ranks trust each other's tensors, so nothing else on the network may join.
-    launch = [torchrun, "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", "--local-addr=127.0.0.1", f"--nproc-per-node={nproc}"]
+    launch = [
+        torchrun,
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=127.0.0.1:0",
+        "--local-addr=127.0.0.1",
+        f"--nproc-per-node={nproc}",
+    ]
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     if log_dir is not None:
         launch.append(f"--log-dir={log_dir}")
