@@ -74,6 +74,10 @@ class ModelConfig:
     lora_dropout: float = _f(0.0, "LoRA dropout (off while sampling either way)")
     adapter: str = _f("exec", "name of the adapter this run trains")
     init_adapter: str = _f("", "start from this saved adapter folder (e.g. an sft run's final/) instead of a fresh one")
+    reference: str = _f(
+        "initial",
+        "the KL reference: initial (the starting policy frozen: --init-adapter and frozen stages) or base (no adapters)",
+    )
     frozen_adapters: list = _f(
         [], "earlier stages' adapters as NAME=DIR (a run's final/), loaded active and frozen beside the trained one"
     )
@@ -210,6 +214,7 @@ class TrainConfig:
         m, e, p, r = self.model, self.env, self.ppo, self.run
         _choice("lora_preset", m.lora_preset, ("seed", "mlp-heavy", "uniform"))
         _choice("device", m.device, ("auto", "cpu", "cuda"))
+        _choice("reference", m.reference, ("initial", "base"))
         _choice("mode", e.mode, ("candidates", "generate"))
         _choice("vectorization", e.vectorization, ("async", "sync"))
         _choice("split", e.split, ("train", "test", "heldout"))

@@ -11,23 +11,11 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from agentrl_train.rollout import act, episode_seed
+from agentrl_train.rollout import EpisodeStates, act_many, episode_seed
 
 __all__ = ["EVAL_SEED", "evaluate", "evaluate_run", "evaluate_splits", "load_run", "markdown_table"]
 
 EVAL_SEED = 1_000_003  #: evaluation episodes use seeds disjoint from any training run's
-
-
-class _Slot:
-    """The per-env state :func:`agentrl_train.rollout.act` reads, for one plain env."""
-
-    def __init__(self) -> None:
-        self.first_index = 0
-        self.messages: list[list[dict[str, str]]] = [[]]
-        self.tools: list[Any] = [None]
-        self.infos: list[dict[str, Any]] = [{}]
-        self.generators = [torch.Generator().manual_seed(0)]
-        self.prompt_states: list[dict[str, Any]] = [{}]
 
 
 @torch.no_grad()
@@ -36,9 +24,15 @@ def evaluate(
 ) -> dict[str, Any]:
     """Greedy episodes ``0..episodes-1`` of ``split``; the same episodes for every policy and run.
 
-    With ``sample=True`` the actions are drawn from the policy instead, from a generator seeded per
-    episode (the same draws for the same policy; the stochastic policy's success, which a greedy
-    evaluation can hide: a near-uniform policy's greedy choice follows its smallest differences).
+    Up to ``cfg.env.num_envs`` episodes run side by side (in generate mode their tokens are decoded
+    in one batch); episode ``j`` always has the seed ``episode_seed(EVAL_SEED, j, 0)`` and, with
+    ``sample=True``, draws its actions from a generator seeded by ``j`` alone, so the results do not
+    depend on how many run at once. The policy reads each episode through
+    :class:`~agentrl_train.rollout.EpisodeStates`, as in training: generate mode sees the same
+    token stream (token in, token out) as a rollout.
+
+    ``sample=True`` gives the stochastic policy's success, which a greedy evaluation can hide (a
+    near-uniform policy's greedy choice follows its smallest differences).
 
     Returns ``success_rate``, ``mean_return``, ``mean_length``, ``policy`` (``greedy`` or ``sampled``)
     and, when any fault happened, the fault ``recovery_rate`` (episodes with a fault that still succeeded).
@@ -46,39 +40,59 @@ def evaluate(
     kwargs: dict[str, Any] = {"split": split, "error_profile": error_profile or cfg.env.error_profile, **cfg.env.env_kwargs}
     if cfg.env.mode == "candidates":
         kwargs["candidates"] = cfg.env.candidates
-    env = gym.make(cfg.env.env, **kwargs)
-    slot = _Slot()
+    width = max(1, min(episodes, int(getattr(cfg.env, "num_envs", 1) or 1)))
+    envs = [gym.make(cfg.env.env, **kwargs) for _ in range(width)]
+    slots = EpisodeStates(width)
+    running: dict[int, dict[str, Any]] = {}  # slot -> {"episode", "return", "length"}
+    results: dict[int, dict[str, Any]] = {}
     policy.eval()
-    results = []
+    next_episode = 0
+
+    def begin(k: int) -> None:
+        nonlocal next_episode
+        j = next_episode
+        next_episode += 1
+        obs, info = envs[k].reset(seed=episode_seed(EVAL_SEED, j, 0))
+        slots.generators[k].manual_seed(episode_seed(EVAL_SEED, j, 1))
+        slots.start(k, obs, info)
+        running[k] = {"episode": j, "return": 0.0, "length": 0}
+
     try:
-        for j in range(episodes):
-            obs, info = env.reset(seed=episode_seed(EVAL_SEED, j, 0))
-            slot.generators[0].manual_seed(episode_seed(EVAL_SEED, j, 1))
-            slot.messages[0] = [{"role": "system", "content": info["system_prompt"]}, {"role": "user", "content": str(obs)}]
-            slot.tools[0], slot.infos[0] = info["tools"], info
-            slot.prompt_states[0] = {}
-            ret, n, done = 0.0, 0, False
-            while not done:
-                tr = act(policy, slot, 0, cfg, greedy=not sample, reference=False)
-                obs, r, term, trunc, info = env.step(tr.action_text)
-                slot.messages[0] += [{"role": "assistant", "content": tr.action_text}, {"role": "tool", "content": str(obs)}]
-                slot.infos[0] = info
-                ret, n, done = ret + float(r), n + 1, term or trunc
-            fs = info.get("fault_stats") or {}
-            results.append(
-                {"success": bool(info.get("success")), "return": ret, "length": n, "faults": int(fs.get("faults", 0) or 0)}
-            )
+        for k in range(width):
+            begin(k)
+        while running:
+            ks = sorted(running)
+            for k, tr in zip(ks, act_many(policy, slots, ks, cfg, greedy=not sample, reference=False)):
+                obs, r, term, trunc, info = envs[k].step(tr.action_text)
+                ep = running[k]
+                ep["return"] += float(r)
+                ep["length"] += 1
+                if term or trunc:
+                    fs = info.get("fault_stats") or {}
+                    results[ep["episode"]] = {
+                        "success": bool(info.get("success")),
+                        "return": ep["return"],
+                        "length": ep["length"],
+                        "faults": int(fs.get("faults", 0) or 0),
+                    }
+                    del running[k]
+                    if next_episode < episodes:
+                        begin(k)
+                else:
+                    slots.advance(policy, k, tr, obs, info, cfg)
     finally:
-        env.close()
-    faulted = [r for r in results if r["faults"] > 0]
+        for env in envs:
+            env.close()
+    done = [results[j] for j in sorted(results)]
+    faulted = [r for r in done if r["faults"] > 0]
     return {
         "split": split,
         "episodes": episodes,
         "error_profile": kwargs["error_profile"],
         "policy": "sampled" if sample else "greedy",
-        "success_rate": float(np.mean([r["success"] for r in results])) if results else math.nan,
-        "mean_return": float(np.mean([r["return"] for r in results])) if results else math.nan,
-        "mean_length": float(np.mean([r["length"] for r in results])) if results else math.nan,
+        "success_rate": float(np.mean([r["success"] for r in done])) if done else math.nan,
+        "mean_return": float(np.mean([r["return"] for r in done])) if done else math.nan,
+        "mean_length": float(np.mean([r["length"] for r in done])) if done else math.nan,
         "episodes_with_faults": len(faulted),
         "recovery_rate": float(np.mean([r["success"] for r in faulted])) if faulted else None,
     }

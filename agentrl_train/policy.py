@@ -2,7 +2,8 @@
 
 One forward of the backbone gives token log-probs (the LM head is applied to the positions that need
 them only) and the value of the state (a linear head on the last prompt token's hidden state). The
-reference policy for the KL penalty is the same model with its adapters disabled: no second copy.
+reference policy for the KL penalty is the same model with other adapters active (a frozen copy of the
+starting adapter, see :meth:`Policy.set_reference`) or with every adapter disabled: no second model.
 
 Two ways to act, both with the same code for sampling and for the update, so the log-probs computed
 during the update equal the rollout's:
@@ -32,6 +33,8 @@ __all__ = ["LORA_PRESETS", "Policy", "PromptState", "ScoreOut", "load_base", "lo
 
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj")
 MLP = ("gate_proj", "up_proj", "down_proj", "gate_up_proj")
+STOP_STRINGS = ("</tool_call>",)  #: text that ends an action, whatever its tokenization
+REFERENCE = "initial_reference"  #: the frozen copy of the starting adapter (never saved, never trained)
 LORA_PRESETS: dict[str, dict[str, int]] = {
     "seed": {"attn": 64, "mlp": 16},
     "mlp-heavy": {"attn": 16, "mlp": 64},
@@ -196,6 +199,8 @@ class Policy(nn.Module):
         self.lm = get_peft_model(lm, cfg, adapter_name=adapter)
         self.adapter = adapter
         self.frozen_adapters: list[str] = []
+        #: the adapters of the reference policy (KL penalty, candidate baselines); None: the base model alone
+        self.reference_adapters: list[str] | None = None
         hidden = lm.config.hidden_size
         dev = next(lm.parameters()).device
         self.value_head = nn.Linear(hidden, 1, device=dev, dtype=torch.float32)
@@ -264,7 +269,8 @@ class Policy(nn.Module):
     def add_frozen_adapter(self, name: str, folder: str | Path) -> None:
         """Load a saved adapter (an earlier stage's) under ``name``, active beside the trained one and frozen.
 
-        The trained adapter stays last in the active list; the reference policy still disables every adapter.
+        The trained adapter stays last in the active list; the frozen adapters are part of the initial
+        policy that :meth:`set_reference` takes as the reference.
 
         Raises:
             ConfigError: the name is taken, or the folder holds no adapter for this model.
@@ -302,11 +308,55 @@ class Policy(nn.Module):
             {k: v.detach().cpu().contiguous() for k, v in self.value_head.state_dict().items()}, folder / "value_head.safetensors"
         )
 
+    def set_reference(self, kind: str) -> None:
+        """Choose the reference policy: ``initial`` (the policy as it is now, frozen) or ``base`` (no adapters).
+
+        ``initial`` is what InstructGPT and TRL use: after SFT, the KL penalty keeps PPO near the SFT
+        policy, not near a base model that cannot call the tools. The trained adapter's weights are
+        copied into a frozen adapter ``REFERENCE`` (when they are not all zero, i.e. loaded from
+        ``--init-adapter``); earlier stages' frozen adapters belong to the initial policy too. With a
+        fresh adapter and no frozen ones both choices are the base model.
+        """
+        if kind == "base":
+            self.reference_adapters = None
+            return
+        if kind != "initial":
+            raise ConfigError(f"--reference={kind!r}: use initial or base")
+        names = list(self.frozen_adapters)
+        trained = {n: p for n, p in self.lm.named_parameters() if f".{self.adapter}." in n}
+        if any(bool(p.detach().abs().sum() > 0) for n, p in trained.items() if "lora_B" in n):
+            if REFERENCE not in self.lm.peft_config:
+                self.lm.add_adapter(REFERENCE, self.lm.peft_config[self.adapter])
+            own = dict(self.lm.named_parameters())
+            with torch.no_grad():
+                for n, p in trained.items():
+                    own[n.replace(f".{self.adapter}.", f".{REFERENCE}.")].copy_(p)
+            names.append(REFERENCE)
+        self.reference_adapters = names or None
+        self._activate([*self.frozen_adapters, self.adapter])
+
+    def _activate(self, names: list[str]) -> None:
+        """Make ``names`` the active adapters; only the trained adapter's weights keep requiring grad.
+
+        (peft's ``set_adapter`` marks every active adapter trainable and every other one frozen.)
+        """
+        self.lm.base_model.set_adapter(names)
+        for pname, p in self.lm.named_parameters():
+            if "lora_" in pname:
+                p.requires_grad_(f".{self.adapter}." in pname)
+
     @contextlib.contextmanager
     def reference(self) -> Iterator[None]:
-        """The reference policy: the same model with every adapter disabled."""
-        with self.lm.disable_adapter():
+        """The reference policy (:meth:`set_reference`): the base model, or the initial policy's adapters."""
+        if self.reference_adapters is None:
+            with self.lm.disable_adapter():
+                yield
+            return
+        self._activate(self.reference_adapters)
+        try:
             yield
+        finally:
+            self._activate([*self.frozen_adapters, self.adapter])
 
     # -- acting -----------------------------------------------------------------------------------
 
@@ -318,7 +368,7 @@ class Policy(nn.Module):
         keep_head, turns = messages[:2], messages[2:]
         while True:
             text = self.tokenizer.apply_chat_template(keep_head + turns, tools=tools, tokenize=False, add_generation_prompt=True)
-            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            ids = self._tokenize(text, _untrusted(keep_head + turns))
             if len(ids) <= max_tokens or not turns:
                 return ids[-max_tokens:] if len(ids) > max_tokens else ids
             turns = turns[2:] if len(turns) >= 2 else []
@@ -330,19 +380,62 @@ class Policy(nn.Module):
         self, stream: list[int], messages: list[dict[str, str]], tools: Any, new_ids: list[int], max_tokens: int
     ) -> list[int]:
         """Token in, token out: the next prompt is this prompt + the sampled ids + the template's tokens
-        for the end of the turn and the tool's reply (``messages`` ends with the assistant turn and the
-        tool turn). The sampled ids are never re-tokenized. Past ``max_tokens`` the oldest turns go.
+        for the rest of the turn and the tool's reply (``messages`` ends with the assistant turn and the
+        tool turn). The sampled ids are never re-tokenized, and what they already hold (an end-of-turn
+        token the model sampled) is not added again: the tail is the rendering's text after the
+        prompt's text and the sampled ids' decoded text. Past ``max_tokens`` the oldest turns go (the
+        prompt is encoded afresh, as is a template that does not continue the sampled text).
         """
         before = self.render(messages[:-2], tools, True)
-        action = messages[-2]["content"]
+        sampled = self.tokenizer.decode(new_ids, skip_special_tokens=False)
         after = self.render(messages, tools, True)
-        if not after.startswith(before + action):  # a template that is not prefix-stable: re-render
+        rest = after[len(before) :] if after.startswith(before) else None
+        # Some templates put whitespace between the generation prompt and the content (the tiny
+        # model's: "<|im_start|>assistant" then "\n" + content); that glue is the template's text.
+        at = rest.find(sampled) if rest is not None and sampled else 0 if rest is not None else -1
+        if at < 0 or at > 4 or (rest or "")[:at].strip():  # a template that rewrites the action (or not prefix-stable)
             return self.encode_prompt(messages, tools, max_tokens)
-        tail = self.tokenizer(after[len(before + action) :], add_special_tokens=False)["input_ids"]
-        out = [*stream, *new_ids, *tail]
+        assert rest is not None
+        glue = self._tokenize(rest[:at]) if at else []
+        tail = self._tokenize(rest[at + len(sampled) :], [messages[-1]["content"]])
+        out = [*stream, *glue, *new_ids, *tail]
         if len(out) > max_tokens:
             return self.encode_prompt(messages, tools, max_tokens)
         return out
+
+    def _tokenize(self, text: str, untrusted: Sequence[str] = ()) -> list[int]:
+        """Token ids of rendered chat text; inside ``untrusted`` content special-token text stays text.
+
+        A tool result or a user message that spells ``<|im_start|>`` or ``<tool_call>`` must not
+        become those tokens: the model would see a forged turn. Each occurrence of such content in
+        ``text`` is tokenized with ``split_special_tokens=True``, the template around it as usual
+        (so content without special-token text tokenizes exactly as before).
+        """
+        specials = self._special_texts()
+        hostile = sorted({c for c in untrusted if c and any(t in c for t in specials)}, key=len, reverse=True)
+        if not hostile:
+            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        out: list[int] = []
+        rest = text
+        while rest:
+            hits = [(rest.find(c), c) for c in hostile if rest.find(c) >= 0]
+            if not hits:
+                out += self.tokenizer(rest, add_special_tokens=False)["input_ids"]
+                break
+            at, c = min(hits, key=lambda h: (h[0], -len(h[1])))
+            if at:
+                out += self.tokenizer(rest[:at], add_special_tokens=False)["input_ids"]
+            out += self.tokenizer(c, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+            rest = rest[at + len(c) :]
+        return out
+
+    def _special_texts(self) -> list[str]:
+        cached = getattr(self, "_specials", None)
+        if cached is None:
+            enc = getattr(self.tokenizer, "added_tokens_encoder", {}) or {}
+            cached = [t for t in {*enc, *self.tokenizer.all_special_tokens} if t]
+            self._specials = cached
+        return cached
 
     def encode_episode(self, messages: list[dict[str, str]], tools: Any) -> tuple[list[int], list[bool]]:
         """Token ids of a whole transcript and a mask that is True on the assistant's tokens only."""
@@ -355,7 +448,7 @@ class Policy(nn.Module):
                 full = self.render(messages[:n], tools, False)
                 if not (head.startswith(done) and full.startswith(head)):
                     raise ConfigError("the chat template is not prefix-stable; cannot mask assistant tokens for SFT")
-                h = self.tokenizer(head[len(done) :], add_special_tokens=False)["input_ids"]
+                h = self._tokenize(head[len(done) :], _untrusted(messages))
                 b = self.tokenizer(full[len(head) :], add_special_tokens=False)["input_ids"]
                 ids += h + b
                 mask += [False] * len(h) + [True] * len(b)
@@ -364,7 +457,7 @@ class Policy(nn.Module):
                 full = self.render(messages[:n], tools, False)
                 if not full.startswith(done):
                     raise ConfigError("the chat template is not prefix-stable; cannot mask assistant tokens for SFT")
-                t = self.tokenizer(full[len(done) :], add_special_tokens=False)["input_ids"]
+                t = self._tokenize(full[len(done) :], _untrusted(messages))
                 ids += t
                 mask += [False] * len(t)
                 done = full
@@ -549,7 +642,7 @@ class Policy(nn.Module):
         generator: torch.Generator | None = None,
         state: PromptState | None = None,
     ) -> tuple[list[int], list[float], float]:
-        """Sample an action token by token; stop at ``</tool_call>``, end of turn, or the budget.
+        """Sample one action token by token (:meth:`generate_many` of one prompt).
 
         ``state``: the prompt's keys/values (:meth:`extend_prompt`), left as they were; else the
         prompt is encoded here. Returns the new ids, their log-probs under the policy (temperature 1)
@@ -557,35 +650,94 @@ class Policy(nn.Module):
         """
         if state is None:
             hidden_1P, cache = self._prompt(prompt_ids)
-            h, P = hidden_1P[:, -1], len(prompt_ids)
+            state = PromptState(list(prompt_ids), cache, hidden_1P[0, -1])
+        return self.generate_many([state], max_new_tokens, greedy=greedy, generators=[generator])[0]
+
+    @torch.no_grad()
+    def generate_many(
+        self,
+        states: Sequence[PromptState],
+        max_new_tokens: int,
+        *,
+        greedy: bool = False,
+        generators: Sequence[torch.Generator | None] | None = None,
+    ) -> list[tuple[list[int], list[float], float]]:
+        """Sample an action for each prompt, all prompts' next tokens in one batched forward per step.
+
+        Each prompt stops at an end-of-turn token, when the decoded text of its sampled tokens
+        completes ``</tool_call>`` (whatever its tokenization: :meth:`stops`), or at the budget;
+        the sampled ids are kept as they are (token in, token out). The prompts' caches have
+        different lengths: they are copied, left-padded, into one batch cache with an attention
+        mask (positions stay each prompt's own), and a prompt that stops leaves the batch. The
+        states are left as they were. Returns per prompt its new ids, their log-probs (temperature
+        1) and V(prompt). Row ``i`` samples from ``generators[i]`` (None: torch's default).
+        """
+        from transformers.cache_utils import DynamicCache
+
+        N = len(states)
+        if N == 0:
+            return []
+        gens = list(generators) if generators is not None else [None] * N
+        dev = self.device
+        values = [float(self._value(s.last_hidden)) for s in states]
+        lens = [len(s.ids) for s in states]
+        if N == 1:
+            cache, mask = states[0].cache, None
         else:
-            cache, h, P = state.cache, state.last_hidden[None], len(state.ids)
-        value = float(self._value(h[0]))
-        ids: list[int] = []
-        lps: list[float] = []
-        pos = P
+            S = max(lens)
+            layers = []
+            for layer in range(len(states[0].cache.layers)):
+                ks, vs = [], []
+                for st, L in zip(states, lens):
+                    lay = st.cache.layers[layer]
+                    ks.append(torch.nn.functional.pad(lay.keys[..., :L, :], (0, 0, S - L, 0)))
+                    vs.append(torch.nn.functional.pad(lay.values[..., :L, :], (0, 0, S - L, 0)))
+                layers.append((torch.cat(ks), torch.cat(vs)))
+            cache = DynamicCache(ddp_cache_data=layers)
+            mask = torch.arange(S, device=dev)[None, :] >= torch.tensor([S - L for L in lens], device=dev)[:, None]
+        ids: list[list[int]] = [[] for _ in range(N)]
+        lps: list[list[float]] = [[] for _ in range(N)]
+        active = list(range(N))
+        h_AH = torch.stack([s.last_hidden for s in states])
         try:
-            for _ in range(max_new_tokens):
-                logp = torch.log_softmax(self.causal.lm_head(h).float(), dim=-1)[0]
-                if greedy:
-                    tok = int(torch.argmax(logp))
-                else:
-                    tok = int(torch.multinomial(logp.exp(), 1, generator=generator))
-                ids.append(tok)
-                lps.append(float(logp[tok]))
-                if tok in self.stop_ids:
+            for step in range(max_new_tokens):
+                logp_AV = torch.log_softmax(self.causal.lm_head(h_AH).float(), dim=-1)
+                keep = []
+                for a, i in enumerate(active):
+                    if greedy:
+                        tok = int(torch.argmax(logp_AV[a]))
+                    else:
+                        tok = int(torch.multinomial(logp_AV[a].exp(), 1, generator=gens[i]))
+                    ids[i].append(tok)
+                    lps[i].append(float(logp_AV[a, tok]))
+                    if not self.stops(ids[i]):
+                        keep.append(a)
+                if not keep or step + 1 == max_new_tokens:
                     break
-                out = self.causal.model(
-                    input_ids=torch.tensor([[tok]], device=self.device),
-                    cache=cache,
-                    use_cache=True,
-                    position_ids=torch.tensor([[pos]], device=self.device),
-                )
-                cache, h, pos = out.cache, out.last_hidden_state[:, -1], pos + 1
+                if len(keep) < len(active):
+                    cache.batch_select_indices(torch.tensor(keep, device=dev))
+                    mask = mask[keep] if mask is not None else None
+                    active = [active[a] for a in keep]
+                inp = torch.tensor([[ids[i][-1]] for i in active], device=dev)
+                pos = torch.tensor([[lens[i] + len(ids[i]) - 1] for i in active], device=dev)
+                if mask is not None:
+                    mask = torch.cat([mask, torch.ones(len(active), 1, dtype=torch.bool, device=dev)], dim=1)
+                out = self.causal.model(input_ids=inp, cache=cache, use_cache=True, position_ids=pos, attention_mask=mask)
+                cache, h_AH = out.cache, out.last_hidden_state[:, -1]
         finally:
-            if state is not None:
-                _cut_back(state.cache, len(state.ids))
-        return ids, lps, value
+            if N == 1:
+                _cut_back(states[0].cache, lens[0])
+        return [(ids[i], lps[i], values[i]) for i in range(N)]
+
+    def stops(self, ids: Sequence[int]) -> bool:
+        """Whether an action ends with its last token: an end-of-turn token, or the text completes ``</tool_call>``.
+
+        ``</tool_call>`` is several tokens for many tokenizers (SmolLM2's), so the decoded text of
+        the last tokens is checked; it is at most 12 characters, so 16 tokens hold it.
+        """
+        if ids and ids[-1] in self.stop_ids:
+            return True
+        return any(s in self.tokenizer.decode(list(ids[-16:]), skip_special_tokens=False) for s in STOP_STRINGS)
 
     def sequence_logprobs_on(self, state: PromptState, new_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """:meth:`sequence_logprobs` over a :class:`PromptState`'s cached keys/values (left as they were)."""
@@ -609,6 +761,11 @@ class Policy(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Log-probs and entropies of ``new_ids`` after the prompt (one forward, with grad) and V(prompt)."""
         return self.sequence_logprobs_many([(prompt_ids, new_ids)])[0]
+
+
+def _untrusted(messages: Sequence[dict[str, str]]) -> list[str]:
+    """The contents whose special-token text must stay text: what users and tools wrote."""
+    return [str(m.get("content") or "") for m in messages if m.get("role") in ("user", "tool")]
 
 
 def _cut_back(cache: Any, length: int) -> None:

@@ -25,7 +25,19 @@ import torch
 import agentrl_envs  # noqa: F401  (registers the ids)
 from agentrl_envs.errors import ConfigError
 
-__all__ = ["EnvPool", "Rollout", "Transition", "act", "candidate_logprobs", "candidate_policy", "collect", "episode_seed"]
+__all__ = [
+    "EnvPool",
+    "EpisodeStates",
+    "Rollout",
+    "Transition",
+    "act",
+    "act_many",
+    "action_text",
+    "candidate_logprobs",
+    "candidate_policy",
+    "collect",
+    "episode_seed",
+]
 
 
 def episode_seed(run_seed: int, env_index: int, episode: int) -> int:
@@ -72,8 +84,53 @@ class Rollout:
     tokens: int = 0
 
 
-class EnvPool:
-    """A vector env plus the trainer's per-env episode state (messages, token stream, seeds).
+class EpisodeStates:
+    """What the policy acts on, per env: the episode's messages, tools, last info, token stream,
+    kept prompt keys/values and sampling generator.
+
+    Rollouts (:class:`EnvPool`) and evaluation (:func:`agentrl_train.evaluate.evaluate`) both keep
+    their episodes here and go through the same :meth:`prompt` and :meth:`advance`, so in generate
+    mode evaluation sees exactly the token ids training sees (no re-tokenized text).
+    """
+
+    def __init__(self, n: int, first_index: int = 0) -> None:
+        self.first_index = first_index  #: global index of env 0
+        self.messages: list[list[dict[str, str]]] = [[] for _ in range(n)]
+        self.tools: list[Any] = [None] * n
+        self.infos: list[dict[str, Any]] = [{} for _ in range(n)]
+        self.streams: list[list[int]] = [[] for _ in range(n)]  #: generate mode: the token stream (token in, token out)
+        #: each env's prompt keys/values under the policy and the reference, kept between its steps (``act``)
+        self.prompt_states: list[dict[str, Any]] = [{} for _ in range(n)]
+        self.generators = [torch.Generator() for _ in range(n)]
+
+    def start(self, i: int, obs: Any, info: dict[str, Any]) -> None:
+        """Env i begins an episode with observation ``obs``."""
+        self.infos[i] = info
+        self.tools[i] = info["tools"]
+        self.messages[i] = [{"role": "system", "content": info["system_prompt"]}, {"role": "user", "content": str(obs)}]
+        self.streams[i] = []
+        self.prompt_states[i] = {}
+
+    def prompt(self, policy: Any, i: int, cfg: Any) -> list[int]:
+        """Env i's current prompt: its token stream in generate mode (begun from the template), else the template's encoding."""
+        if cfg.env.mode == "generate":
+            if not self.streams[i]:
+                self.streams[i] = policy.encode_prompt(self.messages[i], self.tools[i], cfg.ppo.max_prompt_tokens)
+            return self.streams[i]
+        return policy.encode_prompt(self.messages[i], self.tools[i], cfg.ppo.max_prompt_tokens)
+
+    def advance(self, policy: Any, i: int, tr: Transition, obs: Any, info: dict[str, Any], cfg: Any) -> None:
+        """Env i took ``tr`` and the env answered ``obs``: the messages and the token stream move on."""
+        self.infos[i] = info
+        self.messages[i] += [{"role": "assistant", "content": tr.action_text}, {"role": "tool", "content": str(obs)}]
+        if cfg.env.mode == "generate":
+            self.streams[i] = policy.continue_stream(
+                tr.prompt_ids, self.messages[i], self.tools[i], tr.new_ids, cfg.ppo.max_prompt_tokens
+            )
+
+
+class EnvPool(EpisodeStates):
+    """A vector env plus the trainer's per-env episode state (:class:`EpisodeStates`, seeds, returns).
 
     Args:
         env_id: registered id.
@@ -112,17 +169,12 @@ class EnvPool:
             wrappers=[Replayable],
             **kwargs,
         )
+        super().__init__(num_envs, first_index)
         vec.set_attr("replay_index", [first_index + i for i in range(num_envs)])
         self.vec = vec  #: the plain vector env (call / set_attr); ``envs`` may be wrapped by a recorder
         self.envs = wrap(vec) if wrap is not None else vec
         self.episode = [0] * num_envs  #: episodes started per env
         self.actions: list[list[str]] = [[] for _ in range(num_envs)]  #: current episode's actions (for exact resume)
-        self.messages: list[list[dict[str, str]]] = [[] for _ in range(num_envs)]
-        self.streams: list[list[int]] = [[] for _ in range(num_envs)]  #: generate mode: the token stream (token in, token out)
-        #: each env's prompt keys/values under the policy and the reference, kept between its steps (``act``)
-        self.prompt_states: list[dict[str, Any]] = [{} for _ in range(num_envs)]
-        self.tools: list[Any] = [None] * num_envs
-        self.infos: list[dict[str, Any]] = [{} for _ in range(num_envs)]
         self.returns = [0.0] * num_envs
         self.lengths = [0] * num_envs
         self.last_subtask = [0] * num_envs
@@ -139,13 +191,8 @@ class EnvPool:
         obs, info = self.envs.reset(seed=seeds, options={"reset_mask": mask})
         for i in np.flatnonzero(mask):
             self.episode[i] += 1
-            sub = _sub(info, i)
-            self.infos[i] = sub
-            self.tools[i] = sub["tools"]
-            self.messages[i] = [{"role": "system", "content": sub["system_prompt"]}, {"role": "user", "content": str(obs[i])}]
+            self.start(i, obs[i], _sub(info, i))
             self.actions[i] = []
-            self.streams[i] = []
-            self.prompt_states[i] = {}
             self.returns[i] = 0.0
             self.lengths[i] = 0
             self.last_subtask[i] = -1
@@ -319,61 +366,92 @@ def _score(policy: Any, prompt: Sequence[int], cand_ids: Sequence[Sequence[int]]
 
 
 @torch.no_grad()
-def act(policy: Any, pool: EnvPool, i: int, cfg: Any, *, greedy: bool = False, reference: bool = True) -> Transition:
-    """The policy's action for local env i in its current state (no grad, dropout off).
+def act(policy: Any, pool: EpisodeStates, i: int, cfg: Any, *, greedy: bool = False, reference: bool = True) -> Transition:
+    """The policy's action for local env i in its current state (no grad, dropout off): :func:`act_many` of one env."""
+    return act_many(policy, pool, [i], cfg, greedy=greedy, reference=reference)[0]
 
-    When ``pool`` has ``prompt_states``, env i's prompt keys/values are kept there between its steps.
+
+@torch.no_grad()
+def act_many(
+    policy: Any, pool: EpisodeStates, envs: Sequence[int], cfg: Any, *, greedy: bool = False, reference: bool = True
+) -> list[Transition]:
+    """The policy's actions for the local envs ``envs`` in their current states (no grad, dropout off).
+
+    Each env's prompt keys/values are kept in ``pool.prompt_states`` between its steps. In
+    generate mode all envs' tokens are decoded together (:meth:`Policy.generate_many`).
     """
-    ppo, mode = cfg.ppo, cfg.env.mode
-    k = pool.first_index + i
-    if mode == "generate" and getattr(pool, "streams", None) and pool.streams[i]:
-        prompt = pool.streams[i]
-    else:
-        prompt = policy.encode_prompt(pool.messages[i], pool.tools[i], ppo.max_prompt_tokens)
-    kept = getattr(pool, "prompt_states", None)
-    states = kept[i] if kept is not None else None
-    if mode == "candidates":
-        cands = list(pool.infos[i].get("candidates") or [])
-        if len(cands) < 2:
-            raise ConfigError("candidates mode needs info['candidates']: make the env with candidates=K (K >= 2)")
-        cand_ids = [policy.encode_action(c) for c in cands]
-        out, base_K, logp_K = candidate_policy(policy, prompt, cand_ids, ppo, reference=reference, states=states)
-        if greedy:
-            a = greedy_candidate(logp_K, base_K)
-        else:
-            a = int(torch.multinomial(logp_K.exp().cpu(), 1, generator=pool.generators[i]))
+    if cfg.env.mode == "candidates":
+        return [_act_candidates(policy, pool, i, cfg, greedy=greedy, reference=reference) for i in envs]
+    ppo = cfg.ppo
+    prompts = [pool.prompt(policy, i, cfg) for i in envs]
+    states = [_prompt_state(policy, p, pool.prompt_states[i], "policy") for p, i in zip(prompts, envs)]
+    gens = [None if greedy else pool.generators[i] for i in envs]
+    if all(st is not None for st in states):
+        sampled = policy.generate_many(states, ppo.max_new_tokens, greedy=greedy, generators=gens)
+    else:  # a model whose cache cannot be cut back: one env at a time, each prompt encoded from scratch
+        sampled = [policy.generate(p, ppo.max_new_tokens, greedy=greedy, generator=g) for p, g in zip(prompts, gens)]
+    out = []
+    for i, prompt, (new_ids, lps, value) in zip(envs, prompts, sampled):
         ref: list[float] = []
-        if base_K is not None:
-            ref = [float(candidate_logprobs(base_K, base_K, ppo)[a])]
-        baseline = base_K.tolist() if base_K is not None and ppo.score_baseline == "reference" else []
-        return Transition(
-            k,
-            prompt,
-            cands[a],
-            cand_ids=cand_ids,
-            action=a,
-            logprob=float(logp_K[a]),
-            ref_logprobs=ref,
-            value=float(out.value),
-            baseline_scores=baseline,
+        if reference:
+            with policy.reference():
+                ref_state = _prompt_state(policy, prompt, pool.prompt_states[i], "reference")
+                if ref_state is None:
+                    ref_lp, _, _ = policy.sequence_logprobs(prompt, new_ids)
+                else:
+                    ref_lp, _, _ = policy.sequence_logprobs_on(ref_state, new_ids)
+            ref = ref_lp.tolist()
+        out.append(
+            Transition(
+                pool.first_index + i,
+                list(prompt),
+                action_text(policy.tokenizer, new_ids),
+                new_ids=new_ids,
+                logprob=float(sum(lps)),
+                token_logprobs=lps,
+                ref_logprobs=ref,
+                value=value,
+            )
         )
-    gen = None if greedy else pool.generators[i]
-    state = _prompt_state(policy, prompt, states, "policy")
-    new_ids, lps, value = policy.generate(prompt, ppo.max_new_tokens, greedy=greedy, generator=gen, state=state)
-    text = policy.tokenizer.decode(new_ids, skip_special_tokens=False)
-    for end in ("<|im_end|>", "<|eot_id|>", "<|end|>"):
-        text = text.removesuffix(end)
-    ref = []
-    if reference:
-        with policy.reference():
-            ref_state = _prompt_state(policy, prompt, states, "reference")
-            if ref_state is None:
-                ref_lp, _, _ = policy.sequence_logprobs(prompt, new_ids)
-            else:
-                ref_lp, _, _ = policy.sequence_logprobs_on(ref_state, new_ids)
-        ref = ref_lp.tolist()
+    return out
+
+
+def action_text(tokenizer: Any, new_ids: Sequence[int]) -> str:
+    """The env action of sampled ids: their text without a final end-of-turn token."""
+    text = tokenizer.decode(list(new_ids), skip_special_tokens=False)
+    for end in ("<|im_end|>", "<|eot_id|>", "<|end|>", tokenizer.eos_token or "<|im_end|>"):
+        if text.endswith(end):
+            return text[: -len(end)]
+    return text
+
+
+def _act_candidates(policy: Any, pool: EpisodeStates, i: int, cfg: Any, *, greedy: bool, reference: bool) -> Transition:
+    ppo = cfg.ppo
+    prompt = pool.prompt(policy, i, cfg)
+    states = pool.prompt_states[i]
+    cands = list(pool.infos[i].get("candidates") or [])
+    if len(cands) < 2:
+        raise ConfigError("candidates mode needs info['candidates']: make the env with candidates=K (K >= 2)")
+    cand_ids = [policy.encode_action(c) for c in cands]
+    out, base_K, logp_K = candidate_policy(policy, prompt, cand_ids, ppo, reference=reference, states=states)
+    if greedy:
+        a = greedy_candidate(logp_K, base_K)
+    else:
+        a = int(torch.multinomial(logp_K.exp().cpu(), 1, generator=pool.generators[i]))
+    ref: list[float] = []
+    if base_K is not None:
+        ref = [float(candidate_logprobs(base_K, base_K, ppo)[a])]
+    baseline = base_K.tolist() if base_K is not None and ppo.score_baseline == "reference" else []
     return Transition(
-        k, prompt, text, new_ids=new_ids, logprob=float(sum(lps)), token_logprobs=lps, ref_logprobs=ref, value=value
+        pool.first_index + i,
+        prompt,
+        cands[a],
+        cand_ids=cand_ids,
+        action=a,
+        logprob=float(logp_K[a]),
+        ref_logprobs=ref,
+        value=float(out.value),
+        baseline_scores=baseline,
     )
 
 
@@ -391,7 +469,7 @@ def collect(policy: Any, pool: EnvPool, cfg: Any, recorder: Any = None) -> Rollo
     pool.prompt_states = [{} for _ in range(N)]  # keys/values of the weights before the last update are stale
     for t in range(T):
         t0 = time.perf_counter()
-        row = [act(policy, pool, i, cfg) for i in range(N)]
+        row = act_many(policy, pool, range(N), cfg)
         model_s += time.perf_counter() - t0
         tokens += sum(len(tr.prompt_ids) + sum(len(c) for c in tr.cand_ids) + len(tr.new_ids) for tr in row)
         for i, tr in enumerate(row):
@@ -409,13 +487,8 @@ def collect(policy: Any, pool: EnvPool, cfg: Any, recorder: Any = None) -> Rollo
         done = np.logical_or(te, tu)
         for i, tr in enumerate(row):
             sub = _sub(info, i)
-            pool.infos[i] = sub
             pool.actions[i].append(tr.action_text)
-            pool.messages[i] += [{"role": "assistant", "content": tr.action_text}, {"role": "tool", "content": str(obs[i])}]
-            if tr.new_ids:
-                pool.streams[i] = policy.continue_stream(
-                    tr.prompt_ids, pool.messages[i], pool.tools[i], tr.new_ids, cfg.ppo.max_prompt_tokens
-                )
+            pool.advance(policy, i, tr, obs[i], sub, cfg)
             pool.returns[i] += float(rew[i])
             pool.lengths[i] += 1
             if done[i]:
@@ -433,10 +506,8 @@ def collect(policy: Any, pool: EnvPool, cfg: Any, recorder: Any = None) -> Rollo
                 )
                 if tu[i] and not te[i]:
                     t0 = time.perf_counter()
-                    with torch.no_grad():
-                        tvalues[t, i] = float(
-                            policy.value(policy.encode_prompt(pool.messages[i], pool.tools[i], cfg.ppo.max_prompt_tokens))
-                        )
+                    with torch.no_grad():  # V(final observation), from the same token stream as every other V(s_t)
+                        tvalues[t, i] = float(policy.value(pool.prompt(policy, i, cfg)))
                     model_s += time.perf_counter() - t0
         if done.any():
             t0 = time.perf_counter()
@@ -444,11 +515,6 @@ def collect(policy: Any, pool: EnvPool, cfg: Any, recorder: Any = None) -> Rollo
             env_s += time.perf_counter() - t0
     t0 = time.perf_counter()
     with torch.no_grad():
-        last = np.array(
-            [
-                float(policy.value(policy.encode_prompt(pool.messages[i], pool.tools[i], cfg.ppo.max_prompt_tokens)))
-                for i in range(N)
-            ]
-        )
+        last = np.array([float(policy.value(pool.prompt(policy, i, cfg))) for i in range(N)])
     model_s += time.perf_counter() - t0
     return Rollout(transitions, rewards, term, trunc, values, tvalues, bounds, last, episodes, env_s, model_s, tokens)

@@ -56,6 +56,7 @@ def build_policy(cfg: TrainConfig, log: Any = print) -> Policy:
     for spec in m.frozen_adapters:  # earlier stages: active and frozen (agentrl_train.stages)
         name, folder = spec.split("=", 1)
         policy.add_frozen_adapter(name, folder)
+    policy.set_reference(m.reference)  # after every adapter is loaded: "initial" snapshots them
     return policy
 
 

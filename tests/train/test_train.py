@@ -192,14 +192,14 @@ def test_eval_sample_draws_from_the_policy_with_seeds_fixed_per_episode(tmp_path
 
     train(small_config(tmp_path, updates=1, record=False), log=lambda *a, **k: None)
     chosen: list[str] = []
-    real_act = evaluate_module.act
+    real_act = evaluate_module.act_many
 
     def recording_act(*args, **kwargs):  # type: ignore[no-untyped-def]
-        tr = real_act(*args, **kwargs)
-        chosen.append(tr.action_text)
-        return tr
+        trs = real_act(*args, **kwargs)
+        chosen.extend(tr.action_text for tr in trs)
+        return trs
 
-    monkeypatch.setattr(evaluate_module, "act", recording_act)
+    monkeypatch.setattr(evaluate_module, "act_many", recording_act)
     runs = {}
     for name, flags in (("greedy", []), ("sampled", ["--sample"]), ("sampled again", ["--sample"])):
         chosen.clear()
