@@ -9,6 +9,7 @@ real SmolLM2 tokenizer are in ``test_real_model.py``.
 from __future__ import annotations
 
 import copy
+import itertools
 from typing import Any
 
 import gymnasium as gym
@@ -64,7 +65,7 @@ def test_continue_stream_equals_the_templates_rendering_with_no_doubled_end_toke
     prompt = policy.encode_prompt(_messages()[:-2], None, 4096)
     new = [*policy.tokenizer(ACTION, add_special_tokens=False)["input_ids"], im_end]
     stream = policy.continue_stream(prompt, _messages(), None, new, 4096)
-    assert [a for a, b in zip(stream, stream[1:]) if a == b == im_end] == []
+    assert [a for a, b in itertools.pairwise(stream) if a == b == im_end] == []
 
 
 class _ScriptedHead(torch.nn.Module):
