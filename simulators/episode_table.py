@@ -117,8 +117,14 @@ class EpisodeTable(Mapping[str, E]):
         A ``busy`` one (a call in flight) counts as used now instead. Looks at the front only: O(1)
         when nothing is due, one step per episode expired or found busy.
         """
-        if self.idle_s is None:
+        if self.idle_s is None or not self._items:
             return []
+        try:  # the common case, nothing due, without the lock (the locked pass below decides)
+            oldest = next(iter(self._items.values()))[1]
+            if self.clock() - oldest < self.idle_s:
+                return []
+        except (StopIteration, RuntimeError):  # emptied or changed by another thread meanwhile
+            pass
         out: list[tuple[str, E]] = []
         with self._lock:
             now = self.clock()
