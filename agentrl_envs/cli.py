@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 import urllib.parse
@@ -130,6 +131,18 @@ def _parser() -> argparse.ArgumentParser:
         help=f"server processes, 1-{MAX_WORKERS}, one port each from --port on (default 1); give clients all the URLs it prints",
     )
     p.add_argument(
+        "--max-episodes",
+        type=_int_in(1, 1 << 24),
+        default=8192,
+        help="episodes one server process holds open at once; opening one more answers 503 (default 8192)",
+    )
+    p.add_argument(
+        "--episode-idle-s",
+        type=_seconds,
+        default=900.0,
+        help="close an episode without a call for this many seconds (default 900, 15 minutes)",
+    )
+    p.add_argument(
         "--max-upload-mb",
         type=_int_in(1, MAX_UPLOAD_MB),
         default=1024,
@@ -220,6 +233,17 @@ def _int_in(lo: int, hi: int) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds above 0 and at most ``MAX_SERVICE_S`` (a day)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= MAX_SERVICE_S:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"expected seconds above 0 and at most {MAX_SERVICE_S:g} (a day), got {text[:40]!r}")
+    return value
 
 
 def _host(text: str) -> str:
@@ -421,7 +445,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
     check_bind(args.host, token)
     limits = ServeLimits(
-        python_workers=args.python_workers, per_client=args.per_client, max_upload_bytes=args.max_upload_mb << 20
+        python_workers=args.python_workers,
+        per_client=args.per_client,
+        max_upload_bytes=args.max_upload_mb << 20,
+        max_episodes=args.max_episodes,
+        episode_idle_s=args.episode_idle_s,
     )
     auth = "bearer token required" if token else "no token"
     if args.workers > 1:

@@ -35,6 +35,11 @@ point lookup holds a worker ~0.3-2 ms, so the SQL lane now queues up to its cap 
 of arrivals at that rate), while a lane of 2 s queries or 5 s Python runs admits only what it can
 start within a second.
 
+Episodes (issue #33): one server process holds at most ``max_episodes`` (8,192) open episodes
+and closes any without a call for ``episode_idle_s`` (15 minutes); a client that opens one past
+the cap gets 503 ``too_many_episodes``, and a call on an expired one 404 ``unknown_episode``
+saying why. The bookkeeping is O(1) per request (:mod:`simulators.episode_table`).
+
 A template upload may be up to ``max_upload_bytes`` (read as it streams in; 413 past it, naming
 the setting); every other body stays within 8 MiB.
 
@@ -67,6 +72,7 @@ from agentrl_envs.faults import ErrorProfile
 from agentrl_envs.faults.injector import FaultInjectingBackend
 from simulators import SimulatorApp
 from simulators.app import MAX_UPLOAD_BYTES, match_route
+from simulators.episode_table import check_episode_limits
 from simulators.tools import TOOL_ROUTES
 
 __all__ = ["ServeLimits", "SimulatorServer", "check_bind", "serve"]
@@ -99,6 +105,10 @@ class ServeLimits:
         max_upload_bytes: the largest template database upload (JSON bytes); 413 past it.
         max_queued_bytes: request body bytes the admitted calls may hold together (a call is
             always admitted when no other is in flight); 429 past that.
+        max_episodes: episodes open at once in one server process; opening one more answers 503
+            ``too_many_episodes`` (refused rather than closing another client's episode).
+        episode_idle_s: an episode without a call (tool, file, replacement) for this long is
+            closed, as its client would have; a call in flight keeps it open.
     """
 
     python_workers: int = 4
@@ -109,8 +119,14 @@ class ServeLimits:
     retry_after_s: int = 1
     max_upload_bytes: int = MAX_UPLOAD_BYTES
     max_queued_bytes: int = 256 << 20
+    max_episodes: int = 8192
+    episode_idle_s: float = 900.0
 
     def __post_init__(self) -> None:
+        try:
+            check_episode_limits(self.max_episodes, self.episode_idle_s)
+        except ValueError as exc:
+            raise ConfigError(f"ServeLimits.{exc}") from None
         upload = self.max_upload_bytes
         if not isinstance(upload, int) or isinstance(upload, bool) or not 1 <= upload <= 1 << 40:
             raise ConfigError(f"ServeLimits.max_upload_bytes={upload!r}: use a number of bytes from 1 to 2**40")
@@ -179,6 +195,9 @@ class SimulatorServer:
         self.limits = limits or ServeLimits()
         if app is None:
             self.direct.app.max_upload_bytes = self.limits.max_upload_bytes
+            self.direct.app.set_episode_limits(self.limits.max_episodes, self.limits.episode_idle_s)
+        if self.faults is not None:
+            self.direct.app.on_expire = self.faults.forget
         self._token = token.encode() if token is not None else None
         lim = self.limits
         self._lanes = {

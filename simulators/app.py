@@ -29,6 +29,10 @@ Episodes are owned: opening one answers an ``episode_token``, and every later ca
 that episode (tool calls, files, DELETE, and a POST that would replace it) must carry it in the
 ``X-AgentRL-Episode-Token`` header, or is refused with 403. The Python methods are the trusted
 in-process surface and take no token.
+
+Open episodes may be capped (``max_episodes``: one more answers 503 ``too_many_episodes``) and
+closed when idle (``episode_idle_s``: then a call on one answers 404 ``unknown_episode``, saying
+why); both are off in process and set by ``agentrl-envs serve`` (:mod:`simulators.episode_table`).
 """
 
 # Why the routes are split by hand (match_route) and served by a plain ASGI callable, not by
@@ -55,11 +59,14 @@ import re
 import secrets
 import shutil
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
+from simulators.episode_table import EpisodeTable
 from simulators.memory import CloseCounter, release_memory
 from simulators.python import PythonRunner, RunLimits
 from simulators.python.sandbox.shared import SharedSandbox
@@ -217,6 +224,11 @@ class SimulatorApp:
             the sandbox would refuse to start.
         max_upload_bytes: the largest template database upload (its JSON body) accepted; other
             requests stay within ``MAX_REQUEST_BYTES``.
+        max_episodes: the most episodes open at once; opening one more answers 503
+            ``too_many_episodes`` (None: no cap, the default in process; ``agentrl-envs serve`` sets one).
+        episode_idle_s: an episode without a call for this long is closed, as if its client had
+            (None: never, the default in process; ``agentrl-envs serve`` sets one).
+        clock: the clock of ``episode_idle_s`` (tests pass one they move).
     """
 
     def __init__(
@@ -228,6 +240,9 @@ class SimulatorApp:
         allow_unsafe_sandbox: bool = False,
         max_upload_bytes: int = MAX_UPLOAD_BYTES,
         lazy_python: bool = False,
+        max_episodes: int | None = None,
+        episode_idle_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not isinstance(max_upload_bytes, int) or isinstance(max_upload_bytes, bool) or max_upload_bytes < 1:
             raise ValueError(f"max_upload_bytes={max_upload_bytes!r}: use a positive number of bytes")
@@ -241,7 +256,9 @@ class SimulatorApp:
         self._runner_lock = threading.Lock()
         self._runner_closed = False
         self.workspace_root = workspace_root
-        self._episodes: dict[str, _Episode] = {}
+        self._episodes: EpisodeTable[_Episode] = EpisodeTable(max_episodes, episode_idle_s, clock)
+        #: called with the id of each episode closed for being idle (the server forgets its fault state)
+        self.on_expire: Callable[[str], None] | None = None
         self._lock = threading.Lock()
         self._closes = CloseCounter()
         if not lazy_python:
@@ -355,6 +372,7 @@ class SimulatorApp:
 
     def _route(self, method: str, path: str, payload: dict[str, Any], episode_token: str | None = None) -> Reply:
         name, args = match_route(method, path)
+        self.expire_idle()
         parts = [p for p in path.split("/") if p]
         if len(parts) >= 3 and parts[:2] == ["v1", "episodes"]:
             # Answered here, not by the handler, when the episode is not open: a call that passed
@@ -362,7 +380,7 @@ class SimulatorApp:
             if parts[2] not in self._episodes:
                 if name == "close_episode":
                     return 204, None
-                return _err(404, "unknown_episode", f"no open episode {parts[2][:64]!r}")
+                return self._unknown(parts[2])
             denied = self.check_owner(parts[2], episode_token)
             if denied is not None:
                 return denied
@@ -402,9 +420,9 @@ class SimulatorApp:
 
     def tool(self, episode_id: str, tool: str, payload: dict[str, Any]) -> Reply:
         """Carry out one tool call of an open episode."""
-        episode = self._episodes.get(episode_id)
+        episode = self._episodes.touch(episode_id)
         if episode is None:
-            return _err(404, "unknown_episode", f"no open episode {episode_id[:64]!r}")
+            return self._unknown(episode_id)
         route = TOOL_ROUTES.get(tool)
         if route is None:
             return _err(404, "unknown_tool", f"no tool {tool[:64]!r}; tools are {', '.join(TOOL_ROUTES)}")
@@ -422,9 +440,9 @@ class SimulatorApp:
 
     def put_file(self, episode_id: str, rel: str, payload: dict[str, Any]) -> Reply:
         """Write a file into an episode's workspace (``{"text": ...}`` or ``{"b64": ...}``)."""
-        episode = self._episodes.get(episode_id)
+        episode = self._episodes.touch(episode_id)
         if episode is None:
-            return _err(404, "unknown_episode", f"no open episode {episode_id[:64]!r}")
+            return self._unknown(episode_id)
         # A query result of a mounted SQL backend: written like the simulator's own, results/ repaired.
         result_name = os.path.normpath(rel) if rel and "\x00" not in rel and len(rel) <= 255 else ""
         is_result = os.path.dirname(result_name) == RESULTS
@@ -464,9 +482,9 @@ class SimulatorApp:
 
     def get_file(self, episode_id: str, rel: str) -> Reply:
         """Read a workspace file as ``{"b64": ...}`` (at most ``MAX_FILE_BYTES``)."""
-        episode = self._episodes.get(episode_id)
+        episode = self._episodes.touch(episode_id)
         if episode is None:
-            return _err(404, "unknown_episode", f"no open episode {episode_id[:64]!r}")
+            return self._unknown(episode_id)
         try:
             with episode.lock:
                 if episode.closed:  # its workspace is gone: asking for it would make it again
@@ -537,6 +555,10 @@ class SimulatorApp:
         sender = payload.get("sender")
         if sender is not None and not (isinstance(sender, str) and len(sender) <= 320):
             return _err(400, "bad_request", "sender must be an email address (a string of at most 320 characters) or null")
+        if episode_id not in self._episodes and self._episodes.full():
+            self.expire_idle()  # outside self._lock: closing waits for calls in flight
+            if self._episodes.full():  # checked again under the lock below (a race may fill it meanwhile)
+                return self._too_many()
         database = None
         if fingerprint is not None:
             image = self.templates.get(fingerprint)
@@ -556,9 +578,13 @@ class SimulatorApp:
                 if database is not None:
                     database.close()
                 return denied
-            replaced = self._episodes.pop(episode_id, None)
+            if episode_id not in self._episodes and self._episodes.full():
+                if database is not None:
+                    database.close()
+                return self._too_many()
+            replaced = self._episodes.pop(episode_id)
             episode = _Episode(self.workspace_root, dict(files), database, sender, allowed)
-            self._episodes[episode_id] = episode
+            self._episodes.put(episode_id, episode)
         if replaced is not None:  # outside self._lock: this waits for a call in flight on it
             self._retire(replaced)
         return _okr({"episode_id": episode_id, "episode_token": episode.token}, status=201)
@@ -569,9 +595,46 @@ class SimulatorApp:
         A call on the episode in flight finishes first (this waits for it); calls that were waiting
         behind it answer 409 ``episode_closed``, so nothing makes the workspace again after it is removed.
         """
-        episode = self._episodes.pop(episode_id, None)
+        episode = self._episodes.pop(episode_id)
         if episode is not None:
             self._retire(episode)
+
+    def set_episode_limits(self, max_episodes: int | None, episode_idle_s: float | None) -> None:
+        """Set ``max_episodes`` and ``episode_idle_s`` (see the class) on a running simulator.
+
+        Raises:
+            ValueError: a limit is not a positive number (or None), naming the value to use.
+        """
+        self._episodes.set_limits(max_episodes, episode_idle_s)
+
+    def expire_idle(self) -> int:
+        """Close the episodes idle for ``episode_idle_s`` (every request does this); answer how many.
+
+        O(1) when none is due (the least recently used episode is looked at, see
+        :class:`~simulators.episode_table.EpisodeTable`); one with a call in flight is left open.
+        """
+        expired = self._episodes.expire(busy=lambda episode: episode.lock.locked())
+        for episode_id, episode in expired:
+            self._retire(episode)
+            if self.on_expire is not None:
+                self.on_expire(episode_id)
+        return len(expired)
+
+    def _unknown(self, episode_id: str) -> Reply:
+        idle_s = self._episodes.idle_s
+        hint = "" if idle_s is None else f" (episodes idle for {idle_s:g} s are closed: open a new one)"
+        return _err(404, "unknown_episode", f"no open episode {episode_id[:64]!r}{hint}")
+
+    def _too_many(self) -> Reply:
+        cap = self._episodes.max_open
+        return _err(
+            503,
+            "too_many_episodes",
+            f"this server holds its limit of {cap} open episodes: close the episodes you are done with "
+            f"(DELETE /v1/episodes/{{id}}, env.close()), wait for idle ones to expire, or start the server with a "
+            "larger --max-episodes",
+            max_episodes=cap,
+        )
 
     def _retire(self, episode: _Episode) -> None:
         """Discard an episode no longer in ``_episodes``, once no call is using it."""
@@ -582,7 +645,7 @@ class SimulatorApp:
             release_memory()
 
     def close(self) -> None:
-        for episode_id in list(self._episodes):
+        for episode_id in self._episodes.ids():
             self.close_episode(episode_id)
         with self._runner_lock:
             runner, self._runner_closed = self._runner, True

@@ -8,17 +8,21 @@ followed, the agent sets no headers, and answers are read up to :data:`MAX_ANSWE
 refused call is an error response (405 ``method_not_allowed``, 403 ``host_not_allowed``, 400
 ``bad_path``, ...) and nothing is sent. The service's answer becomes the same reply the simulator
 gives (:func:`simulators.http.route.reply_of`); one that cannot be reached is a
-``connection_reset`` / ``timeout`` fault of origin ``service``.
+``connection_reset`` / ``timeout`` fault of origin ``service``. Every call has one deadline,
+``timeout_s``, for all of it (connect, send, headers, body), not one per read: a slow or dripping
+upstream gives a ``timeout`` fault when it is spent.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 
+from agentrl_envs._deadline import OverBudget, Watchdog
 from agentrl_envs.backends.base import EpisodeSetup, ToolRequest, ToolResponse
 from agentrl_envs.backends.wire import to_response
 from agentrl_envs.errors import ConfigError
@@ -38,7 +42,8 @@ class RESTBackend:
         url: the service's base URL (``http(s)://host[:port][/prefix]``); paths are appended to it.
         allow_hosts: hosts calls may go to (default: the base URL's host only); must include it.
         allow_methods: methods calls may use (default: GET, POST, PATCH, DELETE).
-        timeout_s: timeout of every network operation.
+        timeout_s: the budget of one call, all of it: connecting, sending, the headers and the
+            whole body (an upstream that answers a byte at a time is cut off when it is spent).
         transport: an httpx transport to send through (tests; default: the network).
     """
 
@@ -70,6 +75,8 @@ class RESTBackend:
         self.allow_methods = methods
         self._client = httpx.Client(timeout=timeout_s, follow_redirects=False, transport=transport, trust_env=False)
         self.timeout_s = timeout_s
+        # The connection last used per origin: the pool may hand it to the next call (see _exchange).
+        self._streams: dict[tuple[str, str, int | None], Any] = {}
 
     def open_episode(self, setup: EpisodeSetup) -> None:
         """Nothing to prepare: the service keeps its own state."""
@@ -101,15 +108,15 @@ class RESTBackend:
         if content is not None:
             headers["content-type"] = "application/json"
         try:
-            with self._client.stream(call.method, target, content=content, headers=headers) as answer:
-                data = b""
-                for chunk in answer.iter_bytes():
-                    data += chunk
-                    if len(data) > MAX_ANSWER_BYTES:
-                        return ToolResponse(
-                            ok=False, status=502, error_type="too_large", error=f"the answer is over {MAX_ANSWER_BYTES} bytes"
-                        )
-                status = answer.status_code
+            status, data = self._exchange(call.method, target, content, headers)
+        except OverBudget:
+            return _unreachable(
+                "timeout", 504, f"no complete answer from {self.base[:80]} within timeout_s={self.timeout_s:g} s (the whole call)"
+            )
+        except _TooLarge:
+            return ToolResponse(
+                ok=False, status=502, error_type="too_large", error=f"the answer is over {MAX_ANSWER_BYTES} bytes"
+            )
         except httpx.TimeoutException:
             return _unreachable("timeout", 504, f"no answer from {self.base[:80]} within {self.timeout_s:g} s")
         except httpx.HTTPError as exc:
@@ -127,11 +134,56 @@ class RESTBackend:
         reply_status, reply = reply_of(status, body)
         return to_response(reply_status, reply)
 
+    def _exchange(self, method: str, target: httpx.URL, content: bytes | None, headers: dict[str, str]) -> tuple[int, bytes]:
+        """(status, body) of one request, all of it (connect, send, headers, body) within ``timeout_s``.
+
+        httpx's timeouts are per operation, so an upstream that drips a byte a second would hold
+        the call for ever; a :class:`~agentrl_envs._deadline.Watchdog` shuts the connection down
+        when the budget is spent. It watches the connections this request opens (its trace) and
+        the ones kept alive from earlier calls, one of which the request may reuse.
+
+        Raises:
+            OverBudget: the budget ran out.
+            _TooLarge: the body is over :data:`MAX_ANSWER_BYTES`.
+            httpx.HTTPError: the transport failed.
+        """
+        watchdog = Watchdog(self.timeout_s)
+        for stream in list(self._streams.values()):
+            watchdog.watch(stream)
+        try:
+            with self._client.stream(
+                method, target, content=content, headers=headers, extensions={"trace": watchdog.trace}
+            ) as answer:
+                stream = answer.extensions.get("network_stream")
+                if stream is not None:
+                    watchdog.watch(stream)
+                    self._streams[(target.scheme, target.host, target.port)] = stream
+                data = bytearray()
+                for chunk in answer.iter_bytes():
+                    if watchdog.spent():  # a transport without a socket to shut down
+                        raise OverBudget
+                    data += chunk
+                    if len(data) > MAX_ANSWER_BYTES:
+                        raise _TooLarge
+                if watchdog.fired:  # a body that ends with the connection looks complete after a shutdown
+                    raise OverBudget
+                return answer.status_code, bytes(data)
+        except httpx.TransportError:
+            if watchdog.fired:
+                raise OverBudget from None
+            raise
+        finally:
+            watchdog.cancel()
+
     def close_episode(self, episode_id: str) -> None:
         """Nothing to release (the service's state is its own)."""
 
     def close(self) -> None:
         self._client.close()
+
+
+class _TooLarge(Exception):
+    """An answer over :data:`MAX_ANSWER_BYTES`."""
 
 
 def _unreachable(kind: str, status: int, message: str) -> ToolResponse:

@@ -1,10 +1,13 @@
 """What an ``http`` tool call may ask for: one check shared by the tool, the simulator and real backends.
 
 A call is ``{"method", "path", "body"?, "query"?}``. The path is always relative to the service's
-base URL: an absolute URL, a scheme-relative ``//host`` path, a dot segment (``..``, also
-percent-encoded), a backslash, a ``?`` or ``#`` (the query goes in ``query``), whitespace or a
-control character (CR/LF header injection) is refused, so a call can never name another host or
-smuggle a header. Bodies are JSON objects of at most :data:`MAX_BODY_BYTES`, sent only with
+base URL: an absolute URL, a scheme-relative ``//host`` path, a backslash, a ``?`` or ``#`` (the
+query goes in ``query``), whitespace or a control character (CR/LF header injection) is refused,
+so a call can never name another host or smuggle a header. So is a dot segment in any spelling a
+gateway in front of a real service might resolve (issue #33): the path is read as the most lenient
+gateway reads it (percent-escapes decoded until nothing changes, ``%uXXXX``, NFKC, backslash as
+slash, ``;`` parameters cut off, trailing dots and spaces trimmed), and no segment of that reading
+may be ``.``, ``..`` or empty, so the path stays under the base URL however it is normalized. Bodies are JSON objects of at most :data:`MAX_BODY_BYTES`, sent only with
 ``POST`` and ``PATCH``; query values are scalars. ``null`` (and an empty body) is the same as leaving
 ``body`` or ``query`` out.
 """
@@ -14,9 +17,10 @@ from __future__ import annotations
 import json
 import math
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import unquote_to_bytes
 
 __all__ = [
     "MAX_BODY_BYTES",
@@ -38,6 +42,10 @@ MAX_QUERY_VALUE_CHARS = 1000
 _FIELDS = frozenset({"method", "path", "body", "query"})
 # RFC 3986 path characters (unreserved, sub-delims, ':', '@', '/', and percent escapes).
 _PATH = re.compile(r"^/[A-Za-z0-9\-._~%!$&'()*+,;=:@/]*$")
+# IIS's %uXXXX escapes (a few gateways still decode them).
+_PCT_U = re.compile(r"%[uU]([0-9A-Fa-f]{4})")
+#: Rounds of decoding :func:`_gateway_view` applies; a path still changing after them is refused.
+_DECODE_ROUNDS = 5
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]{0,63}$")
 
 
@@ -116,12 +124,69 @@ def _check_path(path: Any) -> str:
         raise RequestError(400, "bad_path", "put query parameters in 'query', not in the path")
     if not _PATH.fullmatch(path):
         raise RequestError(400, "bad_path", "path holds characters a URL path cannot (whitespace, control, backslash, ...)")
-    decoded = unquote(path)
-    if any(ord(c) < 32 or c in "\\\x7f" for c in decoded) or "//" in path:
-        raise RequestError(400, "bad_path", "path holds an encoded control character, a backslash or an empty segment")
-    if any(segment in (".", "..") for segment in decoded.split("/")):
-        raise RequestError(400, "bad_path", "path may not hold '.' or '..' segments")
+    if "//" in path:
+        raise RequestError(400, "bad_path", "path holds an empty segment ('//'); name each segment, e.g. /v1/tickets/12")
+    _check_gateway_view(path)
     return path
+
+
+def _gateway_view(path: str) -> str:
+    """``path`` as the most lenient gateway in front of a service could read it.
+
+    Gateways differ in how far they decode before they route: some decode percent-escapes more
+    than once (``%252e`` is ``%2e`` is ``.``), or accept IIS's ``%u002e``, or fold compatibility
+    characters (NFKC: a fullwidth ``．`` is ``.``), or take a backslash for a slash. All of that is
+    applied, repeated until nothing changes; the caller then checks every segment of the result.
+
+    Raises:
+        RequestError: the escapes are not UTF-8 (an overlong ``%c0%ae`` is a dot to some decoders),
+            or more than :data:`_DECODE_ROUNDS` layers deep.
+    """
+    text = path
+    for _ in range(_DECODE_ROUNDS):
+        try:
+            decoded = _PCT_U.sub(lambda m: chr(int(m.group(1), 16)), text)
+            decoded = unicodedata.normalize("NFKC", unquote_to_bytes(decoded).decode("utf-8"))
+        except UnicodeError:
+            raise RequestError(
+                400, "bad_path", "path holds percent-escapes that are not UTF-8 text; escape each character's UTF-8 bytes"
+            ) from None
+        if decoded == text:
+            return text.replace("\\", "/")
+        text = decoded
+    raise RequestError(400, "bad_path", f"path is percent-encoded more than {_DECODE_ROUNDS - 1} times over; encode it once")
+
+
+def _check_gateway_view(path: str) -> None:
+    """Refuse ``path`` if any gateway's reading of it (:func:`_gateway_view`) could leave the base path.
+
+    In that reading, no segment may be empty (but a trailing slash) or all dots and spaces once its
+    ``;`` parameters are cut off (Tomcat and Spring read ``..;x`` as ``..``; Windows trims trailing
+    dots and spaces), and no character may be a control character. A path that passes has no
+    segment any normalization resolves upwards, so it stays under the base URL however it is read.
+    """
+    view = _gateway_view(path)
+    if any(ord(c) < 32 or 0x7F <= ord(c) < 0xA0 for c in view):
+        raise RequestError(400, "bad_path", "path holds an encoded control character (CR, LF, NUL, ...); remove it")
+    segments = view.split("/")[1:]
+    for i, segment in enumerate(segments):
+        name = segment.split(";", 1)[0]
+        if not name.strip(" ."):
+            if name == "" and i == len(segments) - 1:
+                continue  # a trailing slash
+            if name == "":
+                raise RequestError(
+                    400,
+                    "bad_path",
+                    "path holds an empty segment once decoded ('//', an encoded '/' or '\\', or a bare ';' "
+                    "parameter); name each segment, e.g. /v1/tickets/12",
+                )
+            raise RequestError(
+                400,
+                "bad_path",
+                "path may not hold '.' or '..' segments in any spelling (%2e, %252e, %u002e, '..;x', "
+                "a backslash for '/', trailing dots or spaces); name the resource directly, e.g. /v1/tickets/12",
+            )
 
 
 def _check_query(query: Any) -> dict[str, str]:

@@ -9,9 +9,11 @@ machine and settings, which every process of that user reaches at a well-known U
     lease (any process) ──AF_UNIX──> service (python, one per settings)
                                       └─ SandboxRunner: zygote + one warm slot per core
 
-- Address: ``<dir>/svc-<key>.sock``, ``<dir>`` being ``$AGENTRL_SANDBOX_DIR``, else
-  ``$XDG_RUNTIME_DIR/agentrl-sandbox``, else ``<tmp>/agentrl-sandbox-<uid>``; created 0700 and refused
-  when another user owns it or others may enter it. The key covers the settings, the interpreter and
+- Address: ``<dir>/svc-<key>.sock``, ``<dir>`` being ``$AGENTRL_SANDBOX_DIR`` (refused when another
+  user owns it or others may enter it), else ``$XDG_RUNTIME_DIR/agentrl-sandbox``, else
+  ``<tmp>/agentrl-sandbox-<uid>``, created 0700. A well-known path someone else made first (another
+  user's, a symlink, open to others) is never used and never an error: a private
+  ``<tmp>/agentrl-sandbox-svc-<uid>-XXXXXXXX`` (mkdtemp) takes its place, with a warning. The key covers the settings, the interpreter and
   the package's location, so two checkouts or venvs never share a service.
 - Start: the first lease that finds no service starts one under ``flock(<dir>/svc-<key>.lock)``
   (concurrent starters wait, then connect) and waits for it to say it is ready or why it is not.
@@ -95,27 +97,89 @@ def service_slots() -> int:
 
 
 def service_dir() -> str:
-    """The directory of this user's service sockets (created 0700; refused if unsafe)."""
-    path = os.environ.get(DIR_ENV)
-    if not path:
-        runtime = os.environ.get("XDG_RUNTIME_DIR")
-        path = (
-            os.path.join(runtime, "agentrl-sandbox")
-            if runtime
-            else os.path.join(tempfile.gettempdir(), f"agentrl-sandbox-{os.getuid()}")
-        )
-    path = os.path.abspath(path)
+    """The directory of this user's service sockets: private to this user (0700, owned, no symlink).
+
+    ``$AGENTRL_SANDBOX_DIR`` when set (refused with a :class:`SandboxError` if it is not private:
+    the user chose it). Else ``$XDG_RUNTIME_DIR/agentrl-sandbox`` or ``<tmp>/agentrl-sandbox-<uid>``;
+    when that well-known path is not private (another user made it first, it is a symlink, a file or
+    open to others), a private fallback in ``<tmp>`` instead (:func:`_fallback_dir`), never a failure.
+    """
+    explicit = os.environ.get(DIR_ENV)
+    if explicit:
+        path = os.path.abspath(explicit)
+        try:
+            os.makedirs(path, 0o700, exist_ok=True)
+        except OSError as exc:
+            raise SandboxError(
+                f"cannot use {path} for the sandbox service: {exc}; set {DIR_ENV} to a private directory"
+            ) from None
+        problem = _not_private(path)
+        if problem is not None:
+            raise SandboxError(f"{path} {problem}: remove it, or set {DIR_ENV} to a directory only you can enter")
+        return path
+    tmp = tempfile.gettempdir()
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    path = os.path.abspath(
+        os.path.join(runtime, "agentrl-sandbox") if runtime else os.path.join(tmp, f"agentrl-sandbox-{os.getuid()}")
+    )
     try:
-        os.makedirs(path, 0o700, exist_ok=True)
+        os.mkdir(path, 0o700)
+    except OSError:
+        pass  # it exists (checked next), or cannot be made here (the fallback)
+    problem = _not_private(path)
+    if problem is None:
+        return path
+    fallback = _fallback_dir(tmp)
+    warnings.warn(
+        f"{path} {problem}; the sandbox service uses the private {fallback} instead (remove {path} if it is not yours)",
+        stacklevel=2,
+    )
+    return fallback
+
+
+def _not_private(path: str) -> str | None:
+    """Why ``path`` is not a private directory of this user (None when it is one)."""
+    try:
         st = os.lstat(path)
     except OSError as exc:
-        raise SandboxError(f"cannot use {path} for the sandbox service: {exc}; set {DIR_ENV} to a private directory") from None
+        return f"cannot be used ({exc.strerror})"
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link"
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        return f"is not a private directory of uid {os.getuid()} (owner {st.st_uid}, mode {stat.filemode(st.st_mode)})"
+    return None
+
+
+def _fallback_dir(tmp: str) -> str:
+    """A private ``<tmp>/agentrl-sandbox-svc-<uid>-XXXXXXXX`` that every process of this user finds.
+
+    Made with :func:`tempfile.mkdtemp` (0700, an unguessable name) when there is none. No other user
+    can make a directory this user owns, so any entry of that prefix that is a private directory of
+    this user is one of its own: processes pick the first by name, and share one service as they
+    would at the well-known path (two that make one at the same moment settle on the same one).
+    """
+    prefix = f"agentrl-sandbox-svc-{os.getuid()}-"
+
+    def first() -> str | None:
+        try:
+            names = sorted(e.name for e in os.scandir(tmp) if e.name.startswith(prefix))
+        except OSError:
+            return None
+        return next((os.path.join(tmp, n) for n in names if _not_private(os.path.join(tmp, n)) is None), None)
+
+    found = first()
+    if found is not None:
+        return found
+    try:
+        made = tempfile.mkdtemp(prefix=prefix, dir=tmp)
+    except OSError as exc:
         raise SandboxError(
-            f"{path} is not a private directory of uid {os.getuid()} (owner {st.st_uid}, mode {stat.filemode(st.st_mode)}): "
-            f"remove it, or set {DIR_ENV} to a directory only you can enter"
-        )
-    return path
+            f"cannot make a private directory in {tmp} for the sandbox service: {exc}; set {DIR_ENV} to one"
+        ) from None
+    found = first() or made
+    if found != made:
+        os.rmdir(made)  # another process made one first: share its service
+    return found
 
 
 def _idle_s() -> float:
