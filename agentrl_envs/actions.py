@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,9 +56,21 @@ class ToolCall:
     form: str = field(default="json", compare=False)
 
 
-def format_call(name: str, arguments: Mapping[str, Any]) -> str:
-    """The canonical text of a call, as the oracle and the candidates write it."""
-    text = json.dumps({"name": name, "arguments": dict(arguments)}, ensure_ascii=False)
+def format_call(name: str, arguments: Mapping[str, Any], *, default: Callable[[Any], Any] | None = None) -> str:
+    """The canonical text of a call, as the oracle, the candidates and the TRL glue write it.
+
+    :func:`parse_action` reads it back as exactly this call, whatever text the arguments hold
+    (``<tool_call>``, ``</tool_call>``, ``<|python_tag|>`` included).
+
+    Args:
+        name: the tool.
+        arguments: JSON values.
+        default: ``json.dumps``'s hook for values that are not JSON types (the TRL glue's numpy values).
+
+    Raises:
+        TypeError, ValueError, RecursionError: as ``json.dumps`` for a value JSON cannot hold.
+    """
+    text = json.dumps({"name": name, "arguments": dict(arguments)}, ensure_ascii=False, default=default)
     # The markers can only occur inside JSON strings; escaping their '<' keeps a '<tool_call>' in an
     # argument from being read as a second call.
     text = text.replace(_OPEN, "\\u003c" + _OPEN[1:]).replace(_CLOSE, "\\u003c" + _CLOSE[1:])
