@@ -76,6 +76,7 @@ class _CappedLoader(yaml.SafeLoader):
             raise ConfigError(f"{self.source}: YAML nested too deeply (over {MAX_YAML_DEPTH} levels; a config nests a few)")
         node = super().compose_node(parent, index)
         self.depth -= 1
+        assert node is not None  # None only at the end of the stream, which compose_document checks first
         if id(node) not in self.weights:
             self.weights[id(node)] = (node, self._weigh(node))
         if self.weights[id(node)][1] > MAX_YAML_EXPANDED:

@@ -31,8 +31,12 @@ rollout) with:
 
 Calls after the episode ended do not step the env: they return a note saying so. TRL runs
 several calls of one turn one by one, so each is its own env step here (the env's refusal of
-several calls in one action applies to text actions, which TRL never sends). This module
-imports neither TRL nor torch; :func:`train_dataset` imports ``datasets``.
+several calls in one action applies to text actions, which TRL never sends). Arguments that spell
+``<tool_call>`` reach the tool as written (the call is written with
+:func:`~agentrl_envs.actions.format_call`, which escapes the markers). Observations come back
+verbatim; TRL tokenizes them into the prompt, so text in a tool result that spells the tokenizer's
+special tokens (``<|im_start|>``) becomes those tokens unless the tokenizer keeps content text as text.
+This module imports neither TRL nor torch; :func:`train_dataset` imports ``datasets``.
 """
 
 from __future__ import annotations
