@@ -15,18 +15,22 @@ send it. Several calls in one turn (two ``<tool_call>`` blocks, two objects, a J
 refused with the ``multiple_calls`` code: make one call, read its result, then make the next.
 
 Any string parses to either a :class:`ToolCall` or an :class:`~agentrl_envs.errors.ActionError`
-that says what was wrong; nothing else escapes.
+that says what was wrong; nothing else escapes. JSON nested deeper than
+:data:`~agentrl_envs.tools.base.MAX_NESTING` levels is refused (``too_deep``) from a scan of the text,
+before ``json.loads`` or any other recursive walk sees it.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from agentrl_envs.errors import ActionError
 from agentrl_envs.tools import TOOLS, Tool
+from agentrl_envs.tools.base import MAX_NESTING
 
 __all__ = ["CALL_FORMATS", "MAX_ACTION_CHARS", "ToolCall", "format_call", "parse_action"]
 
@@ -52,9 +56,21 @@ class ToolCall:
     form: str = field(default="json", compare=False)
 
 
-def format_call(name: str, arguments: Mapping[str, Any]) -> str:
-    """The canonical text of a call, as the oracle and the candidates write it."""
-    text = json.dumps({"name": name, "arguments": dict(arguments)}, ensure_ascii=False)
+def format_call(name: str, arguments: Mapping[str, Any], *, default: Callable[[Any], Any] | None = None) -> str:
+    """The canonical text of a call, as the oracle, the candidates and the TRL glue write it.
+
+    :func:`parse_action` reads it back as exactly this call, whatever text the arguments hold
+    (``<tool_call>``, ``</tool_call>``, ``<|python_tag|>`` included).
+
+    Args:
+        name: the tool.
+        arguments: JSON values.
+        default: ``json.dumps``'s hook for values that are not JSON types (the TRL glue's numpy values).
+
+    Raises:
+        TypeError, ValueError, RecursionError: as ``json.dumps`` for a value JSON cannot hold.
+    """
+    text = json.dumps({"name": name, "arguments": dict(arguments)}, ensure_ascii=False, default=default)
     # The markers can only occur inside JSON strings; escaping their '<' keeps a '<tool_call>' in an
     # argument from being read as a second call.
     text = text.replace(_OPEN, "\\u003c" + _OPEN[1:]).replace(_CLOSE, "\\u003c" + _CLOSE[1:])
@@ -152,6 +168,8 @@ def _extract(action: str) -> tuple[str, bool]:
 
 
 def _is_call_array(text: str) -> bool:
+    if _too_deep(text):
+        return False  # _loads says so
     try:
         value = json.loads(text)
     except (ValueError, RecursionError):
@@ -171,6 +189,8 @@ def _unfence(text: str) -> str:
 
 
 def _loads(text: str) -> Any:
+    if _too_deep(text):
+        raise ActionError("too_deep", f"the JSON nests deeper than {MAX_NESTING} levels; tool calls need a few")
     try:
         return json.loads(text)
     except RecursionError:
@@ -181,6 +201,38 @@ def _loads(text: str) -> Any:
         raise ActionError("bad_json", f"invalid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     except (ValueError, UnicodeError) as exc:
         raise ActionError("bad_json", f"invalid JSON: {exc}") from None
+
+
+_JSON_STRUCTURE = re.compile(r'[\[\]{}"\\]')
+
+
+def _too_deep(text: str) -> bool:
+    """True if the JSON ``text`` opens more than :data:`MAX_NESTING` arrays or objects at once.
+
+    Linear, without recursion: only brackets outside strings count. Text that is not JSON may count
+    wrong past its first error, where ``json.loads`` stops anyway.
+    """
+    if text.count("[") + text.count("{") <= MAX_NESTING:  # the usual call: nothing to scan
+        return False
+    depth, in_string, escaped_at = 0, False, -1
+    for match in _JSON_STRUCTURE.finditer(text):
+        at, char = match.start(), match.group()
+        if at == escaped_at:
+            continue
+        if in_string:
+            if char == "\\":
+                escaped_at = at + 1
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > MAX_NESTING:
+                return True
+        elif char in "]}":
+            depth -= 1
+    return False
 
 
 def _kind(value: Any) -> str:

@@ -25,6 +25,14 @@ no tool call to answer), so SFT data shows exactly what the agent said and heard
 ``arguments_as="json"`` gives the JSON string of OpenAI's wire format, which is also how
 :func:`export_sft` stores it in Parquet (a column of objects with different keys per tool would be
 widened by Arrow to every key of every tool). :func:`load_sft_messages` turns a stored row back.
+
+Content is copied verbatim and never re-read: a tool result or an instruction that spells chat markup
+(``<|im_start|>``, ``<|im_end|>``, ``<tool_call>``) stays text inside its message's ``content``; only
+the agent's own action is parsed into ``tool_calls``, exactly as the env parsed it. This module does
+not tokenize. Whoever renders and tokenizes these messages must keep content text as text, e.g.
+tokenize each ``content`` with ``split_special_tokens=True`` and only the template's own markup as
+special tokens: ``apply_chat_template(..., tokenize=True)`` on the whole rendered string turns such
+text into real special tokens, i.e. forged turns.
 """
 
 from __future__ import annotations

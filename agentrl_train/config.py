@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from agentrl_envs.errors import ConfigError
+from agentrl_envs.yamlsafe import load_yaml, read_yaml_file, short_repr
 
 __all__ = [
     "MAX_CANDIDATES",
@@ -266,15 +267,17 @@ class TrainConfig:
             _non_negative(name, option_value(self, name))
         for name in ("gamma", "lam", "reference_weight"):
             if not 0.0 <= option_value(self, name) <= 1.0:
-                raise ConfigError(f"--{_flag(name)}={option_value(self, name)!r}: use a value in [0, 1]")
+                raise ConfigError(f"--{_flag(name)}={short_repr(option_value(self, name))}: use a value in [0, 1]")
         if e.mode == "candidates" and e.candidates < 2:
             raise ConfigError(f"--candidates={e.candidates}: candidates mode needs K >= 2 candidates per step")
         _at_most("candidates", e.candidates, MAX_CANDIDATES, "each candidate is scored by a forward pass every step")
         for key in e.env_kwargs:
             if key in OWN_ENV_KWARGS:
-                raise ConfigError(f"--env-kwargs: {key!r} has its own option; use {OWN_ENV_KWARGS[key]} instead")
+                raise ConfigError(f"--env-kwargs: {short_repr(key)} has its own option; use {OWN_ENV_KWARGS[key]} instead")
             if not isinstance(key, str) or not key.isidentifier():
-                raise ConfigError(f"--env-kwargs: key {key!r} is not a keyword name (e.g. {{candidates_difficulty: hard}})")
+                raise ConfigError(
+                    f"--env-kwargs: key {short_repr(key)} is not a keyword name (e.g. {{candidates_difficulty: hard}})"
+                )
         if p.ent_end > p.ent_start:
             raise ConfigError(f"--ent-end={p.ent_end} is above --ent-start={p.ent_start}: the entropy coefficient decays")
         if not m.adapter.isidentifier() or len(m.adapter) > MAX_ADAPTER_NAME:  # a folder name: 300 failed at the save
@@ -283,11 +286,13 @@ class TrainConfig:
                 "characters (e.g. exec)"
             )
         if not m.lora_dropout < 1:  # 1 drops every input (nothing learnt); above 1 was torch's traceback
-            raise ConfigError(f"--lora-dropout={m.lora_dropout!r}: use a value in [0, 1), e.g. 0.05")
+            raise ConfigError(f"--lora-dropout={short_repr(m.lora_dropout)}: use a value in [0, 1), e.g. 0.05")
         _at_most("threads", m.threads, MAX_THREADS, "more threads than cores only slow torch; 1e9 crashed OpenMP")
         for spec in m.frozen_adapters:
             if not isinstance(spec, str) or "=" not in spec or not spec.split("=", 1)[0].isidentifier():
-                raise ConfigError(f"--frozen-adapters: {spec!r} is not NAME=DIR (e.g. preference=runs/stages/preference/final)")
+                raise ConfigError(
+                    f"--frozen-adapters: {short_repr(spec)} is not NAME=DIR (e.g. preference=runs/stages/preference/final)"
+                )
         for split in [*r.eval_splits, *r.final_eval_splits]:
             _choice("eval_splits", split, ("train", "test", "heldout"))
         return self
@@ -320,17 +325,14 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     """Defaults, then the YAML file (sections or flat keys), then ``overrides`` (flat option names)."""
     cfg = TrainConfig()
     if path:
-        p = Path(path)
         try:
-            data = yaml.safe_load(p.read_text(encoding="utf-8"))
+            data = read_yaml_file(path, f"--config {path}")  # size, alias and depth caps; regular files only
         except FileNotFoundError:
             raise ConfigError(f"--config {path}: no such file") from None
         except IsADirectoryError:
             raise ConfigError(f"--config {path}: is a folder; point at a YAML file (e.g. run.yaml)") from None
-        except OSError as exc:
-            raise ConfigError(f"--config {path}: cannot read it ({exc.strerror or exc})") from None
-        except (yaml.YAMLError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"--config {path}: not valid YAML ({exc})") from None
+        except NotADirectoryError:
+            raise ConfigError(f"--config {path}: a part of that path is a file, not a folder") from None
         if data is None:
             data = {}
         if not isinstance(data, dict):
@@ -338,7 +340,7 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         for key, value in data.items():
             if key in SECTIONS:
                 if not isinstance(value, dict):
-                    raise ConfigError(f"--config {path}: section {key!r} must be a mapping")
+                    raise ConfigError(f"--config {path}: section {short_repr(key)} must be a mapping")
                 for name, v in value.items():
                     _set(cfg, str(name), v, section=key)
             else:
@@ -373,7 +375,7 @@ def config_from_dict(data: dict[str, Any]) -> TrainConfig:
     cfg = TrainConfig()
     for section, values in data.items():
         if section not in SECTIONS or not isinstance(values, dict):
-            raise ConfigError(f"config section {section!r}: expected one of {sorted(SECTIONS)}")
+            raise ConfigError(f"config section {short_repr(section)}: expected one of {sorted(SECTIONS)}")
         for name, v in values.items():
             _set(cfg, str(name), v, section=section)
     return cfg.validate()
@@ -390,10 +392,12 @@ def read_run_config(folder: str | Path, option: str = "--run") -> TrainConfig:
     if not f.is_file():
         raise ConfigError(f"{option} {folder}: not a run folder (no config.yaml); point at the --out folder of a ppo or sft run")
     try:
-        data = yaml.safe_load(f.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError, OSError) as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        data = read_yaml_file(f, str(f))  # size, alias and depth caps: a run folder may come from someone else
+    except ConfigError as exc:
+        reason = str(exc).removeprefix(f"{f}: ")
         raise ConfigError(f"{option} {folder}: {f} is damaged (not readable YAML: {reason})") from None
+    except OSError as exc:
+        raise ConfigError(f"{option} {folder}: {f} is damaged (not readable: {exc.strerror or type(exc).__name__})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{option} {folder}: {f} is damaged (not a mapping of sections model/env/ppo/sft/run)")
     try:
@@ -421,9 +425,9 @@ def _set(cfg: TrainConfig, name: str, value: Any, section: str | None = None) ->
     if name not in options or (section is not None and options[name][0] != section):
         pool = [n for n, (s, _) in options.items() if section is None or s == section]
         near = difflib.get_close_matches(name, pool, n=1)
-        hint = f"; did you mean {near[0]!r}?" if near else f"; known options: {', '.join(sorted(pool))}"
-        where = f" in section {section!r}" if section else ""
-        raise ConfigError(f"unknown option {name!r}{where}{hint}")
+        hint = f"; did you mean {short_repr(near[0])}?" if near else f"; known options: {', '.join(sorted(pool))}"
+        where = f" in section {short_repr(section)}" if section else ""
+        raise ConfigError(f"unknown option {short_repr(name)}{where}{hint}")
     sec, f = options[name]
     setattr(getattr(cfg, sec), name, _coerce(name, f, value))
 
@@ -436,34 +440,34 @@ def _coerce(name: str, f: dataclasses.Field[Any], value: Any) -> Any:
             return value
         if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
             return value.lower() in ("true", "1", "yes", "on")
-        raise ConfigError(f"{flag}={value!r}: use true or false")
+        raise ConfigError(f"{flag}={short_repr(value)}: use true or false")
     if kind is int:
         if isinstance(value, bool) or not isinstance(value, (int, str)):
-            raise ConfigError(f"{flag}={value!r}: use an integer")
+            raise ConfigError(f"{flag}={short_repr(value)}: use an integer")
         try:
             return int(value)
         except ValueError:
-            raise ConfigError(f"{flag}={value!r}: use an integer") from None
+            raise ConfigError(f"{flag}={short_repr(value)}: use an integer") from None
     if kind is float:
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise ConfigError(f"{flag}={value!r}: use a number")
+            raise ConfigError(f"{flag}={short_repr(value)}: use a number")
         try:
             out = float(value)
         except ValueError:
-            raise ConfigError(f"{flag}={value!r}: use a number") from None
+            raise ConfigError(f"{flag}={short_repr(value)}: use a number") from None
         if out != out or out in (float("inf"), float("-inf")):
-            raise ConfigError(f"{flag}={value!r}: use a finite number")
+            raise ConfigError(f"{flag}={short_repr(value)}: use a finite number")
         return out
     if kind is str:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-            raise ConfigError(f"{flag}={value!r}: use a string")
+            raise ConfigError(f"{flag}={short_repr(value)}: use a string")
         return str(value)
     if kind in (dict, list):
         if isinstance(value, str):
             try:
-                value = yaml.safe_load(value)
-            except yaml.YAMLError:
-                raise ConfigError(f"{flag}={value!r}: use a YAML/JSON {kind.__name__}") from None
+                value = load_yaml(value, flag)
+            except ConfigError as exc:
+                raise ConfigError(f"{flag}={short_repr(value)}: use a YAML/JSON {kind.__name__} ({exc})") from None
             if value is None:
                 value = kind()
             if kind is list and isinstance(value, str):
@@ -471,7 +475,7 @@ def _coerce(name: str, f: dataclasses.Field[Any], value: Any) -> Any:
         head, _, rest = value.partition(":") if isinstance(value, str) else ("", "", "")
         if kind is dict and rest and head.strip().isidentifier() and rest[0] != "/":  # 'attn:8' is text, not a mapping
             raise ConfigError(
-                f"{flag}={value[:100]!r}: use a dict; with no space after its colon YAML reads this as one string: "
+                f"{flag}={short_repr(value)}: use a dict; with no space after its colon YAML reads this as one string: "
                 f"write {{{head.strip()[:40]}: {rest.strip()[:40]}}}"
             )
         if not isinstance(value, kind):
@@ -481,28 +485,28 @@ def _coerce(name: str, f: dataclasses.Field[Any], value: Any) -> Any:
                 name, _, rest = key.partition(":") if isinstance(key, str) else ("", "", "")
                 if rest and name.strip().isidentifier() and item is None:
                     raise ConfigError(
-                        f"{flag}: {key[:100]!r} reads as one key with no value; put a space after its colon, "
+                        f"{flag}: {short_repr(key)} reads as one key with no value; put a space after its colon, "
                         f"as YAML needs: {name.strip()[:40]}: {rest.strip()[:40]}"
                     )
         return value
-    raise ConfigError(f"{flag}: unsupported option type {kind!r}")  # pragma: no cover
+    raise ConfigError(f"{flag}: unsupported option type {short_repr(kind)}")  # pragma: no cover
 
 
 def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        raise ConfigError(f"--{_flag(name)}={value!r}: use one of {', '.join(choices)}")
+        raise ConfigError(f"--{_flag(name)}={short_repr(value)}: use one of {', '.join(choices)}")
 
 
 def _positive(name: str, value: Any) -> None:
     if not value > 0:
-        raise ConfigError(f"--{_flag(name)}={value!r}: use a value > 0")
+        raise ConfigError(f"--{_flag(name)}={short_repr(value)}: use a value > 0")
 
 
 def _non_negative(name: str, value: Any) -> None:
     if not value >= 0:
-        raise ConfigError(f"--{_flag(name)}={value!r}: use a value >= 0")
+        raise ConfigError(f"--{_flag(name)}={short_repr(value)}: use a value >= 0")
 
 
 def _at_most(name: str, value: Any, limit: int, why: str) -> None:
     if value > limit:
-        raise ConfigError(f"--{_flag(name)}={value!r}: use a value <= {limit} ({why})")
+        raise ConfigError(f"--{_flag(name)}={short_repr(value)}: use a value <= {limit} ({why})")

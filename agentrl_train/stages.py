@@ -32,6 +32,7 @@ from typing import Any
 import yaml
 
 from agentrl_envs.errors import ConfigError
+from agentrl_envs.yamlsafe import load_yaml, read_yaml_file, short_repr
 
 __all__ = ["DEFAULT_PLAN", "load_plan", "run_stages", "separation_markdown"]
 
@@ -51,18 +52,14 @@ def load_plan(path: str | None) -> dict[str, Any]:
             duplicate stage names.
     """
     if path in (None, "", DEFAULT_PLAN):
-        text = resources.files("agentrl_train").joinpath("plans/default.yaml").read_text(encoding="utf-8")
         where = "the default plan"
+        plan = load_yaml(resources.files("agentrl_train").joinpath("plans/default.yaml").read_text(encoding="utf-8"), where)
     else:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (FileNotFoundError, IsADirectoryError):
-            raise ConfigError(f"--plan {path}: no such file; pass a plan YAML or 'default'") from None
         where = f"--plan {path}"
-    try:
-        plan = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{where}: not valid YAML ({exc})") from None
+        try:
+            plan = read_yaml_file(path, where)  # size, alias and depth caps; regular files only
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise ConfigError(f"--plan {path}: no such file; pass a plan YAML or 'default'") from None
     if not isinstance(plan, dict):
         raise ConfigError(f"{where}: the top level must be a mapping with 'stages' (see agentrl_train/plans/default.yaml)")
     _only(plan, PLAN_KEYS, where)
@@ -77,20 +74,24 @@ def load_plan(path: str | None) -> dict[str, Any]:
         _only(st, STAGE_KEYS, f"{where}: stage {n}")
         name = st.get("name")
         if not isinstance(name, str) or not name.isidentifier() or name in seen or name == "single":
-            raise ConfigError(f"{where}: stage {n} name {name!r}: use a unique identifier (not 'single'), e.g. tool")
+            raise ConfigError(f"{where}: stage {n} name {short_repr(name)}: use a unique identifier (not 'single'), e.g. tool")
         seen.add(name)
         envs = st.get("envs")
         if not isinstance(envs, list) or not envs or not all(isinstance(e, str) for e in envs):
-            raise ConfigError(f"{where}: stage {name!r} needs 'envs', a list of env ids")
+            raise ConfigError(f"{where}: stage {short_repr(name)} needs 'envs', a list of env ids")
         if not isinstance(st.get("updates"), int) or st["updates"] < 1:
-            raise ConfigError(f"{where}: stage {name!r} needs 'updates', a positive int (PPO updates per env)")
+            raise ConfigError(f"{where}: stage {short_repr(name)} needs 'updates', a positive int (PPO updates per env)")
+    for key, options in [("ppo", plan.get("ppo")), *((f"stage {st['name']}: options", st.get("options")) for st in stages)]:
+        if options is not None and not (isinstance(options, dict) and all(isinstance(k, str) for k in options)):
+            raise ConfigError(f"{where}: {key} must be a mapping of ppo option names to values (e.g. {{lr: 0.0003}})")
     plan.setdefault("model", "tiny")
     plan.setdefault("seed", 0)
     plan.setdefault("compare_single", True)
     plan.setdefault("eval_split", "test")
     plan.setdefault("eval_episodes", 8)
-    plan.setdefault("ppo", {})
-    plan.setdefault("rm", {})
+    for key in ("ppo", "rm"):  # absent or null: none
+        if plan.get(key) is None:
+            plan[key] = {}
     _check_values(plan, where)
     return plan
 
@@ -103,26 +104,26 @@ def _check_values(plan: dict[str, Any], where: str) -> None:
 
     register()
     if not isinstance(plan["model"], str) or not plan["model"]:
-        raise ConfigError(f"{where}: model={plan['model']!r}: use 'tiny' or a local model folder")
+        raise ConfigError(f"{where}: model={short_repr(plan['model'])}: use 'tiny' or a local model folder")
     if not isinstance(plan["compare_single"], bool):
-        raise ConfigError(f"{where}: compare_single={plan['compare_single']!r}: use true or false")
+        raise ConfigError(f"{where}: compare_single={short_repr(plan['compare_single'])}: use true or false")
     if plan["eval_split"] not in ("train", "test", "heldout"):
-        raise ConfigError(f"{where}: eval_split={plan['eval_split']!r}: use train, test or heldout")
+        raise ConfigError(f"{where}: eval_split={short_repr(plan['eval_split'])}: use train, test or heldout")
     episodes = plan["eval_episodes"]
     if isinstance(episodes, bool) or not isinstance(episodes, int) or episodes < 1:
-        raise ConfigError(f"{where}: eval_episodes={episodes!r}: use a positive int (greedy episodes per probe)")
+        raise ConfigError(f"{where}: eval_episodes={short_repr(episodes)}: use a positive int (greedy episodes per probe)")
     rm = plan["rm"]
     for key in ("train_episodes", "test_episodes"):
         value = rm.get(key, 1)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{where}: rm: {key}={value!r}: use a positive int (oracle episodes)")
+            raise ConfigError(f"{where}: rm: {key}={short_repr(value)}: use a positive int (oracle episodes)")
     try:
         check_env_id(str(rm.get("data_env", EXEC_ENV)))
         cfg = RMConfig(data="plan", device=str(plan["ppo"].get("device", "auto")))
         for key in ("steps", "groups", "lr", "rank", "consistency"):
             if key in rm:
                 if isinstance(rm[key], bool) or not isinstance(rm[key], (int, float)):
-                    raise ConfigError(f"--{key}={rm[key]!r}: use a number")
+                    raise ConfigError(f"--{key}={short_repr(rm[key])}: use a number")
                 setattr(cfg, key, type(getattr(cfg, key))(rm[key]))
         cfg.validate()
     except ConfigError as exc:
@@ -130,21 +131,21 @@ def _check_values(plan: dict[str, Any], where: str) -> None:
     for st in plan["stages"]:
         options = st.get("options") or {}
         if not isinstance(options, dict):
-            raise ConfigError(f"{where}: stage {st['name']!r}: options must be a mapping of ppo options")
+            raise ConfigError(f"{where}: stage {short_repr(st['name'])}: options must be a mapping of ppo options")
         for env_id in st["envs"]:
             try:
                 check_env_id(env_id)
                 _cfg(plan, Path("plan-check"), **{**options, **_env_opts(env_id, Path("rm")), "updates": st["updates"]})
             except ConfigError as exc:
-                raise ConfigError(f"{where}: stage {st['name']!r} ({env_id}): {exc}") from None
+                raise ConfigError(f"{where}: stage {short_repr(st['name'])} ({env_id[:200]}): {exc}") from None
 
 
 def _only(d: Any, allowed: set[str], where: str) -> None:
     if not isinstance(d, dict):
         raise ConfigError(f"{where}: must be a mapping")
-    unknown = sorted(set(d) - allowed)
+    unknown = sorted(short_repr(k, 40) for k in d if k not in allowed)  # keys of any type and length
     if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(map(str, unknown))}; known: {', '.join(sorted(allowed))}")
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown[:10])}; known: {', '.join(sorted(allowed))}")
 
 
 def _short(env_id: str) -> str:

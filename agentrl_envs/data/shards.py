@@ -17,12 +17,23 @@ the instruction, for step 0), or the whole context when the policy passed it wit
 Plain pyarrow reads them (``pa.ipc.open_stream(path).read_all()``, ``pq.read_table(path)``) and so
 does Hugging Face ``datasets`` (``Dataset.from_file(path)``, ``load_dataset("arrow" | "parquet",
 data_files=...)``). Importing this module imports pyarrow; ``import agentrl_envs.data`` does not.
+
+Readers treat a shard as untrusted: regular files only (opened without blocking, checked on the
+descriptor), every column ShardWriter writes checked for its type before any data is read, a Parquet
+footer declaring more than :data:`MAX_DECODED_RATIO` decoded bytes per file byte (past
+:data:`MAX_DECODED_FLOOR`) refused before a page is decoded, and every table fully validated (offsets,
+list bounds, UTF-8) before a kernel touches it. Each refusal is a
+:class:`~agentrl_envs.data.FormatError` naming the file; bytes that do not decode at all stay a
+:class:`~agentrl_envs.data.CorruptRecordError`. Limit: the sizes checked are the footer's; a file
+that forges them can still make one page allocate what its page header claims (up to 2 GiB).
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import re
+import stat
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -537,25 +548,104 @@ def shard_paths(path: str | os.PathLike[str]) -> list[Path]:
     return [path]
 
 
-def _read_one(path: Path, columns: Sequence[str] | None) -> pa.Table:
+#: A Parquet shard may declare at most this many decoded bytes per byte of file (plus the floor below):
+#: honest shards decode to a few times their size (lz4 tops out near 255x), a zstd bomb to ~30,000x.
+MAX_DECODED_RATIO = 1000
+#: Decoded bytes any Parquet shard may declare whatever its size, so small honest files are never refused.
+MAX_DECODED_FLOOR = 64 << 20
+
+
+def _map(path: Path) -> pa.Buffer:
+    """The bytes of ``path`` memory-mapped (zero-copy), or FormatError unless it is a regular file.
+
+    Opened without blocking and checked on the descriptor: a FIFO in a shard folder blocked the reader
+    forever, and a check of the path before the open could be raced.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
-        if path.suffix == ".parquet":
-            # Pages written with a checksum are verified (files from before they were written read as before).
-            return pq.read_table(
-                path, columns=list(columns) if columns else None, memory_map=True, page_checksum_verification=True
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise IsADirectoryError(f"{path} is a directory; pass a shard file or a folder of them")
+        if not stat.S_ISREG(info.st_mode):
+            raise FormatError(f"{path} is not a regular file (a pipe, socket or device); a shard is a file ShardWriter wrote")
+        if info.st_size == 0:
+            raise CorruptRecordError(f"{path} is not a readable Arrow/Parquet shard (it is empty); it is damaged or not a shard")
+        return pa.py_buffer(mmap.mmap(fd, 0, access=mmap.ACCESS_READ))
+    finally:
+        os.close(fd)
+
+
+def _check_schema(path: Path, schema: pa.Schema, columns: Sequence[str] | None) -> None:
+    """FormatError naming ``path`` and the column unless every shard column it has holds SCHEMA's type."""
+    for field in schema:
+        if (columns and field.name not in columns) or field.name not in SCHEMA.names:
+            continue  # a column nobody reads, or one ShardWriter does not write (read_table reports foreign files)
+        want = SCHEMA.field(field.name).type
+        if field.type != want and not (field.name == "observation" and field.type == pa.binary()):  # legacy shards
+            raise FormatError(
+                f"{path}: column {field.name!r} holds {str(field.type)[:120]}, not {want}; the file was not written by "
+                "ShardWriter (or was altered): move it out of the folder"
             )
-        source = pa.memory_map(str(path))
-        try:
-            table = pa.ipc.open_stream(source).read_all()
-        except pa.ArrowInvalid:
-            table = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
-        return table.select(list(columns)) if columns else table
-    except (pa.ArrowInvalid, OSError) as exc:
-        if isinstance(exc, (FileNotFoundError, IsADirectoryError)):
-            raise
-        raise CorruptRecordError(f"{path} is not a readable Arrow/Parquet shard ({exc}); it is damaged or not a shard") from None
+
+
+def _check_parquet_sizes(path: Path, metadata: pq.FileMetaData, file_size: int) -> None:
+    """FormatError before any page is decoded when the footer declares more decoded bytes than a shard can hold."""
+    declared = sum(
+        max(0, metadata.row_group(g).column(c).total_uncompressed_size)
+        for g in range(metadata.num_row_groups)
+        for c in range(metadata.num_columns)
+    )
+    limit = MAX_DECODED_RATIO * file_size + MAX_DECODED_FLOOR
+    if declared > limit:
+        raise FormatError(
+            f"{path}: its pages decode to {declared:,} bytes from a {file_size:,}-byte file (the limit is {limit:,}); "
+            "a compression bomb, not a shard"
+        )
+
+
+def _read_one(path: Path, columns: Sequence[str] | None) -> pa.Table:
+    """One shard file as a table whose schema and data were checked: FormatError or CorruptRecordError naming it."""
+    try:
+        data = _map(path)
+        if path.suffix == ".parquet":
+            parquet = pq.ParquetFile(pa.BufferReader(data), page_checksum_verification=True)
+            _check_schema(path, parquet.schema_arrow, columns)
+            _check_parquet_sizes(path, parquet.metadata, data.size)
+            # Pages written with a checksum are verified (files from before they were written read as before).
+            table = _validated(path, parquet.read(columns=list(columns) if columns else None))
+        else:
+            try:
+                reader = pa.ipc.open_stream(pa.BufferReader(data))
+            except pa.ArrowInvalid:
+                reader = pa.ipc.open_file(pa.BufferReader(data))
+            _check_schema(path, reader.schema, columns)
+            table = _validated(path, reader.read_all())
+            if table.nbytes > 2 * data.size + (1 << 20):  # ShardWriter's IPC is uncompressed: its data is the file
+                raise FormatError(
+                    f"{path}: its batches decode to {table.nbytes:,} bytes from a {data.size:,}-byte file; not a shard"
+                )
+            table = table.select(list(columns)) if columns else table
+    except (FormatError, CorruptRecordError, FileNotFoundError, IsADirectoryError):
+        raise
     except KeyError as exc:
         raise FormatError(f"{path} has no column {exc}; it was not written by ShardWriter") from None
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise CorruptRecordError(
+            f"{path} is not a readable Arrow/Parquet shard ({str(exc)[:200]}); it is damaged or not a shard"
+        ) from None
+    return table
+
+
+def _validated(path: Path, table: pa.Table) -> pa.Table:
+    """``table`` after Arrow's full validation: offsets inside their buffers, list bounds, UTF-8 strings.
+
+    A forged file fails here, with FormatError naming it, instead of in a compute kernel later.
+    """
+    try:
+        table.validate(full=True)
+    except pa.ArrowException as exc:
+        raise FormatError(f"{path}: inconsistent Arrow data ({str(exc)[:200]}); the file is forged or damaged") from None
+    return table
 
 
 def read_table(path: str | os.PathLike[str], columns: Sequence[str] | None = None) -> pa.Table:
@@ -563,7 +653,10 @@ def read_table(path: str | os.PathLike[str], columns: Sequence[str] | None = Non
 
     Raises:
         ValueError: ``columns`` names a column that shards do not have.
-        FormatError: the files at ``path`` do not share one schema (a foreign file, or shards of an older version).
+        FormatError: the files at ``path`` do not share one schema (a foreign file, or shards of an older version),
+            a file is not a regular file, holds a shard column of the wrong type, declares a compression bomb
+            or fails Arrow's full validation.
+        CorruptRecordError: a file's bytes do not decode as Arrow or Parquet.
     """
     if isinstance(columns, str):
         raise TypeError(f"columns={columns!r}: pass a list of column names, e.g. [{columns!r}]")

@@ -39,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from agentrl_envs.errors import ConfigError
 from agentrl_envs.tools import service_tools
+from agentrl_envs.yamlsafe import load_yaml, read_yaml_file, short_repr
 
 __all__ = [
     "DEFAULT_PENALTIES",
@@ -121,9 +122,9 @@ class _Strict(BaseModel):
 def _check_rates(rates: dict[str, float]) -> dict[str, float]:
     for key, p in rates.items():
         if key not in FAULT_STATUS:
-            raise ValueError(f"unknown fault type {key!r}; use one of {', '.join(FAULT_TYPES)}")
+            raise ValueError(f"unknown fault type {short_repr(key, 60)}; use one of {', '.join(FAULT_TYPES)}")
         if not (isinstance(p, (int, float)) and math.isfinite(p) and 0.0 <= p <= 1.0):
-            raise ValueError(f"probability of {key} is {p!r}; it must be within [0, 1]")
+            raise ValueError(f"probability of {key} is {short_repr(p, 60)}; it must be within [0, 1]")
     total = sum(rates.values())
     if total > 1.0 + 1e-9:
         raise ValueError(f"fault probabilities sum to {total:.6g}, more than 1")
@@ -223,7 +224,7 @@ class ErrorProfile(_Strict):
     def _tools_ok(cls, v: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         for tool, override in v.items():
             if tool not in service_tools():
-                raise ValueError(f"unknown tool {tool!r}; use one of {', '.join(service_tools())}")
+                raise ValueError(f"unknown tool {short_repr(tool, 60)}; use one of {', '.join(service_tools())}")
             if not isinstance(override, dict):
                 raise ValueError(f"tools.{tool} must be a mapping of ToolFaults fields")
         return v
@@ -233,7 +234,7 @@ class ErrorProfile(_Strict):
     def _penalties_ok(cls, v: dict[str, float]) -> dict[str, float]:
         for key, penalty in v.items():
             if key not in FAULT_STATUS:
-                raise ValueError(f"unknown fault type {key!r}; use one of {', '.join(FAULT_TYPES)}")
+                raise ValueError(f"unknown fault type {short_repr(key, 60)}; use one of {', '.join(FAULT_TYPES)}")
             lo, hi = LIMITS["penalty"]
             if not (math.isfinite(penalty) and lo <= penalty <= hi):
                 raise ValueError(f"penalty of {key} is {penalty!r}; it must be a finite number within [{lo:g}, {hi:g}]")
@@ -295,22 +296,33 @@ def load_profile(spec: str | Path | ErrorProfile) -> ErrorProfile:
             raise ProfileError(
                 f"error_profile={str(spec)[:200]!r}: {path} is a directory, not a .yaml file (shipped profiles: {shipped})"
             )
-        if not path.is_file():
-            raise ProfileError(f"error_profile={str(spec)[:200]!r}: {path} is not a regular file")
-        if path.stat().st_size > 1 << 20:
-            raise ProfileError(f"{path}: larger than 1 MiB; a profile is a small YAML file")
-        text, source = path.read_text(encoding="utf-8", errors="replace"), str(path)
+        try:
+            data = read_yaml_file(path, str(path))
+        except FileNotFoundError:  # removed since the look above
+            raise ProfileError(
+                f"error_profile={str(spec)[:200]!r}: {path} does not exist (shipped profiles: {shipped})"
+            ) from None
+        except IsADirectoryError:
+            raise ProfileError(f"error_profile={str(spec)[:200]!r}: {path} is a directory, not a .yaml file") from None
+        except ConfigError as exc:  # a FIFO or device, over 1 MiB, not UTF-8, bad YAML, an alias bomb
+            raise ProfileError(str(exc)) from None
+        return _validate(data, str(path))
     return parse_profile(text, source)
 
 
 def parse_profile(text: str, source: str = "<profile>") -> ErrorProfile:
-    """Validate YAML text as a profile; errors name the source, the key and the problem."""
+    """Validate YAML text as a profile; errors name the source, the key and the problem.
+
+    The text goes through :func:`agentrl_envs.yamlsafe.load_yaml` (size, alias and depth caps).
+    """
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ProfileError(f"{source}: not valid YAML: {str(exc).splitlines()[0]}") from None
-    except RecursionError:
-        raise ProfileError(f"{source}: YAML nested too deeply") from None
+        data = load_yaml(text, source)
+    except ConfigError as exc:
+        raise ProfileError(str(exc)) from None
+    return _validate(data, source)
+
+
+def _validate(data: Any, source: str) -> ErrorProfile:
     if not isinstance(data, dict):
         raise ProfileError(f"{source}: a profile is a YAML mapping with at least 'name'")
     try:
@@ -324,7 +336,7 @@ def parse_profile(text: str, source: str = "<profile>") -> ErrorProfile:
 def _describe(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors()[:5]:
-        loc = ".".join(str(p) for p in err["loc"])
+        loc = ".".join(str(p)[:40] for p in err["loc"])  # a key of the file: any length
         msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown key"

@@ -31,8 +31,12 @@ rollout) with:
 
 Calls after the episode ended do not step the env: they return a note saying so. TRL runs
 several calls of one turn one by one, so each is its own env step here (the env's refusal of
-several calls in one action applies to text actions, which TRL never sends). This module
-imports neither TRL nor torch; :func:`train_dataset` imports ``datasets``.
+several calls in one action applies to text actions, which TRL never sends). Arguments that spell
+``<tool_call>`` reach the tool as written (the call is written with
+:func:`~agentrl_envs.actions.format_call`, which escapes the markers). Observations come back
+verbatim; TRL tokenizes them into the prompt, so text in a tool result that spells the tokenizer's
+special tokens (``<|im_start|>``) becomes those tokens unless the tokenizer keeps content text as text.
+This module imports neither TRL nor torch; :func:`train_dataset` imports ``datasets``.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ import gymnasium as gym
 import numpy as np
 
 import agentrl_envs
+from agentrl_envs.actions import format_call
 from agentrl_envs.errors import ConfigError
 from agentrl_envs.tasks.sampler import SPLITS
 
@@ -144,13 +149,16 @@ def _step(self: Any, name: str, arguments: dict[str, Any]) -> str:
 
 
 def _action_text(name: str, arguments: dict[str, Any]) -> str:
-    """The call as JSON text; TypeError or ValueError, naming the argument, for a value JSON cannot hold.
+    """The call as the env's canonical text; TypeError or ValueError, naming the argument, for a value JSON cannot hold.
 
-    Such values used to go to the env as their ``repr`` string, which a string argument accepted:
-    ``sql(query=b"SELECT 1")`` ran the SQL ``b'SELECT 1'``.
+    Built from the method's arguments with :func:`~agentrl_envs.actions.format_call`, which escapes the
+    ``<tool_call>`` markers inside JSON strings: the env parses back exactly these arguments, so code or
+    a query that mentions ``<tool_call>`` runs as written (a plain ``json.dumps`` made it read as a
+    second call, a format error). Values JSON cannot hold used to go to the env as their ``repr``
+    string, which a string argument accepted: ``sql(query=b"SELECT 1")`` ran the SQL ``b'SELECT 1'``.
     """
     try:
-        return json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False, default=_numpy_value)
+        return format_call(name, arguments, default=_numpy_value)
     except (TypeError, ValueError, RecursionError):
         pass
     for key, value in arguments.items():

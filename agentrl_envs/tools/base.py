@@ -29,7 +29,15 @@ if TYPE_CHECKING:
     from agentrl_envs.tasks.base import SubTask, Task
     from agentrl_envs.tasks.state import StepState
 
-__all__ = ["Tool", "check_arguments", "pick"]
+__all__ = ["MAX_NESTING", "Tool", "check_arguments", "nested_deeper_than", "pick"]
+
+#: How deeply a call's JSON may nest (objects and arrays; the call object itself counts as one level).
+#: The parser checks it on the text before ``json.loads`` and :func:`check_arguments` on the values
+#: before any other walk, so no recursive code downstream (pydantic, the surrogate check, ``json.dumps``
+#: in a backend, a recorder) runs more than 64 levels deep: a small share of Python's 1,000-frame stack
+#: even when ``env.step`` runs far down a trainer's or a vector env worker's call stack. Real tool
+#: arguments nest a few levels (an HTTP body rarely past 10).
+MAX_NESTING = 64
 
 
 @dataclass(frozen=True)
@@ -197,6 +205,8 @@ def check_arguments(tool: str, parameters: dict[str, Any], arguments: dict[str, 
     """
     if not isinstance(arguments, dict):
         raise ActionError("bad_arguments", f"{tool}: the arguments must be a JSON object, got {type(arguments).__name__}")
+    if nested_deeper_than(arguments, MAX_NESTING):
+        raise ActionError("too_deep", f"{tool}: the arguments nest deeper than {MAX_NESTING} levels; flatten them")
     if len(arguments) > len(parameters.get("properties", ())):
         # More names than the schema has, so some are unknown: said without pydantic, which would build
         # one error per extra name (a hostile call of 20,000 names: ~0.2 s).
@@ -313,16 +323,38 @@ def _surrogate_message(tool: str, key: str) -> str:
 
 
 def _has_surrogate(value: Any) -> bool:
-    if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
+    """True if a string anywhere in ``value`` (dict keys too) holds a lone surrogate. Iterative: no stack limit."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):  # the http tool's body and query: names and values alike
+            stack.extend(item.keys())
+            stack.extend(item.values())
+    return False
+
+
+def nested_deeper_than(value: Any, limit: int) -> bool:
+    """True if ``value`` has lists or dicts more than ``limit`` levels deep (the value itself is level 1).
+
+    Iterative, and it stops at the first level past ``limit``, so a value nested 100,000 deep (or a
+    circular one) costs at most ``limit`` levels of work per branch, never a RecursionError.
+    """
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, (list, tuple)) else None
+        if children is None:
+            continue
+        if depth > limit:
             return True
-        return False
-    if isinstance(value, list):
-        return any(_has_surrogate(v) for v in value)
-    if isinstance(value, dict):  # the http tool's body and query: names and values alike
-        return any(_has_surrogate(k) or _has_surrogate(v) for k, v in value.items())
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (list, tuple, dict)))
     return False
 
 
