@@ -155,7 +155,10 @@ class PPOConfig:
     temperature: float = _f(0.1, "candidates mode: policy = softmax(score / temperature)")
     max_new_tokens: int = _f(160, "generate mode: token budget of one action", commands=_PPO_AND_SFT)
     max_prompt_tokens: int = _f(
-        1536, "prompt tokens kept (the system prompt and instruction always; oldest turns dropped)", commands=_PPO_AND_SFT
+        1536,
+        "prompt tokens kept (the system prompt and instruction always; oldest whole turns dropped); sft: a longer "
+        "transcript becomes several sequences, each turn trained once",
+        commands=_PPO_AND_SFT,
     )
     target_kl: float = _f(
         0.0, "stop an update's epochs early when an epoch's mean approximate KL to the rollout policy exceeds this (0: off)"

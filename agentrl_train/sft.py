@@ -85,11 +85,11 @@ def encode_transcript(
     def window(c: int, m: int, k: int) -> tuple[list[int], list[bool]]:
         """Context turns ``c..m-1`` (out of the loss), then assistant turns ``m..k`` in the loss."""
         ids, mask = policy.encode_episode(head + messages[asst[c] : asst[k] + 1], tools)
-        if c < m:
-            context, _ = policy.encode_episode(head + messages[asst[c] : asst[m]], tools)
-            if ids[: len(context)] != context:
-                raise ConfigError("the chat template is not prefix-stable; cannot mask assistant tokens for SFT")
-            mask = [False] * len(context) + mask[len(context) :]
+        runs = [j for j in range(len(mask)) if mask[j] and (j == 0 or not mask[j - 1])]  # where each turn's span starts
+        if len(runs) != k - c + 1:  # two turns' spans ran together: which tokens are whose is unknown
+            raise ConfigError("the chat template leaves no token between assistant turns; cannot mask them for SFT")
+        if c < m:  # the context turns' spans leave the mask
+            mask = [False] * runs[m - c] + mask[runs[m - c] :]
         return ids, mask
 
     last = len(asst) - 1
