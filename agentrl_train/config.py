@@ -116,7 +116,10 @@ class PPOConfig:
         "global transitions per optimizer step over all ranks (0: use accumulation); sets accumulation = it / (ranks x micro_batch)",
     )
     lr: float = _f(5e-4, "AdamW learning rate of the LoRA weights")
-    lr_schedule: str = _f("constant", "constant, or linear (both learning rates fall linearly to 0 over the run)")
+    lr_schedule: str = _f(
+        "constant",
+        "constant, or linear (both learning rates fall linearly per optimizer step: 1x at the first, 1/steps at the last, 0 at the run's end)",
+    )
     value_lr: float = _f(3e-3, "AdamW learning rate of the value head")
     gamma: float = _f(0.99, "discount")
     lam: float = _f(0.95, "GAE lambda")
@@ -125,7 +128,9 @@ class PPOConfig:
     value_clip: float = _f(0.2, "value clip around the rollout's values (0: off)")
     vf_coef: float = _f(0.5, "value loss coefficient (after the critic warmup)")
     critic_warmup: int = _f(
-        0, "updates over which the value loss weight rises 0 -> 1 (0: 1000 env steps' worth, at most a tenth of the run)"
+        0,
+        "optimizer steps over which the value loss weight rises linearly to 1 (0: a fifth of the run's optimizer steps, "
+        "at least 4, at most the run)",
     )
     kl_coef: float = _f(0.1, "coefficient of the k3 KL penalty to the reference (adapters disabled)")
     kl_clamp: float = _f(10.0, "clamp of the log-ratio inside the k3 estimator")
@@ -151,10 +156,13 @@ class PPOConfig:
     temperature: float = _f(0.1, "candidates mode: policy = softmax(score / temperature)")
     max_new_tokens: int = _f(160, "generate mode: token budget of one action", commands=_PPO_AND_SFT)
     max_prompt_tokens: int = _f(
-        1536, "prompt tokens kept (the system prompt and instruction always; oldest turns dropped)", commands=_PPO_AND_SFT
+        1536,
+        "prompt tokens kept (the system prompt and instruction always; oldest whole turns dropped); sft: a longer "
+        "transcript becomes several sequences, each turn trained once",
+        commands=_PPO_AND_SFT,
     )
     target_kl: float = _f(
-        0.0, "stop an update's epochs early when the approximate KL to the rollout policy exceeds this (0: off)"
+        0.0, "stop an update's epochs early when an epoch's mean approximate KL to the rollout policy exceeds this (0: off)"
     )
     shuffle_rewards: bool = _f(False, "control experiment: permute rewards across the batch (nothing should be learned)")
     critic_grad: str = _f(
@@ -194,7 +202,7 @@ class RunConfig:
     replay_mb: int = _f(64, "replay buffer size in MiB", commands=_PPO_ONLY)
     shards: bool = _f(False, "also write every trajectory as Arrow shards: <out>/shards/rank<r>-NNNNN.arrow", commands=_PPO_ONLY)
     tensorboard: bool = _f(True, "write TensorBoard event files", commands=_PPO_ONLY)
-    progress: bool = _f(True, "show a progress bar", commands=_PPO_ONLY)
+    progress: bool = _f(True, "show a progress bar (sft without it: a log line per optimizer step)")
     max_updates_this_call: int = _f(
         0, "stop after this many updates in this invocation (0: run to the end); for resume tests", commands=_PPO_ONLY
     )

@@ -18,14 +18,16 @@ from agentrl_envs.rewards.advantages import gae, hierarchical_gae
 __all__ = [
     "advantages",
     "clip_gradients",
+    "critic_warmup_steps",
     "critic_weight",
     "entropy_coef",
     "k3_kl",
     "lr_factor",
     "normalize_rewards",
+    "optimizer_steps_per_epoch",
     "policy_loss",
+    "should_stop_early",
     "value_loss",
-    "warmup_updates",
     "whiten",
 ]
 
@@ -38,23 +40,71 @@ def entropy_coef(update: int, updates: int, start: float = 0.01, end: float = 0.
     return math.exp(math.log(start) + (math.log(end) - math.log(start)) * frac)
 
 
-def lr_factor(update: int, updates: int, schedule: str) -> float:
-    """Multiplier of the learning rates in ``update`` (0-based): 1, or linear from 1 down to 1/updates."""
-    if schedule == "linear" and updates > 0:
-        return 1.0 - min(max(update, 0), updates - 1) / updates
+#: the default critic warmup spans this share of the run's optimizer steps ...
+CRITIC_WARMUP_SHARE = 0.2
+#: ... and at least this many steps (fewer only when the whole run is shorter)
+CRITIC_WARMUP_MIN_STEPS = 4
+
+
+def optimizer_steps_per_epoch(samples: int, micro_batch: int, micro_batches_per_step: int) -> int:
+    """Optimizer steps in one epoch over ``samples`` transitions cut into micro-batches of ``micro_batch``.
+
+    ``micro_batches_per_step`` 0 means the whole rollout is one step (as ``--accumulation 0``).
+    """
+    mbs = math.ceil(samples / micro_batch)
+    return math.ceil(mbs / (micro_batches_per_step or mbs)) if mbs else 0
+
+
+def lr_factor(step: int, total_steps: int, schedule: str) -> float:
+    """Multiplier of the learning rates at optimizer step ``step`` (0-based) of a run of ``total_steps``.
+
+    ``constant``: 1. ``linear``: ``1 - step / total_steps``, the value of a line that falls from 1 at the
+    start of the run to 0 at its end, read at the start of each step: the first step uses 1, the last
+    ``1 / total_steps``, and the run ends at 0. Steps are counted as planned (an epoch cut short by
+    ``--target-kl`` still counts its steps), so the schedule depends on the update number only and a
+    resumed run follows it exactly. Outside the run it is clamped to [0, 1].
+    """
+    if schedule == "linear" and total_steps > 0:
+        return min(max(1.0 - step / total_steps, 0.0), 1.0)
     return 1.0
 
 
-def warmup_updates(critic_warmup: int, updates: int, steps_per_update: int) -> int:
-    """Updates of critic-loss warmup: as given, else 1000 env steps' worth, at most a tenth of the run."""
+def critic_warmup_steps(critic_warmup: int, total_steps: int) -> int:
+    """Optimizer steps over which the value-loss weight rises to 1: ``critic_warmup`` when > 0, else a default.
+
+    Why a warmup: the value head starts at zero, so its first losses are as large as the returns, and
+    with ``--critic-grad shared`` their gradient flows into the LoRA weights the policy shares (norm 27
+    before clipping was measured at full weight). The default is :data:`CRITIC_WARMUP_SHARE` (a fifth)
+    of the run's optimizer steps, at least :data:`CRITIC_WARMUP_MIN_STEPS` so that short runs (the
+    default 5 updates of 2 steps) still ramp over several steps, and never more than the run, so the
+    weight reaches 1 before it ends. Counted in optimizer steps, not updates: an update holds
+    ``epochs x`` (rollout / step size) steps, and a cap in updates was a single update (no warmup) at
+    the defaults.
+    """
     if critic_warmup > 0:
         return critic_warmup
-    return max(1, min(math.ceil(1000 / max(steps_per_update, 1)), max(1, updates // 10)))
+    return max(1, min(total_steps, max(CRITIC_WARMUP_MIN_STEPS, math.ceil(CRITIC_WARMUP_SHARE * total_steps))))
 
 
-def critic_weight(update: int, warmup: int) -> float:
-    """Value-loss weight rising linearly 0 -> 1 over the first ``warmup`` updates (1 after)."""
-    return 1.0 if warmup <= 0 else min(1.0, (update + 1) / warmup)
+def critic_weight(step: int, warmup: int) -> float:
+    """Value-loss weight at optimizer step ``step`` (0-based): ``(step + 1) / warmup``, 1 from step ``warmup - 1`` on."""
+    return 1.0 if warmup <= 0 else min(1.0, (max(step, 0) + 1) / warmup)
+
+
+def should_stop_early(epoch_kls: Any, target: float, stats: Any = None) -> bool:
+    """Whether an update stops after this epoch: the epoch's mean approximate KL to the rollout policy > ``target``.
+
+    ``epoch_kls`` are this epoch's per-sample values only (earlier epochs' values would drag the mean
+    towards the first epoch's, near 0, and delay the stop). ``stats`` is ``(count, sum, sum_sq)`` over
+    all ranks (DDP), so every rank decides the same. ``target`` 0 never stops.
+    """
+    if target <= 0:
+        return False
+    if stats is None:
+        kls = np.asarray(epoch_kls, dtype=float)
+        stats = (kls.size, kls.sum(), (kls * kls).sum())
+    n, s, _ = stats
+    return bool(n > 0 and s / n > target)
 
 
 def normalize_rewards(

@@ -300,7 +300,10 @@ def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, 
     steps_per_update = cfg.ppo.rollout_steps * cfg.env.num_envs * dist.world
     trainable = wrap_trainable(policy, cfg, dist)
     meter = resources.ResourceMeter(dist, policy.device, sink)
-    warmup = ppo.warmup_updates(cfg.ppo.critic_warmup, cfg.ppo.updates, steps_per_update)
+    # schedules run on the optimizer step as planned (update, epoch, step), so a resumed run follows them exactly
+    steps_per_epoch = ppo.optimizer_steps_per_epoch(cfg.ppo.rollout_steps * cfg.env.num_envs, cfg.ppo.micro_batch, per_step)
+    total_steps = cfg.ppo.updates * cfg.ppo.epochs * steps_per_epoch
+    warmup = ppo.critic_warmup_steps(cfg.ppo.critic_warmup, total_steps)
     bar = runlog.progress(cfg, start_update, enabled=dist.is_main)
     update = start_update
     stop_at = (
@@ -341,9 +344,7 @@ def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, 
                 trainable = wrap_trainable(policy, cfg, dist, trainable)  # a new DDP wrapper if the adapter changed
                 samples = [(roll.transitions[t][i], float(adv_TN[t, i]), float(ret_TN[t, i])) for t, i in zip(*np.nonzero(valid))]
                 ent_coef = ppo.entropy_coef(update, cfg.ppo.updates, cfg.ppo.ent_start, cfg.ppo.ent_end)
-                for group, base_lr in zip(optimizer.param_groups, (cfg.ppo.lr, cfg.ppo.value_lr), strict=True):
-                    group["lr"] = base_lr * ppo.lr_factor(update, cfg.ppo.updates, cfg.ppo.lr_schedule)
-                cw = ppo.critic_weight(update, warmup)
+                critic_ws: list[float] = []
                 stats: dict[str, list[float]] = {
                     k: [] for k in ("pg", "vf", "entropy", "kl_ref", "approx_kl", "clipfrac", "drift")
                 }
@@ -351,22 +352,26 @@ def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, 
                 t_sgd = time.perf_counter()
                 stop_early = False
                 epochs_run = 0
-                for _epoch in range(cfg.ppo.epochs):
+                for epoch in range(cfg.ppo.epochs):
                     epochs_run += 1
+                    epoch_kl_from = len(stats["approx_kl"])
                     order = sgd_rng.permutation(len(samples))
                     mbs = [order[j : j + cfg.ppo.micro_batch] for j in range(0, len(order), cfg.ppo.micro_batch)]
                     step = per_step or len(mbs)
-                    for g in range(0, len(mbs), step):
+                    for s_i, g in enumerate(range(0, len(mbs), step)):
+                        opt_step = (update * cfg.ppo.epochs + epoch) * steps_per_epoch + s_i
+                        for param_group, base_lr in zip(optimizer.param_groups, (cfg.ppo.lr, cfg.ppo.value_lr), strict=True):
+                            param_group["lr"] = base_lr * ppo.lr_factor(opt_step, total_steps, cfg.ppo.lr_schedule)
+                        critic_ws.append(ppo.critic_weight(opt_step, warmup))
                         group = episode_micro_batches([j for mb in mbs[g : g + step] for j in mb], samples, cfg.ppo.micro_batch)
-                        accumulate(policy, samples, group, cfg, ent_coef, cw, dist, stats, trainable)
+                        accumulate(policy, samples, group, cfg, ent_coef, critic_ws[-1], dist, stats, trainable)
                         grad_norms = ppo.clip_gradients(groups, cfg.ppo.grad_clip, cfg.ppo.clip_mode)
                         optimizer.step()
                         optimizer.zero_grad(set_to_none=True)
-                    if cfg.ppo.target_kl:  # decided once for all ranks, on the global mean
-                        n_kl, s_kl, _ = dist.moments(np.asarray(stats["approx_kl"]))
-                        if s_kl / max(n_kl, 1) > cfg.ppo.target_kl:
-                            stop_early = True
-                            break
+                    epoch_kls = np.asarray(stats["approx_kl"][epoch_kl_from:])
+                    if cfg.ppo.target_kl and ppo.should_stop_early(epoch_kls, cfg.ppo.target_kl, dist.moments(epoch_kls)):
+                        stop_early = True  # decided once for all ranks, on this epoch's global mean
+                        break
                 policy.eval()
                 counts["tokens"] = epochs_run * sum(
                     len(tr.prompt_ids) + sum(len(c) for c in tr.cand_ids) + len(tr.new_ids) for tr, _, _ in samples
@@ -383,7 +388,8 @@ def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, 
                 "reward_raw": float(roll.rewards_TN.mean()),
                 **{k: _mean(v) for k, v in stats.items()},
                 "ent_coef": ent_coef,
-                "critic_weight": cw,
+                "critic_weight": _mean(critic_ws),  # the mean over this update's optimizer steps
+                "lr_factor": ppo.lr_factor(opt_step, total_steps, cfg.ppo.lr_schedule),  # at its last step
                 "early_stop": stop_early,
                 **{f"grad_norm/{k}": v for k, v in grad_norms.items()},
                 "time/rollout_model_s": roll.model_seconds,

@@ -21,11 +21,37 @@ def test_entropy_coefficient_decays_logarithmically() -> None:
     assert all(a > b for a, b in itertools.pairwise(values))
 
 
-def test_critic_warmup_rises_linearly_and_scales_to_short_runs() -> None:
-    assert [ppo.critic_weight(u, 4) for u in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
-    assert ppo.warmup_updates(0, updates=1000, steps_per_update=64) == 16  # 1000 env steps' worth
-    assert ppo.warmup_updates(0, updates=30, steps_per_update=64) == 3  # at most a tenth of a short run
-    assert ppo.warmup_updates(7, updates=30, steps_per_update=64) == 7
+def test_critic_weight_rises_linearly_per_optimizer_step() -> None:
+    assert [ppo.critic_weight(s, 4) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    assert ppo.critic_weight(0, 1) == 1.0 and ppo.critic_weight(0, 0) == 1.0  # no warmup
+
+
+def test_critic_warmup_is_real_at_every_budget() -> None:
+    """It was ``max(1, updates // 10)`` updates: 1 update (full weight from the start) at the default 5 updates."""
+    # the defaults: 5 updates x 2 epochs x 1 step (128 transitions, --accumulation 0)
+    assert ppo.optimizer_steps_per_epoch(8 * 16, 16, 0) == 1
+    total = 5 * 2 * ppo.optimizer_steps_per_epoch(8 * 16, 16, 0)
+    warmup = ppo.critic_warmup_steps(0, total)
+    assert warmup == 4  # two updates' worth, not a single step
+    assert ppo.critic_weight(0, warmup) == 0.25 and ppo.critic_weight(warmup - 1, warmup) == 1.0
+    assert ppo.critic_warmup_steps(0, 1000) == 200  # a fifth of a long run
+    assert ppo.critic_warmup_steps(0, 10) == 4  # at least 4 steps ...
+    assert ppo.critic_warmup_steps(0, 2) == 2  # ... but within the run, so the weight reaches 1
+    assert ppo.critic_warmup_steps(7, 2) == 7  # as given (--critic-warmup, optimizer steps)
+    assert ppo.optimizer_steps_per_epoch(128, 16, 2) == 4 and ppo.optimizer_steps_per_epoch(130, 16, 2) == 5
+
+
+def test_target_kl_compares_the_current_epochs_mean() -> None:
+    """It compared the mean over every epoch so far: a first epoch near 0 hid a second epoch far past the target."""
+    first, second = [0.001] * 8, [0.03] * 8
+    assert not ppo.should_stop_early(first, 0.02)
+    assert ppo.should_stop_early(second, 0.02)  # the second epoch alone is past the target ...
+    assert not ppo.should_stop_early(first + second, 0.02)  # ... the mean of both epochs (0.0155) was not
+    assert not ppo.should_stop_early(second, 0.0)  # 0: off
+    assert not ppo.should_stop_early([], 0.02)
+    # the global moments (DDP: count, sum, sum of squares over every rank) decide, not this rank's values
+    assert ppo.should_stop_early([0.0], 0.02, stats=(2, 0.1, 0.0))
+    assert not ppo.should_stop_early([1.0], 0.02, stats=(2, 0.01, 0.0))
 
 
 def test_policy_loss_matches_hand_computation() -> None:
@@ -97,10 +123,15 @@ def test_whiten() -> None:
     assert w.mean() == pytest.approx(0.0) and w.std() == pytest.approx(1.0, rel=1e-6)
 
 
-def test_lr_factor_constant_and_linear() -> None:
-    assert [ppo.lr_factor(u, 4, "constant") for u in range(4)] == [1.0, 1.0, 1.0, 1.0]
-    assert [ppo.lr_factor(u, 4, "linear") for u in range(4)] == [1.0, 0.75, 0.5, 0.25]
-    assert ppo.lr_factor(99, 4, "linear") == 0.25  # past the planned run: the last value, never <= 0
+def test_lr_factor_constant_and_linear_per_optimizer_step() -> None:
+    """Linear fell per update to 1/updates at the end of the run; now 1 at the first step, 0 at the run's end."""
+    assert [ppo.lr_factor(s, 4, "constant") for s in range(5)] == [1.0] * 5
+    assert [ppo.lr_factor(s, 4, "linear") for s in range(5)] == [1.0, 0.75, 0.5, 0.25, 0.0]
+    total = 5 * 2 * 4  # 5 updates x 2 epochs x 4 steps
+    assert ppo.lr_factor(0, total, "linear") == 1.0
+    assert ppo.lr_factor(total - 1, total, "linear") == pytest.approx(1 / 40)  # the last step: small, not 1/updates
+    assert ppo.lr_factor(total, total, "linear") == 0.0  # the end of the last update
+    assert ppo.lr_factor(99, 4, "linear") == 0.0 and ppo.lr_factor(-1, 4, "linear") == 1.0  # clamped outside the run
 
 
 def test_greedy_candidate_breaks_ties_by_the_reference_score() -> None:

@@ -549,3 +549,55 @@ def test_rollouts_with_kept_prompt_keys_values_equal_rollouts_that_encode_every_
             assert np.allclose(a.baseline_scores, b.baseline_scores, atol=1e-5)
             assert np.allclose(a.token_logprobs, b.token_logprobs, atol=1e-5)
             assert np.allclose(a.ref_logprobs, b.ref_logprobs, atol=1e-4)
+
+
+def test_critic_warmup_and_linear_lr_run_per_optimizer_step_and_resume_exactly(tmp_path, monkeypatch) -> None:
+    """The warmup was 1 update at the defaults (the value loss at full weight from the first step) and the linear
+    LR stepped per update to 1/updates; both now follow the optimizer step, the same after a resume."""
+    import agentrl_train.train as train_module
+
+    seen: list[tuple[str, float]] = []
+    real_accumulate, real_step = train_module.accumulate, torch.optim.AdamW.step
+
+    def accumulate_spy(policy, samples, group, cfg, ent_coef, critic_w, *a, **k):  # type: ignore[no-untyped-def]
+        seen.append(("critic_w", critic_w))
+        return real_accumulate(policy, samples, group, cfg, ent_coef, critic_w, *a, **k)
+
+    def step_spy(self, *a, **k):  # type: ignore[no-untyped-def]
+        seen.append(("lr", self.param_groups[0]["lr"] / 5e-4))
+        seen.append(("value_lr", self.param_groups[1]["lr"] / 3e-3))
+        return real_step(self, *a, **k)
+
+    monkeypatch.setattr(train_module, "accumulate", accumulate_spy)
+    monkeypatch.setattr(torch.optim.AdamW, "step", step_spy)
+    opts = dict(updates=4, checkpoint_every=2, record=False, lr_schedule="linear", lr=5e-4, value_lr=3e-3, final_eval_splits=[])
+    train(small_config(tmp_path / "a", **opts), log=lambda *a, **k: None)  # 4 updates x 2 epochs x 1 step: 8 steps
+    straight, seen[:] = list(seen), []
+    train(small_config(tmp_path / "b", max_updates_this_call=2, **opts), log=lambda *a, **k: None)
+    train(small_config(tmp_path / "b", resume=True, **opts), log=lambda *a, **k: None)
+    assert seen == straight
+    weights = [v for k, v in straight if k == "critic_w"]
+    assert weights == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0, 1.0, 1.0]  # over 4 of the 8 steps (at least 4)
+    for key in ("lr", "value_lr"):
+        assert [v for k, v in straight if k == key] == pytest.approx([1 - s / 8 for s in range(8)])  # 1 ... 1/8, then 0
+    rows = [json.loads(line) for line in (tmp_path / "b" / "run" / "metrics.jsonl").read_text().splitlines()]
+    upd = [r for r in rows if r["kind"] == "update"]
+    assert [r["critic_weight"] for r in upd] == [0.375, 0.875, 1.0, 1.0]  # the mean over each update's steps
+    assert [r["lr_factor"] for r in upd] == pytest.approx([0.875, 0.625, 0.375, 0.125])  # at each update's last step
+
+
+def test_target_kl_looks_at_the_current_epoch_only(tmp_path, monkeypatch) -> None:
+    """The early stop compared the mean approx-KL over every epoch so far with --target-kl, not the epoch's."""
+    from agentrl_train import ppo
+
+    counts: list[int] = []
+    real = ppo.should_stop_early
+
+    def spy(epoch_kls, target, stats=None):  # type: ignore[no-untyped-def]
+        counts.append(len(epoch_kls))
+        return real(epoch_kls, target, stats)
+
+    monkeypatch.setattr(ppo, "should_stop_early", spy)
+    cfg = small_config(tmp_path, updates=1, epochs=3, target_kl=1e9, record=False, final_eval_splits=[])
+    train(cfg, log=lambda *a, **k: None)
+    assert counts == [8, 8, 8]  # 4 steps x 2 envs per epoch, not 8, 16, 24
