@@ -94,7 +94,7 @@ class Engine:
     def __init__(
         self, model: str, device: str = "cpu", *, threads: int = 1, tiny_spec: Any = None, log: Callable[[str], None] = print
     ) -> None:
-        from agentrl_train.policy import load_base, pick_device
+        from agentrl_train.models import load_base, pick_device
 
         dev = pick_device(device)
         self.lm, self.tokenizer = load_base(model, dev, tiny_spec=tiny_spec, log=log, threads=threads)
