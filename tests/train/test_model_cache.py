@@ -139,3 +139,58 @@ def test_a_tiny_cache_without_its_config_is_rebuilt_with_a_message(cache: Path) 
     assert build_tiny(SPEC, log=logs.append, threads=1) == folder
     assert any("unusable" in line and "rebuilding" in line for line in logs)
     assert (folder / "config.json").exists() and (folder / "model.safetensors").exists()
+
+
+_RANK = """
+import sys
+import torch
+import torch.distributed as td
+from agentrl_train.model_cache import check_hf_folder
+from agentrl_train.tiny import TinySpec, build_tiny
+
+rank, port = int(sys.argv[1]), sys.argv[2]
+torch.set_num_threads(1)
+td.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+spec = TinySpec(pretrain_steps=4, corpus_episodes=2)
+if rank == 1:  # rank 1 builds the cache, as when it wins the lock under torchrun
+    build_tiny(spec, log=lambda *a: None, threads=1)
+td.barrier()
+if rank == 0:
+    folder = build_tiny(spec, log=lambda *a: print("rank 0:", *a), threads=1)
+    check_hf_folder(folder)
+    print("rank 0: loaded", folder.name)
+td.barrier()
+td.destroy_process_group()
+"""
+
+
+def test_a_tiny_model_built_by_rank_1_of_a_gloo_group_loads_on_rank_0(cache: Path) -> None:
+    """#33 finding 15 for real: two ranks under torch.distributed (gloo), the build on rank 1."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "AGENTRL_CACHE": str(cache), "PYTHONPATH": os.pathsep.join(sys.path)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _RANK, str(rank), str(port)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    try:
+        outs = [p.communicate(timeout=600)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert "rank 0: loaded tiny-" in outs[0] and "rebuilding" not in outs[0], outs[0]
