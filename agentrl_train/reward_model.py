@@ -292,7 +292,7 @@ def _layer_index(name: str) -> int | None:
 
 def build_rm(model: str, *, device: str = "auto", tiny_spec: Any = None, log: Any = print, **settings: Any) -> RewardModel:
     """A fresh reward model on ``model`` (``tiny`` or a local Hugging Face folder)."""
-    from agentrl_train.policy import load_base, pick_device
+    from agentrl_train.models import load_base, pick_device
 
     lm, tok = load_base(model, pick_device(device), tiny_spec=tiny_spec, log=log, threads=1)  # one CPU thread, as the trainer
     return RewardModel(lm, tok, **settings)

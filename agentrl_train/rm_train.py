@@ -54,7 +54,7 @@ class RMConfig:
     """Options of ``agentrl-train rm`` (flags are the field names with dashes)."""
 
     data: str = ""  #: make-rm-data output folder or one .parquet file
-    model: str = "tiny"  #: 'tiny' or a local Hugging Face model folder
+    model: str = "tiny"  #: 'tiny', 'smollm2-135m', a .gguf file or a local Hugging Face model folder
     out: str = "runs/rm"  #: output folder
     loss: str = "pairwise"  #: pairwise (Bradley-Terry) or pointwise (labels 1 / -0.5)
     steps: int = 150  #: optimizer steps
@@ -381,7 +381,7 @@ def distill(
 #: help text of each ``agentrl-train rm`` option (the field comments of RMConfig)
 _RM_HELP = {
     "data": "make-rm-data output folder or one .parquet file",
-    "model": "'tiny' or a local Hugging Face model folder",
+    "model": "'tiny', 'smollm2-135m', a .gguf file or a local Hugging Face model folder",
     "out": "output folder",
     "loss": "pairwise (Bradley-Terry) or pointwise (labels 1 / -0.5)",
     "steps": "optimizer steps",

@@ -21,18 +21,17 @@ Nothing is downloaded. :func:`build_tiny` (cached by its settings, under ``$AGEN
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
 import random
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from agentrl_train.model_cache import cache_root, cached_folder, save_model
 
 __all__ = ["CHAT_TEMPLATE", "SPECIAL_TOKENS", "TinySpec", "build_tiny", "cache_root", "corpus_texts"]
 
@@ -75,39 +74,17 @@ class TinySpec:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("AGENTRL_CACHE") or Path.home() / ".cache" / "agentrl")
-
-
 def build_tiny(spec: TinySpec | None = None, *, log: Any = print, threads: int | None = None) -> Path:
     """Build (once) and return the folder of the tiny model: ``config.json``, weights, tokenizer.
 
-    Concurrent callers (parallel tests, DDP ranks) wait on a file lock; the folder appears atomically.
+    Concurrent callers (parallel tests, DDP ranks) wait on a file lock; the folder appears atomically,
+    only once it loads, and a cached folder that does not load is rebuilt (:mod:`agentrl_train.model_cache`).
     ``threads``: torch threads of the pretraining (None: every core, for a build that has the machine
     to itself; 1 for one that runs beside other work). The weights do not depend on it: the model's
     kernels split their outputs, not their sums, across threads (the same bytes with 1 and 2 threads).
     """
     spec = spec or TinySpec()
-    root = cache_root()
-    root.mkdir(parents=True, exist_ok=True)
-    target = root / f"tiny-{spec.key()}"
-    if (target / "done").exists():
-        return target
-    with open(root / f".tiny-{spec.key()}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (target / "done").exists():
-            return target
-        tmp = Path(tempfile.mkdtemp(prefix=f".tiny-{spec.key()}-", dir=root))
-        try:
-            _build(spec, tmp, log, threads or os.cpu_count() or 1)
-            (tmp / "done").write_text("ok\n")
-            if target.exists():
-                shutil.rmtree(target)
-            os.rename(tmp, target)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return cached_folder(f"tiny-{spec.key()}", lambda tmp: _build(spec, tmp, log, threads or os.cpu_count() or 1), log=log)
 
 
 def corpus_texts(episodes: int, seed: int = 0) -> list[str]:
@@ -209,7 +186,7 @@ def _build(spec: TinySpec, out: Path, log: Any, threads: int) -> None:
     finally:
         torch.set_num_threads(before)
     model.eval()
-    model.save_pretrained(out)
+    save_model(model, out)
     (out / "tiny_spec.json").write_text(json.dumps(asdict(spec), indent=2))
 
 

@@ -22,7 +22,8 @@ from agentrl_envs.errors import AgentRLError, ConfigError
 from agentrl_train import checkpoint, distributed, evaluate, ppo, resources, runlog
 from agentrl_train.config import TrainConfig, dump_config, make_run_dir
 from agentrl_train.distributed import Dist, Trainable
-from agentrl_train.policy import Policy, load_base, lora_targets, pick_device
+from agentrl_train.models import load_base, pick_device
+from agentrl_train.policy import Policy, lora_targets
 from agentrl_train.rollout import EnvPool, Transition, candidate_logprobs, collect
 
 __all__ = [

@@ -84,7 +84,7 @@ class Engine:
     """A base LM with named LoRA adapters held in slots, and the one thread that runs the model.
 
     Args:
-        model: ``tiny`` or a local Hugging Face model folder (nothing is downloaded).
+        model: ``tiny``, ``smollm2-135m``, a ``.gguf`` file or a local Hugging Face model folder (nothing is downloaded).
         device: ``cpu``, ``cuda`` or ``auto``.
         threads: torch intra-op threads on CPU.
         tiny_spec: the :class:`~agentrl_train.tiny.TinySpec` for ``model="tiny"``.
@@ -94,7 +94,7 @@ class Engine:
     def __init__(
         self, model: str, device: str = "cpu", *, threads: int = 1, tiny_spec: Any = None, log: Callable[[str], None] = print
     ) -> None:
-        from agentrl_train.policy import load_base, pick_device
+        from agentrl_train.models import load_base, pick_device
 
         dev = pick_device(device)
         self.lm, self.tokenizer = load_base(model, dev, tiny_spec=tiny_spec, log=log, threads=threads)

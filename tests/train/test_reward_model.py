@@ -229,7 +229,7 @@ def test_bad_data_gives_clear_errors(tmp_path: Path) -> None:
 
 
 def test_bad_settings_are_refused_before_any_work(tmp_path: Path) -> None:
-    from agentrl_train.policy import pick_device
+    from agentrl_train.models import pick_device
 
     with pytest.raises(ConfigError, match=r"--lr=inf: use a finite value > 0"):  # trained to accuracy 0 before
         RMConfig(data="x", lr=math.inf).validate()
