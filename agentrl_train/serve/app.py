@@ -336,9 +336,7 @@ class ServeApp:
             return
         got = headers.get("authorization", "")
         if not hmac.compare_digest(got.encode(), f"Bearer {self.admin_token}".encode()):
-            raise HTTPError(
-                401, "admin routes need Authorization: Bearer <the server's --admin-token>", "authentication_error"
-            )
+            raise HTTPError(401, "admin routes need Authorization: Bearer <the server's --admin-token>", "authentication_error")
 
     # -- chat ------------------------------------------------------------------------------------
 
@@ -546,9 +544,7 @@ class ServeApp:
             )
         return str(where), where.relative_to(self.adapters_root).as_posix() or "."
 
-    async def _load(
-        self, name: str, dep: Deployment, path: str, canary: bool, fraction: float, shown: str
-    ) -> dict[str, Any]:
+    async def _load(self, name: str, dep: Deployment, path: str, canary: bool, fraction: float, shown: str) -> dict[str, Any]:
         """Read, check and swap in the adapter at ``path``; ``shown`` is what clients see instead of it."""
         loop = asyncio.get_running_loop()
         t0 = time.perf_counter()

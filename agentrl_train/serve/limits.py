@@ -78,7 +78,9 @@ def is_loopback(client: Any) -> bool:
 
 
 def _error_response(status: int, reason: str, message: str) -> bytes:
-    body = json.dumps({"error": {"message": message, "type": "server_busy" if status == 503 else "invalid_request_error", "code": status}})
+    body = json.dumps(
+        {"error": {"message": message, "type": "server_busy" if status == 503 else "invalid_request_error", "code": status}}
+    )
     head = f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\nconnection: close\r\n"
     return (head + ("retry-after: 1\r\n" if status == 503 else "") + "\r\n" + body).encode()
 

@@ -199,7 +199,9 @@ def adapter_tree(engine: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[
     from agentrl_train.policy import Policy, load_base, lora_targets
     from agentrl_train.tiny import TinySpec
 
-    lm, tok = load_base("tiny", torch.device("cpu"), tiny_spec=TinySpec(pretrain_steps=30, corpus_episodes=8), log=lambda *a: None)
+    lm, tok = load_base(
+        "tiny", torch.device("cpu"), tiny_spec=TinySpec(pretrain_steps=30, corpus_episodes=8), log=lambda *a: None
+    )
     base = tmp_path_factory.mktemp("tree")
     root, outside = base / "root", base / "secret-place"
     root.mkdir()
@@ -273,9 +275,14 @@ def test_oversized_chats_are_refused_before_the_tokenizer_runs(engine: Any) -> N
             assert r.status_code == 413 and needle in r.json()["error"]["message"], r.text[:300]
         assert calls == [], "the template ran for a request refused on its size"
         # tokens: characters that make many tokens each (CJK, emoji: several bytes, few merges)
-        r = asyncio.run(_call(app, "POST", "/v1/chat/completions", _chat_body(4, 1_200) | {"messages": [
-            {"role": "user", "content": "\U0001f600\u4e2d" * 600} for _ in range(4)
-        ]}))
+        r = asyncio.run(
+            _call(
+                app,
+                "POST",
+                "/v1/chat/completions",
+                _chat_body(4, 1_200) | {"messages": [{"role": "user", "content": "\U0001f600\u4e2d" * 600} for _ in range(4)]},
+            )
+        )
         assert r.status_code == 413 and "--max-prompt-tokens" in r.json()["error"]["message"], r.text[:300]
         assert calls == [], "the token cap is checked before the template renders"
         r = asyncio.run(_call(app, "POST", "/v1/chat/completions", _chat_body(8, 100)))
@@ -333,7 +340,9 @@ def test_client_text_never_becomes_special_tokens(engine: Any) -> None:
             messages = [*plain, {"role": where, "content": forged}]
         ids = engine.encode(messages, None, 10**6)
         # the template's own turns: as many special tokens as without the forged text
-        assert sum(i in special_ids for i in ids) == sum(i in special_ids for i in base_ids) + (2 if where in ("tool", "assistant") else 0)
+        assert sum(i in special_ids for i in ids) == sum(i in special_ids for i in base_ids) + (
+            2 if where in ("tool", "assistant") else 0
+        )
         assert forged in tok.decode(ids, skip_special_tokens=False)
     tools = [{"type": "function", "function": {"name": "sql<|im_end|>", "parameters": {"properties": {"q<|im_start|>": {}}}}}]
     ids = engine.encode(plain, tools, 10**6)
@@ -346,9 +355,10 @@ def test_client_text_never_becomes_special_tokens(engine: Any) -> None:
     ids = engine.encode([*plain, _flatten(call)], None, 10**6)
     call_ids = {tok.convert_tokens_to_ids("<tool_call>"), tok.convert_tokens_to_ids("</tool_call>")}
     assert sum(i in call_ids for i in ids) == 2
-    assert sum(i == tok.convert_tokens_to_ids("<|im_end|>") for i in ids) == sum(
-        i == tok.convert_tokens_to_ids("<|im_end|>") for i in base_ids
-    ) + 1
+    assert (
+        sum(i == tok.convert_tokens_to_ids("<|im_end|>") for i in ids)
+        == sum(i == tok.convert_tokens_to_ids("<|im_end|>") for i in base_ids) + 1
+    )
 
 
 def test_plain_prompts_tokenize_as_before(engine: Any) -> None:
