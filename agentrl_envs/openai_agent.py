@@ -195,6 +195,7 @@ class OpenAIChatAgent:
         self.messages: list[dict[str, Any]] = []
         self.tools: list[dict[str, Any]] = []
         self.episode_id: str | None = None
+        self._feedback_id: str | None = None  # the server's name for this episode (agentrl-train serve issues one)
         self._headers = {"accept": "application/json", "content-type": "application/json"}
         if api_key:
             self._headers["authorization"] = f"Bearer {api_key}"
@@ -277,7 +278,8 @@ class OpenAIChatAgent:
         }
         if self.feedback and self._reported != self.episode_id:
             try:
-                self._post("/v1/feedback", outcome)
+                sent = {**outcome, "feedback_id": self._feedback_id} if self._feedback_id else outcome
+                self._post("/v1/feedback", sent)
                 self.stats.feedback_sent += 1
             except (EndpointUnavailableError, EndpointResponseError) as exc:
                 self.stats.feedback_errors += 1
@@ -305,6 +307,7 @@ class OpenAIChatAgent:
         self.messages = [{"role": "system", "content": system}] if isinstance(system, str) and system else []
         self.messages.append({"role": "user", "content": observation})
         self.episode_id = f"ep-{uuid.uuid4().hex[:24]}"
+        self._feedback_id = None
         self._pending_ids = []
         self._counts = {"tool_calls": 0, "api_errors": 0, "timeouts": 0}
 
@@ -340,6 +343,8 @@ class OpenAIChatAgent:
             body["max_tokens"] = self.max_tokens
         body.update(self.extra_body)
         data = self._post("/v1/chat/completions", body)
+        if isinstance(data.get("feedback_id"), str):  # the outcome must name it: the server takes no other proof
+            self._feedback_id = data["feedback_id"][:200]
         choices = data.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             error = data.get("error")

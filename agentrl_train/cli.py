@@ -151,7 +151,8 @@ def _cmd_resources(args: argparse.Namespace) -> int:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from agentrl_train.serve.canary import CanaryRules
-    from agentrl_train.serve.run import build_app, listen, parse_pairs, serve, token_from
+    from agentrl_train.serve.limits import ServeLimits
+    from agentrl_train.serve.run import ADMIN_TOKEN_ENV, build_app, listen, parse_pairs, serve, token_from
 
     adapters = parse_pairs(args.adapter, "--adapter")
     watch = parse_pairs(args.watch, "--watch", default_name=next(iter(adapters), None))
@@ -162,9 +163,21 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         auto=args.canary_auto,
     )
     token = token_from(args.token)
+    admin_token = token_from(args.admin_token, ADMIN_TOKEN_ENV)
     from agentrl_envs.simulator_server import check_bind
 
     check_bind(args.host, token)
+    if admin_token is not None:
+        check_bind("0.0.0.0", admin_token)  # the same strength rule as --token
+    limits = ServeLimits(
+        max_messages=args.max_messages,
+        max_prompt_chars=args.max_prompt_chars,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_concurrent_encodings=args.max_concurrent_encodings,
+        header_timeout_s=args.header_timeout_s,
+        body_timeout_s=args.body_timeout_s,
+        max_connections=args.max_connections,
+    )
     app = build_app(
         args.model,
         adapters,
@@ -172,6 +185,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         device=args.device,
         threads=args.threads,
         token=token,
+        admin_token=admin_token,
+        adapters_root=args.adapters_root,
+        limits=limits,
         rules=rules,
         max_new_tokens=args.max_new_tokens,
         watch=watch,
@@ -248,8 +264,30 @@ def _add_serve_parser(sub: Any) -> None:
         "--token", default=None, help="bearer token required on every route but /health (default: $AGENTRL_SERVE_TOKEN)"
     )
     p.add_argument(
+        "--admin-token",
+        default=None,
+        help="bearer token of the admin routes (/v1/adapters...); without one they answer loopback clients only "
+        "(default: $AGENTRL_SERVE_ADMIN_TOKEN)",
+    )
+    p.add_argument(
+        "--adapters-root",
+        default=None,
+        metavar="DIR",
+        help="POST /v1/adapters/NAME loads folders under DIR only (default: none, such loads are refused)",
+    )
+    p.add_argument(
         "--watch", action="append", metavar="[NAME=]DIR", help="hot-reload the newest adapter a trainer writes under DIR"
     )
+    for flag, kind, default, what in (
+        ("--max-messages", _int_in(1, 1_000_000), 1024, "messages per chat request"),
+        ("--max-prompt-chars", _int_in(1, 1 << 30), 262_144, "characters of messages and tools per chat request"),
+        ("--max-prompt-tokens", _int_in(1, 1 << 30), 131_072, "tokens per chat request before old turns are dropped"),
+        ("--max-concurrent-encodings", _int_in(1, 1024), 2, "chat requests tokenized at once"),
+        ("--max-connections", _int_in(1, 1_000_000), 256, "open connections (past it the idlest is closed)"),
+        ("--header-timeout-s", _seconds, 10.0, "seconds a client may take to send a request head"),
+        ("--body-timeout-s", _seconds, 30.0, "seconds a client may take to send a request body"),
+    ):
+        p.add_argument(flag, type=kind, default=default, metavar="N", help=f"{what} (default: {default})")
     p.add_argument(
         "--watch-interval-s", type=_seconds, default=2.0, metavar="S", help="how often --watch looks, > 0 (default: 2)"
     )

@@ -7,12 +7,15 @@ bodies, checked by pydantic. Routes:
   for the base without adapters); ``messages`` and ``tools`` in OpenAI's format; ``temperature`` 0 is
   greedy; a ``<tool_call>`` in the reply comes back as ``tool_calls`` when the request sent ``tools``.
   The header ``x-adapter-version: NAME@VERSION`` and the body's ``system_fingerprint`` say which
-  version answered.
+  version answered; the header ``x-feedback-id`` and the body's ``feedback_id`` name the episode for
+  ``POST /v1/feedback``. Sizes are bounded by :class:`~agentrl_train.serve.limits.ServeLimits` (413).
 - ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus text format); ``HEAD`` on any route
   answers as ``GET`` does, without the body.
-- ``POST /v1/adapters/NAME {"path": DIR}``: hot reload (see :mod:`agentrl_train.serve.engine`).
-- ``POST /v1/adapters/NAME/canary {"path": DIR, "fraction": f}``, ``POST .../promote``, ``POST .../rollback``,
-  ``GET /v1/adapters/NAME``, ``POST /v1/feedback`` (see :mod:`agentrl_train.serve.canary`).
+- ``POST /v1/feedback {"feedback_id": ..., "success": ...}``: one verdict per episode, from the
+  credential the episode was served to (see :mod:`agentrl_train.serve.canary`).
+- Admin: ``POST /v1/adapters/NAME {"path": DIR}`` (hot reload, see :mod:`agentrl_train.serve.engine`),
+  ``POST /v1/adapters/NAME/canary {"path": DIR, "fraction": f}``, ``POST .../promote``, ``POST .../rollback``,
+  ``GET /v1/adapters`` and ``GET /v1/adapters/NAME`` (names, versions and numbers; never server paths).
 
 With ``--upstream URL`` the same routes sit in front of another OpenAI-compatible server (e.g. vLLM with
 LoRA enabled): adapters are the upstream's model names, a canary is ``{"model": NAME, "fraction": f}``.
@@ -21,17 +24,24 @@ its message (``upstream URL answered 401: ...``), counted against the version as
 up to ``MAX_UPSTREAM_BYTES`` (32 MiB) and no further.
 
 Access: with a bearer token every route but ``GET /health`` needs ``Authorization: Bearer <token>``;
-a non-loopback bind needs a token (as for ``agentrl-envs serve``).
+a non-loopback bind needs a token (as for ``agentrl-envs serve``). Admin routes need the admin token
+(``--admin-token``) instead; without one they answer loopback clients only (403 otherwise), so a
+chat credential never changes what everyone is served. ``DIR`` is a folder under ``--adapters-root``
+(relative to it, or absolute inside it after symlinks are resolved); without a root, loads over HTTP are
+refused. Error messages name the folder as the client wrote it, never the server's paths.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import json
+import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -40,7 +50,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agentrl_envs.actions import ActionError, format_call, parse_action
 from agentrl_envs.errors import ConfigError
-from agentrl_train.serve.canary import CanaryRules, Decision, Deployment, Router, Target, check_fraction
+from agentrl_train.serve.canary import (
+    CanaryRules,
+    Decision,
+    Deployment,
+    EpisodeJudgedError,
+    Router,
+    Target,
+    check_fraction,
+)
+from agentrl_train.serve.limits import ServeLimits, is_loopback
 
 __all__ = ["ChatRequest", "ServeApp"]
 
@@ -51,7 +70,9 @@ MAX_SEED = 2**63 - 1
 #: from (a 502 would be retried as is); every other upstream failure is a 502
 PASSED_UPSTREAM_STATUSES = (400, 413, 422, 429)
 BASE_NAMES = ("base",)
+_OPEN, _CLOSE = "<tool_call>", "</tool_call>"  # the tags format_call writes around a call
 VERSION_HEADER = "x-adapter-version"
+FEEDBACK_HEADER = "x-feedback-id"
 CONVERSATION_HEADERS = ("x-episode-id", "x-conversation-id")
 
 
@@ -88,7 +109,7 @@ class ChatRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
     model: str = Field(min_length=1, max_length=200)
-    messages: list[_Message] = Field(min_length=1, max_length=4096)
+    messages: list[_Message] = Field(min_length=1)  # the count is ServeLimits.max_messages, checked before this
     tools: list[dict[str, Any]] | None = Field(default=None, max_length=256)
     # strict: true, "0.5" or 1.0 are refused by name, not coerced (a bool seed was seed 1, "no" was stream=False)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0, strict=True)
@@ -101,7 +122,8 @@ class ChatRequest(BaseModel):
 
 class _Feedback(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    episode_id: str = Field(min_length=1, max_length=200)
+    feedback_id: str | None = Field(default=None, min_length=1, max_length=200)  # None: a 422 that says what to send
+    episode_id: str | None = Field(default=None, max_length=200)
     success: bool = Field(strict=True)
     api_error_rate: float = Field(default=0.0, ge=0.0, le=1.0, strict=True)
     timeout_rate: float = Field(default=0.0, ge=0.0, le=1.0, strict=True)
@@ -140,6 +162,9 @@ class ServeApp:
         adapters: NAME -> folder (engine) or upstream model name (upstream), served from the start.
         rules: canary rules.
         token: bearer token; None for none.
+        admin_token: bearer token of the admin routes; None: they answer loopback clients only.
+        adapters_root: the folder adapters are loaded from over HTTP; None: such loads are refused.
+        limits: request sizes and concurrency (:class:`~agentrl_train.serve.limits.ServeLimits`).
         max_new_tokens: default and cap of ``max_tokens`` (engine).
         log: where loads, swaps and decisions are reported.
     """
@@ -152,6 +177,9 @@ class ServeApp:
         adapters: dict[str, str] | None = None,
         rules: CanaryRules | None = None,
         token: str | None = None,
+        admin_token: str | None = None,
+        adapters_root: str | Path | None = None,
+        limits: ServeLimits | None = None,
         max_new_tokens: int = 256,
         seed: int = 0,
         watch: dict[str, str] | None = None,
@@ -161,6 +189,15 @@ class ServeApp:
         if (engine is None) == (upstream is None):
             raise ConfigError("ServeApp needs exactly one of engine= (a local model) or upstream= (a server URL)")
         self.engine, self.upstream, self.token, self.log = engine, upstream, token, log
+        if admin_token is not None and token is not None and hmac.compare_digest(admin_token.encode(), token.encode()):
+            raise ConfigError("--admin-token is the same as --token: use another secret, or every client is an admin")
+        self.admin_token = admin_token
+        self.limits = limits or ServeLimits()
+        self.adapters_root = Path(adapters_root).expanduser().resolve() if adapters_root is not None else None
+        if self.adapters_root is not None and not self.adapters_root.is_dir():
+            raise ConfigError(f"--adapters-root {str(adapters_root)[:200]!r} is not a folder; create it or point at one")
+        self._encoder = ThreadPoolExecutor(self.limits.max_concurrent_encodings, thread_name_prefix="agentrl-serve-encode")
+        self._encodes_waiting = 0
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ConfigError(f"--max-new-tokens {max_new_tokens!r}: use a positive integer, e.g. 256")
         if engine is not None and max_new_tokens >= engine.max_positions:
@@ -190,10 +227,10 @@ class ServeApp:
                 )
             if engine is not None:
                 slot = engine.add_family(name, engine.prepare(None, where))
-                target = Target(name, 1, slot, where)
+                target = Target(name, 1, slot, where, f"--adapter {name}")
                 self._slots[target.label] = slot
             else:
-                target = Target(name, 1, where, None)
+                target = Target(name, 1, where, None, where)
             self.router.add(target)
             log(f"serve: {target.label} from {where}")
         self.base_names = (*BASE_NAMES, engine.model_name) if engine is not None else ()
@@ -218,9 +255,10 @@ class ServeApp:
         if scope["type"] != "http":
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        headers[_CLIENT] = "loopback" if is_loopback(scope.get("client")) else "remote"  # not a header any client can send
         extra: dict[str, str] = {}
         try:
-            body = await _read_body(receive, headers)
+            body = await _read_body(receive, headers, self.limits.body_timeout_s)
             status, answer, extra, ctype = await self._dispatch(scope["method"], scope["path"], headers, body)
         except Exception as exc:
             if not isinstance(exc, HTTPError):  # a bug: an OpenAI-style 500 the client can read, the cause in the log
@@ -230,8 +268,10 @@ class ServeApp:
             answer = json.dumps({"error": {"message": exc.message, "type": exc.kind, "code": exc.status}}).encode()
         out = [(b"content-type", ctype.encode()), *((k.encode(), v.encode()) for k, v in extra.items())]
         out.append((b"content-length", str(len(answer)).encode()))
-        await send({"type": "http.response.start", "status": status, "headers": out})
-        await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else answer})
+        # a client that does not read its answer must not hold the connection and this task for ever
+        async with asyncio.timeout(self.limits.write_timeout_s):
+            await send({"type": "http.response.start", "status": status, "headers": out})
+            await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else answer})
 
     async def _dispatch(
         self, method: str, path: str, headers: dict[str, str], body: bytes
@@ -247,11 +287,18 @@ class ServeApp:
         if method == "GET" and path == "/v1/models":
             return 200, _json(self.models()), {}, "application/json"
         if method == "POST" and path == "/v1/chat/completions":
-            answer, _ = await self.chat(_parse(ChatRequest, body), headers)
-            return 200, _json(answer), {VERSION_HEADER: answer["system_fingerprint"]}, "application/json"
+            answer, _ = await self.chat(self._parse_chat(body), headers)
+            extra = {VERSION_HEADER: answer["system_fingerprint"]}
+            if answer.get("feedback_id"):
+                extra[FEEDBACK_HEADER] = answer["feedback_id"]
+            return 200, _json(answer), extra, "application/json"
         if method == "POST" and path == "/v1/feedback":
-            return 200, _json(self.feedback(_parse(_Feedback, body))), {}, "application/json"
+            return 200, _json(self.feedback(_parse(_Feedback, body), _credential(headers))), {}, "application/json"
         parts = path.strip("/").split("/")
+        if parts[:2] == ["v1", "adapters"] and len(parts) in (2, 3, 4):
+            self._authorize_admin(headers)
+            if method == "GET" and len(parts) == 2:
+                return 200, _json(self.adapters()), {}, "application/json"
         if len(parts) in (3, 4) and parts[:2] == ["v1", "adapters"]:
             name = parts[2]
             action = parts[3] if len(parts) == 4 else None
@@ -269,12 +316,49 @@ class ServeApp:
         if self.token is None:
             return
         got = headers.get("authorization", "")
+        if self.admin_token is not None and hmac.compare_digest(got.encode(), f"Bearer {self.admin_token}".encode()):
+            return
         if not hmac.compare_digest(got.encode(), f"Bearer {self.token}".encode()):
             raise HTTPError(
                 401, "missing or wrong bearer token: send Authorization: Bearer <the server's --token>", "authentication_error"
             )
 
+    def _authorize_admin(self, headers: dict[str, str]) -> None:
+        """Admin routes: the admin token; without one configured, loopback clients only."""
+        if self.admin_token is None:
+            if headers.get(_CLIENT) != "loopback":
+                raise HTTPError(
+                    403,
+                    "admin routes answer loopback clients only on this server; run the request on the server's machine, "
+                    "or start it with --admin-token (or $AGENTRL_SERVE_ADMIN_TOKEN) and send that token",
+                    "permission_error",
+                )
+            return
+        got = headers.get("authorization", "")
+        if not hmac.compare_digest(got.encode(), f"Bearer {self.admin_token}".encode()):
+            raise HTTPError(401, "admin routes need Authorization: Bearer <the server's --admin-token>", "authentication_error")
+
     # -- chat ------------------------------------------------------------------------------------
+
+    def _parse_chat(self, body: bytes) -> ChatRequest:
+        """The chat request, its size checked against :attr:`limits` before pydantic or a tokenizer sees it."""
+        data = _load_json(body)
+        lim = self.limits
+        messages = data.get("messages")
+        if isinstance(messages, list) and len(messages) > lim.max_messages:
+            raise HTTPError(
+                413,
+                f"the request has {len(messages)} messages; the limit is {lim.max_messages} (--max-messages): "
+                "send the recent turns only",
+            )
+        chars = _text_chars(messages) + _text_chars(data.get("tools"))
+        if chars > lim.max_prompt_chars:
+            raise HTTPError(
+                413,
+                f"the request's messages and tools hold {chars} characters; the limit is {lim.max_prompt_chars} "
+                "(--max-prompt-chars): send the recent turns only",
+            )
+        return _validate(ChatRequest, data)
 
     async def chat(self, req: ChatRequest, headers: dict[str, str]) -> tuple[dict[str, Any], Target | None]:
         if req.stream:
@@ -286,23 +370,19 @@ class ServeApp:
                 404, f"unknown model {req.model[:100]!r}; GET /v1/models lists them ({self._names()})", "not_found_error"
             )
         t0 = time.perf_counter()
+        credential = _credential(headers)
         if self.engine is None:
             target = self.router.route(req.model, conversation)
-            return await self._proxy_chat(target, req, headers, t0), target
+            feedback_id = self.router.open_episode(target, conversation, credential)
+            answer = await self._proxy_chat(target, req, headers, t0)
+            return {**answer, "feedback_id": feedback_id}, target
         budget = min(req.max_completion_tokens or req.max_tokens or self.max_new_tokens, self.max_new_tokens)
         messages = [_flatten(m) for m in req.messages]
-        loop = asyncio.get_running_loop()
-        try:
-            prompt = await loop.run_in_executor(None, self.engine.encode, messages, req.tools, self.engine.max_positions - budget)
-        except ConfigError as exc:
-            raise HTTPError(400, str(exc)) from None
-        except Exception as exc:  # a template that cannot render these messages
-            raise HTTPError(
-                400, f"cannot render these messages with the model's chat template ({type(exc).__name__}: {str(exc)[:200]})"
-            ) from None
+        prompt = await self._encode(messages, req.tools, budget)
         # Route, look up the slot and queue the job with no await in between: a swap queued before this
         # point runs before the job (and its version is the one routed to), one queued after runs after it.
         target = None if base else self.router.route(req.model, conversation)
+        feedback_id = self.router.open_episode(target, conversation, credential) if target is not None else None
         slot = self._slots[target.label] if target is not None else None
         future = self.engine.generate(slot, prompt, budget, req.temperature, req.seed)
         try:
@@ -327,7 +407,33 @@ class ServeApp:
             "choices": [{"index": 0, "message": message, "finish_reason": finish}],
             "usage": usage,
         }
+        if feedback_id is not None:
+            answer["feedback_id"] = feedback_id
         return answer, target
+
+    async def _encode(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, budget: int) -> list[int]:
+        """Tokenize on the encoder pool: :attr:`ServeLimits.max_concurrent_encodings` at once, a bounded queue."""
+        from agentrl_train.serve.engine import PromptTooLargeError
+
+        lim = self.limits
+        if self._encodes_waiting >= lim.max_concurrent_encodings + lim.max_waiting_encodings:
+            raise HTTPError(503, "the server is tokenizing too many requests; retry in a second", "server_busy")
+        self._encodes_waiting += 1
+        try:
+            job = self._encoder.submit(
+                self.engine.encode, messages, tools, self.engine.max_positions - budget, max_total=lim.max_prompt_tokens
+            )
+            return await asyncio.wrap_future(job)
+        except PromptTooLargeError as exc:
+            raise HTTPError(413, f"{exc} (--max-prompt-tokens)") from None
+        except ConfigError as exc:
+            raise HTTPError(400, str(exc)) from None
+        except Exception as exc:  # a template that cannot render these messages
+            raise HTTPError(
+                400, f"cannot render these messages with the model's chat template ({type(exc).__name__}: {str(exc)[:200]})"
+            ) from None
+        finally:
+            self._encodes_waiting -= 1
 
     async def _proxy_chat(self, target: Target, req: ChatRequest, headers: dict[str, str], t0: float) -> dict[str, Any]:
         import httpx
@@ -396,6 +502,9 @@ class ServeApp:
             raise HTTPError(
                 400, f"send {need} (this server {'loads adapters itself' if self.engine else 'proxies ' + str(self.upstream)})"
             )
+        shown = where
+        if self.engine is not None:
+            where, shown = self._under_root(where)
         async with self._admin:
             if action == "canary" and dep.canary is not None:
                 raise HTTPError(
@@ -403,14 +512,40 @@ class ServeApp:
                 )
             if self.engine is None:
                 target = (
-                    self.router.start_canary(name, where, None, req.fraction or 0.0)
+                    self.router.start_canary(name, where, None, req.fraction or 0.0, where)
                     if action == "canary"
-                    else self.router.replace_stable(name, where, None)
+                    else self.router.replace_stable(name, where, None, where)
                 )
                 return {"version": target.label, **dep.describe()}
-            return await self._load(name, dep, where, action == "canary", req.fraction or 0.0)
+            return await self._load(name, dep, where, action == "canary", req.fraction or 0.0, shown)
 
-    async def _load(self, name: str, dep: Deployment, path: str, canary: bool, fraction: float) -> dict[str, Any]:
+    def _under_root(self, asked: str) -> tuple[str, str]:
+        """The folder ``asked`` names under :attr:`adapters_root` (symlinks resolved) and how to show it.
+
+        Raises:
+            HTTPError: 403 without a root, or for a folder outside it (named as the client wrote it).
+        """
+        if self.adapters_root is None:
+            raise HTTPError(
+                403,
+                "this server loads no adapters over HTTP: start it with --adapters-root DIR and send a folder under DIR",
+                "permission_error",
+            )
+        try:
+            where = (self.adapters_root / asked).resolve()  # an absolute `asked` stays itself, then must be inside
+        except (OSError, RuntimeError, ValueError):  # a symlink loop, a NUL byte
+            where = None
+        if where is None or not where.is_relative_to(self.adapters_root):
+            raise HTTPError(
+                403,
+                f"path {asked[:200]!r} is outside the adapters root; send a folder under --adapters-root "
+                "(relative to it, e.g. runs/ppo/final)",
+                "permission_error",
+            )
+        return str(where), where.relative_to(self.adapters_root).as_posix() or "."
+
+    async def _load(self, name: str, dep: Deployment, path: str, canary: bool, fraction: float, shown: str) -> dict[str, Any]:
+        """Read, check and swap in the adapter at ``path``; ``shown`` is what clients see instead of it."""
         loop = asyncio.get_running_loop()
         t0 = time.perf_counter()
         try:
@@ -418,7 +553,7 @@ class ServeApp:
         except ConfigError as exc:
             self.counters.refused_loads += 1
             self.log(f"serve: refused {name} from {path}: {exc}")
-            raise HTTPError(422, str(exc)) from None
+            raise HTTPError(422, _hide_paths(str(exc), path, shown, self.adapters_root)) from None
         read_s = time.perf_counter() - t0
         if canary:
             slot = await loop.run_in_executor(None, self.engine.spare_slot, name)
@@ -428,10 +563,10 @@ class ServeApp:
         # router must point at the new version from the moment the copy is queued.
         future = self.engine.install(slot, prepared)
         if canary:
-            target = self.router.start_canary(name, slot, path, fraction)
+            target = self.router.start_canary(name, slot, path, fraction, shown)
         else:
             old = dep.stable.label
-            target = self.router.replace_stable(name, slot, path)
+            target = self.router.replace_stable(name, slot, path, shown)
             self._slots.pop(old, None)
         self._slots[target.label] = slot
         swap_s = await asyncio.wrap_future(future)
@@ -451,18 +586,42 @@ class ServeApp:
 
     # -- feedback, models, metrics --------------------------------------------------------------
 
-    def feedback(self, outcome: _Feedback) -> dict[str, Any]:
+    def feedback(self, outcome: _Feedback, credential: str) -> dict[str, Any]:
+        if outcome.feedback_id is None:
+            raise HTTPError(
+                422,
+                'send "feedback_id": the x-feedback-id header (or feedback_id field) of a chat answer in the episode; '
+                "an episode_id alone is the client's own name and proves nothing",
+            )
         try:
-            label = self.router.feedback(outcome.model_dump())
+            label = self.router.feedback(outcome.feedback_id, outcome.model_dump(), credential)
         except KeyError:
             raise HTTPError(
                 404,
-                f"episode_id {outcome.episode_id[:100]!r} was never served here (send x-episode-id with its requests)",
+                f"feedback_id {outcome.feedback_id[:100]!r} was not issued to this credential (or is too old to remember); "
+                "send the x-feedback-id of a chat answer you got",
                 "not_found_error",
             ) from None
+        except EpisodeJudgedError as exc:
+            raise HTTPError(409, str(exc), "conflict_error") from None
         self.counters.feedback += 1
         dep = self.router.get(label.rsplit("@", 1)[0])
         return {"ok": True, "version": label, "stable": dep.stable.label, "canary": dep.canary.label if dep.canary else None}
+
+    def adapters(self) -> dict[str, Any]:
+        """``GET /v1/adapters``: each served name, its versions and canary fraction (no paths)."""
+        data = [
+            {
+                "name": n,
+                "stable": d.stable.label,
+                "stable_source": d.stable.source,
+                "canary": d.canary.label if d.canary else None,
+                "canary_source": d.canary.source if d.canary else None,
+                "fraction": d.fraction,
+            }
+            for n, d in self.router.deployments.items()
+        ]
+        return {"object": "list", "data": data}
 
     def models(self) -> dict[str, Any]:
         data = [
@@ -565,7 +724,12 @@ class ServeApp:
                 continue
             self._watched[name] = found
             try:
-                answer = await self.admin(name, None, _json({"path": found[0]}))
+                shown = f"--watch {name}: {Path(found[0]).relative_to(Path(folder).expanduser()).as_posix()}"
+            except ValueError:
+                shown = f"--watch {name}"
+            try:
+                async with self._admin:
+                    answer = await self._load(name, self._deployment(name), found[0], False, 0.0, shown)
             except HTTPError as exc:
                 self.log(f"serve: --watch {name}={folder}: {found[0]} not loaded: {exc.message}")
                 continue
@@ -583,6 +747,7 @@ class ServeApp:
                 self.log(f"serve: --watch failed ({type(exc).__name__}: {exc}); retrying")
 
     async def aclose(self) -> None:
+        self._encoder.shutdown(wait=False, cancel_futures=True)
         if self._watch_task is not None:
             self._watch_task.cancel()
         if self._client is not None:
@@ -592,29 +757,75 @@ class ServeApp:
 # -- request and reply helpers ---------------------------------------------------------------------
 
 
-async def _read_body(receive: Callable[..., Awaitable[Any]], headers: dict[str, str]) -> bytes:
+#: a key of the app's header dict that no HTTP header can have (names are latin-1 without spaces): whether
+#: the TCP peer is on this machine
+_CLIENT = " client"
+
+
+def _credential(headers: dict[str, str]) -> str:
+    """A digest of the credential a request carries (its Authorization header; "" when none)."""
+    got = headers.get("authorization", "")
+    return hashlib.sha256(got.encode("utf-8", "surrogateescape")).hexdigest() if got else ""
+
+
+def _text_chars(value: Any) -> int:
+    """Characters of every string (keys included) in decoded JSON; iterative, so depth costs no recursion."""
+    total, stack = 0, [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            total += len(v)
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return total
+
+
+def _hide_paths(message: str, path: str, shown: str, root: Path | None) -> str:
+    """``message`` with the server's folder names replaced by what the client sent."""
+    message = message.replace(path, shown)
+    if root is not None:
+        message = message.replace(str(root), "<adapters-root>")
+    return message.replace(os.path.expanduser("~"), "~")
+
+
+async def _read_body(receive: Callable[..., Awaitable[Any]], headers: dict[str, str], timeout_s: float) -> bytes:
     declared = headers.get("content-length", "")
     if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise HTTPError(413, f"the body is {declared} bytes; the limit is {MAX_BODY_BYTES}: shorten the conversation")
     chunks, size = [], 0
-    while True:
-        event = await receive()
-        chunk = event.get("body", b"")
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise HTTPError(413, f"the body is over {MAX_BODY_BYTES} bytes: shorten the conversation")
-        chunks.append(chunk)
-        if not event.get("more_body"):
-            return b"".join(chunks)
+    try:
+        async with asyncio.timeout(timeout_s):  # the whole body: a client dripping a byte at a time gets no longer
+            while True:
+                event = await receive()
+                chunk = event.get("body", b"")
+                size += len(chunk)
+                if size > MAX_BODY_BYTES:
+                    raise HTTPError(413, f"the body is over {MAX_BODY_BYTES} bytes: shorten the conversation")
+                chunks.append(chunk)
+                if not event.get("more_body"):
+                    return b"".join(chunks)
+    except TimeoutError:
+        raise HTTPError(408, f"the body took over {timeout_s:g} s to arrive (--body-timeout-s); send it at once") from None
 
 
-def _parse(model: type[Any], body: bytes) -> Any:
+def _load_json(body: bytes) -> dict[str, Any]:
     try:
         data = json.loads(body or b"null")
     except (ValueError, RecursionError):
         raise HTTPError(400, f"the body is not JSON ({body[:60]!r}); send a JSON object") from None
     if not isinstance(data, dict):
         raise HTTPError(400, "the body must be a JSON object")
+    return data
+
+
+def _parse(model: type[Any], body: bytes) -> Any:
+    return _validate(model, _load_json(body))
+
+
+def _validate(model: type[Any], data: dict[str, Any]) -> Any:
     where = _lone_surrogate(data)
     if where is not None:
         raise HTTPError(
@@ -706,13 +917,19 @@ def _lone_surrogate(data: Any) -> str | None:
     return None
 
 
-def _flatten(m: _Message) -> dict[str, str]:
-    """One OpenAI message as the ``role``/``content`` text a chat template renders."""
-    content = (
+def _flatten(m: _Message) -> dict[str, Any]:
+    """One OpenAI message as the ``role``/``content`` a chat template renders.
+
+    ``content`` is a list: the client's strings, and the ``<tool_call>`` tags the server writes around a
+    call (:class:`~agentrl_train.serve.engine.Markup`, the only text whose special tokens stay special).
+    """
+    from agentrl_train.serve.engine import Markup
+
+    text = (
         m.content if isinstance(m.content, str) else "".join(p["text"] for p in m.content or [] if isinstance(p.get("text"), str))
     )
+    content: list[str] = [text]
     if m.role == "assistant" and m.tool_calls:
-        calls = []
         for c in m.tool_calls:
             args = c.function.arguments
             if isinstance(args, str):
@@ -720,12 +937,11 @@ def _flatten(m: _Message) -> dict[str, str]:
                     args = json.loads(args) if args.strip() else {}
                 except ValueError:
                     pass
-            calls.append(
-                format_call(c.function.name, args)
-                if isinstance(args, dict)
-                else json.dumps({"name": c.function.name, "arguments": args})
-            )
-        content = content + "".join(calls)
+            if isinstance(args, dict):
+                call = format_call(c.function.name, args)
+                content += [Markup(_OPEN), call[len(_OPEN) : -len(_CLOSE)], Markup(_CLOSE)]
+            else:  # not a call the parser would read back: plain text, as before
+                content.append(json.dumps({"name": c.function.name, "arguments": args}))
     return {"role": "system" if m.role == "developer" else m.role, "content": content}
 
 

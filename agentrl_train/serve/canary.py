@@ -5,21 +5,31 @@ upstream ``model`` string that serves it (a slot of :class:`~agentrl_train.serve
 LoRA name on a vLLM server), so the same :class:`Router` sits in front of any OpenAI-compatible server.
 
 Routing is sticky per conversation: the ``x-episode-id`` (or ``x-conversation-id``) header is hashed
-(SHA-256) to a number in [0, 1) and compared with the fraction, so one episode stays on one version;
-requests without an id are drawn from the router's seeded generator.
+(HMAC-SHA-256 under a key drawn per router, so a client cannot pick ids that land on the candidate) to
+a number in [0, 1) and compared with the fraction, so one episode stays on one version; requests
+without an id are drawn from the router's seeded generator.
+
+Episodes and verdicts: every routed request belongs to an episode (its conversation id, or the request
+alone), and :meth:`Router.open_episode` issues the episode a *feedback id* (random, 128 bits) bound to
+the credential that asked. An outcome (``POST /v1/feedback``) names that id, comes from the same
+credential, and is taken once: a second verdict for an episode is refused, an id never issued (or
+forgotten past :data:`MAX_TRACKED_EPISODES`) is unknown. So the rules count episodes that were served,
+never posts.
 
 Judging: per version the router counts requests, errors, replies whose tool call parsed, latency, and
-the outcomes agents report (``POST /v1/feedback``: success, api_error_rate, timeout_rate). Once both the
-candidate and the baseline have :attr:`CanaryRules.min_episodes` episodes *since the canary started*,
-the rules are applied (when :attr:`CanaryRules.auto`): every one holds -> promote, any fails -> roll
-back. Every decision is logged with its numbers and kept in :attr:`Deployment.decisions`.
+the outcomes agents report (success, api_error_rate, timeout_rate). Once both the candidate and the
+baseline have :attr:`CanaryRules.min_episodes` episodes *since the canary started*, the rules are
+applied (when :attr:`CanaryRules.auto`): every one holds -> promote, any fails -> roll back. Every
+decision is logged with its numbers and kept in :attr:`Deployment.decisions`.
 """
 
 from __future__ import annotations
 
 import collections
 import hashlib
+import hmac
 import random
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -27,9 +37,30 @@ from typing import Any
 
 from agentrl_envs.errors import ConfigError
 
-__all__ = ["CanaryRules", "Decision", "Deployment", "Router", "Target", "VersionStats", "sticky_unit"]
+__all__ = [
+    "CanaryRules",
+    "Decision",
+    "Deployment",
+    "EpisodeJudgedError",
+    "Router",
+    "Target",
+    "VersionStats",
+    "sticky_unit",
+]
 
 MAX_TRACKED_EPISODES = 100_000
+
+
+class EpisodeJudgedError(ConfigError):
+    """An episode's outcome was already reported: one verdict per episode."""
+
+
+@dataclass
+class _Episode:
+    label: str  #: the version that served its last request
+    credential: str  #: a digest of the credential that opened it
+    conversation: str | None
+    judged: bool = False
 
 
 @dataclass(frozen=True)
@@ -96,7 +127,8 @@ class Target:
     name: str
     version: int
     model: str
-    path: str | None = None
+    path: str | None = None  #: where it was loaded from (server side; never shown to clients)
+    source: str | None = None  #: what ``GET /v1/adapters/NAME`` shows instead of the path
 
     @property
     def label(self) -> str:
@@ -134,9 +166,9 @@ class Deployment:
     def describe(self) -> dict[str, Any]:
         return {
             "stable": self.stable.label,
-            "stable_path": self.stable.path,
+            "stable_source": self.stable.source,
             "canary": self.canary.label if self.canary else None,
-            "canary_path": self.canary.path if self.canary else None,
+            "canary_source": self.canary.source if self.canary else None,
             "fraction": self.fraction,
             "versions": {k: v.rates() for k, v in self.stats.items()},
             "window": {k: v.rates() for k, v in self.window.items()},
@@ -144,9 +176,9 @@ class Deployment:
         }
 
 
-def sticky_unit(conversation_id: str) -> float:
-    """A conversation id hashed to [0, 1): the same id always lands on the same side of a fraction."""
-    digest = hashlib.sha256(conversation_id.encode("utf-8", "surrogatepass")).digest()
+def sticky_unit(conversation_id: str, key: bytes = b"") -> float:
+    """A conversation id hashed to [0, 1) under ``key``: the same id always lands on the same side of a fraction."""
+    digest = hmac.new(key, conversation_id.encode("utf-8", "surrogatepass"), hashlib.sha256).digest()
     return int.from_bytes(digest[:8], "big") / 2.0**64
 
 
@@ -179,7 +211,9 @@ class Router:
         self.on_decision = on_decision
         self.log = log
         self._rng = random.Random(seed)
-        self._episodes: collections.OrderedDict[str, str] = collections.OrderedDict()
+        self._key = secrets.token_bytes(16)  # sticky hashing: ids that land on the candidate cannot be chosen offline
+        self._episodes: collections.OrderedDict[str, _Episode] = collections.OrderedDict()  # feedback id -> episode
+        self._open: dict[tuple[str, str], str] = {}  # (credential, conversation id) -> feedback id
 
     # -- set-up ----------------------------------------------------------------------------------
 
@@ -194,10 +228,10 @@ class Router:
             raise KeyError(name)
         return dep
 
-    def replace_stable(self, name: str, model: str, path: str | None) -> Target:
+    def replace_stable(self, name: str, model: str, path: str | None, source: str | None = None) -> Target:
         """A hot reload: the next version of ``name`` becomes stable (the caller has already swapped it in)."""
         dep = self.get(name)
-        target = Target(name, dep.next_version, model, path)
+        target = Target(name, dep.next_version, model, path, source)
         dep.next_version += 1
         dep.stable = target
         dep.stats[target.label] = VersionStats()
@@ -206,14 +240,14 @@ class Router:
         self._trim(dep)
         return target
 
-    def start_canary(self, name: str, model: str, path: str | None, fraction: float) -> Target:
+    def start_canary(self, name: str, model: str, path: str | None, fraction: float, source: str | None = None) -> Target:
         dep = self.get(name)
         if dep.canary is not None:
             raise ConfigError(
                 f"{name} already has a canary ({dep.canary.label}); promote or roll it back first "
                 f"(POST /v1/adapters/{name}/promote or /rollback)"
             )
-        target = Target(name, dep.next_version, model, path)
+        target = Target(name, dep.next_version, model, path, source)
         dep.next_version += 1
         dep.canary, dep.fraction = target, check_fraction(fraction)
         dep.stats[target.label] = VersionStats()
@@ -228,14 +262,34 @@ class Router:
         if dep.canary is None:
             target = dep.stable
         else:
-            u = sticky_unit(conversation_id) if conversation_id else self._rng.random()
+            u = sticky_unit(conversation_id, self._key) if conversation_id else self._rng.random()
             target = dep.canary if u < dep.fraction else dep.stable
-        if conversation_id:
-            self._episodes[conversation_id] = target.label
-            self._episodes.move_to_end(conversation_id)
-            while len(self._episodes) > MAX_TRACKED_EPISODES:
-                self._episodes.popitem(last=False)
         return target
+
+    def open_episode(self, target: Target, conversation_id: str | None, credential: str = "") -> str:
+        """The feedback id of the episode ``target`` just served (the conversation's, or a new one).
+
+        Args:
+            target: the version routed to (the episode is judged on the last version that served it).
+            conversation_id: the client's episode id; None makes the request an episode of its own.
+            credential: a digest of the credential that asked; only it may report the outcome.
+        """
+        key = (credential, conversation_id) if conversation_id else None
+        feedback_id = self._open.get(key) if key is not None else None
+        episode = self._episodes.get(feedback_id) if feedback_id is not None else None
+        if feedback_id is None or episode is None or episode.judged:  # a judged conversation id starts a new episode
+            feedback_id = f"fb-{secrets.token_hex(16)}"
+            episode = _Episode(target.label, credential, conversation_id)
+            self._episodes[feedback_id] = episode
+            if key is not None:
+                self._open[key] = feedback_id
+        episode.label = target.label
+        self._episodes.move_to_end(feedback_id)
+        while len(self._episodes) > MAX_TRACKED_EPISODES:
+            _, old = self._episodes.popitem(last=False)
+            if old.conversation is not None:
+                self._open.pop((old.credential, old.conversation), None)
+        return feedback_id
 
     def record(self, target: Target, *, ok: bool, parsed: bool, latency_s: float) -> None:
         dep = self.deployments.get(target.name)
@@ -251,16 +305,24 @@ class Router:
             s.latency_s_sum += latency_s
             s.latency_s.append(latency_s)
 
-    def feedback(self, outcome: dict[str, Any]) -> str:
+    def feedback(self, feedback_id: str, outcome: dict[str, Any], credential: str = "") -> str:
         """Attribute one episode's outcome to the version that served it; returns that version's label.
 
         Raises:
-            KeyError: the episode id was never routed (or is too old to remember).
+            KeyError: ``feedback_id`` was never issued to ``credential`` (or is too old to remember).
+            EpisodeJudgedError: the episode's outcome was already reported.
         """
-        episode = outcome["episode_id"]
-        label = self._episodes.get(episode)
-        if label is None:
-            raise KeyError(episode)
+        episode = self._episodes.get(feedback_id)
+        if episode is None or not hmac.compare_digest(episode.credential, credential):
+            raise KeyError(feedback_id)
+        if episode.judged:
+            raise EpisodeJudgedError(
+                f"feedback_id {feedback_id[:60]!r}: this episode's outcome was already reported; one verdict per episode"
+            )
+        episode.judged = True
+        if episode.conversation is not None:
+            self._open.pop((credential, episode.conversation), None)
+        label = episode.label
         name = label.rsplit("@", 1)[0]
         dep = self.deployments[name]
         for book in (dep.stats, dep.window):

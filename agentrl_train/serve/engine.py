@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -28,14 +29,25 @@ import torch
 
 from agentrl_envs.errors import ConfigError
 
-__all__ = ["AdapterMismatchError", "Engine", "Prepared", "find_adapter_files"]
+__all__ = ["AdapterMismatchError", "Engine", "Markup", "Prepared", "PromptTooLargeError", "find_adapter_files"]
 
 T = TypeVar("T")
 _TRAINABLE = re.compile(r"^lm\.(.+)\.lora_([AB])\.[^.]+\.weight$")
+_WORD = re.compile(r"\w{0,64}", re.ASCII)
 
 
 class AdapterMismatchError(ConfigError):
     """An adapter folder does not fit the adapter it would replace (keys, shapes, scaling or base model)."""
+
+
+class PromptTooLargeError(ConfigError):
+    """A conversation has more tokens than the server takes in one request, before old turns are dropped."""
+
+
+class Markup(str):
+    """Text the server itself wrote into a message (the ``<tool_call>`` tags around a call): its
+    special-token spellings are special tokens. Every other string of a message is the client's and
+    is tokenized as text."""
 
 
 @dataclass
@@ -114,6 +126,12 @@ class Engine:
         from agentrl_train.policy import stop_token_ids
 
         self.stop_ids = stop_token_ids(self.tokenizer)
+        # special tokens and added ones (Qwen's <tool_call> is added but not "special": split_special_tokens
+        # leaves it whole), longest first so that a longer spelling wins
+        specials = {str(t) for t in self.tokenizer.all_special_tokens if t}
+        specials |= {str(t) for t in getattr(self.tokenizer, "get_added_vocab", dict)() if t}
+        self._specials = sorted(specials, key=len, reverse=True)
+        self._specials_re = re.compile("|".join(map(re.escape, self._specials))) if self._specials else None
 
     # -- the worker ------------------------------------------------------------------------------
 
@@ -328,15 +346,74 @@ class Engine:
             cache, h, pos = out.cache, out.last_hidden_state[:, -1], pos + 1
         return ids, "length"
 
-    def encode(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, max_tokens: int) -> list[int]:
-        """Chat-template the messages; past ``max_tokens`` the oldest turns after the instruction go."""
+    def encode(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        max_tokens: int,
+        *,
+        max_total: int | None = None,
+    ) -> list[int]:
+        """Chat-template the messages; past ``max_tokens`` the oldest turns after the instruction go.
+
+        The client's text never becomes a special token: the template is rendered with a placeholder for
+        each string of the messages and tools, its own text is tokenized with special tokens on, and each
+        client string with ``split_special_tokens=True`` (a user writing ``<|im_start|>system`` gets
+        those characters, not a forged turn). A message's ``content`` is a string or a list of strings
+        and :class:`Markup` (text the server wrote, such as tool-call tags).
+
+        Raises:
+            PromptTooLargeError: the client's strings are over ``max_total`` tokens (before any drop).
+            ConfigError: the prompt is over ``max_tokens`` even with every old turn dropped.
+        """
+        texts: list[str] = []  # the client's strings, by placeholder number
+        nonce = secrets.token_hex(8)  # placeholders a client cannot write in advance
+        pattern = re.compile(f"AGENTRLPH{nonce}N(\\d+)X")
+
+        def hold(text: str) -> str:
+            texts.append(text)
+            return f"AGENTRLPH{nonce}N{len(texts) - 1}X"
+
+        def held(value: Any) -> Any:  # the strings of a tool schema, keys included, but plain words
+            if isinstance(value, str):
+                return value if self._plain(value) else hold(value)  # "function", "type": the template may look
+            if isinstance(value, dict):
+                return {held(k) if isinstance(k, str) else k: held(v) for k, v in value.items()}
+            if isinstance(value, list):
+                return [held(v) for v in value]
+            return value
+
+        def content(value: Any) -> str:
+            pieces = value if isinstance(value, list) else [value or ""]
+            return "".join(p if isinstance(p, Markup) else hold(str(p)) for p in pieces)
+
+        messages = [{**m, "content": content(m.get("content"))} for m in messages]
+        tools = held(tools) if tools else None
+        total, token_cache = 0, {}
+        for i, text in enumerate(texts):  # each client string once; the count stops at the first past the cap
+            token_cache[i] = self._text_ids(text)
+            total += len(token_cache[i])
+            if max_total is not None and total > max_total:
+                raise PromptTooLargeError(
+                    f"the conversation is over {max_total} tokens; this server takes at most {max_total} in one request "
+                    "(old turns are dropped to fit the context only below that): send the recent turns only"
+                )
         head, turns = messages[:2], messages[2:]
 
         def render(drop: int) -> list[int]:  # the prompt without the oldest 2 * drop turns
             text = self.tokenizer.apply_chat_template(
-                head + turns[2 * drop :], tools=tools or None, tokenize=False, add_generation_prompt=True
+                head + turns[2 * drop :], tools=tools, tokenize=False, add_generation_prompt=True
             )
-            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+            ids: list[int] = []
+            start = 0
+            for m in pattern.finditer(text):
+                ids += self._template_ids(text[start : m.start()])
+                n = int(m.group(1))
+                quoted = text[m.start() - 1 : m.start()] == '"' and text[m.end() : m.end() + 1] == '"'
+                # inside a JSON string (a template's tojson of the tools) the text goes in JSON-escaped
+                ids += self._text_ids(json.dumps(texts[n], ensure_ascii=False)[1:-1]) if quoted else token_cache[n]
+                start = m.end()
+            return ids + self._template_ids(text[start:])
 
         ids = render(0)
         if len(ids) <= max_tokens:
@@ -358,6 +435,29 @@ class Engine:
             else:
                 lo = mid
         return best
+
+    def _plain(self, text: str) -> bool:
+        """A word of ASCII letters, digits and ``_`` that spells no special token: safe as template text."""
+        return _WORD.fullmatch(text) is not None and not any(t in text for t in self._specials)
+
+    def _template_ids(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+
+    def _text_ids(self, text: str) -> list[int]:
+        """Client text as text: a spelled special or added token is cut after its first character."""
+        if not text:
+            return []
+        pieces: list[str] = []
+        start = 0
+        for m in self._specials_re.finditer(text) if self._specials_re is not None else ():
+            pieces += [text[start : m.start() + 1]]
+            start = m.start() + 1
+        pieces.append(text[start:])
+        ids: list[int] = []
+        for piece in pieces:
+            if piece:
+                ids += self.tokenizer(piece, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        return ids
 
     def decode(self, ids: list[int]) -> str:
         """The reply's text: the end-of-turn token dropped, a closing ``</tool_call>`` kept."""

@@ -10,9 +10,10 @@ from typing import Any
 
 from agentrl_envs.errors import ConfigError
 
-__all__ = ["listen", "parse_pairs", "serve"]
+__all__ = ["listen", "parse_pairs", "serve", "uvicorn_config"]
 
 TOKEN_ENV = "AGENTRL_SERVE_TOKEN"
+ADMIN_TOKEN_ENV = "AGENTRL_SERVE_ADMIN_TOKEN"
 
 
 def parse_pairs(values: list[str] | None, flag: str, default_name: str | None = None) -> dict[str, str]:
@@ -40,6 +41,9 @@ def build_app(
     device: str = "cpu",
     threads: int = 1,
     token: str | None = None,
+    admin_token: str | None = None,
+    adapters_root: str | None = None,
+    limits: Any = None,
     rules: Any = None,
     max_new_tokens: int = 256,
     watch: dict[str, str] | None = None,
@@ -60,7 +64,17 @@ def build_app(
             raise ConfigError("--watch needs a local model; with --upstream, load adapters on the upstream")
         if not upstream.startswith(("http://", "https://")):
             raise ConfigError(f"--upstream {upstream!r}: use the server root, e.g. http://127.0.0.1:8001")
-        return ServeApp(upstream=upstream.rstrip("/").removesuffix("/v1"), adapters=adapters, rules=rules, token=token, log=log)
+        if adapters_root is not None:
+            raise ConfigError("--adapters-root is for a local model; with --upstream, the upstream loads adapters")
+        return ServeApp(
+            upstream=upstream.rstrip("/").removesuffix("/v1"),
+            adapters=adapters,
+            rules=rules,
+            token=token,
+            admin_token=admin_token,
+            limits=limits,
+            log=log,
+        )
     if model is None:
         raise ConfigError("agentrl-train serve needs --model (tiny or a local model folder) or --upstream URL")
     from agentrl_train.serve.engine import Engine
@@ -71,6 +85,9 @@ def build_app(
         adapters=adapters,
         rules=rules,
         token=token,
+        admin_token=admin_token,
+        adapters_root=adapters_root,
+        limits=limits,
         max_new_tokens=max_new_tokens,
         watch=watch,
         watch_interval_s=watch_interval_s,
@@ -94,6 +111,43 @@ def listen(host: str, port: int) -> socket.socket:
         ) from None
 
 
+def uvicorn_config(app: Any, **kwargs: Any) -> Any:
+    """uvicorn's config for ``app`` with its :class:`~agentrl_train.serve.limits.ServeLimits` applied:
+    the guarded HTTP protocol (head deadline, connection cap), the keep-alive time, h11's head size."""
+    import uvicorn
+
+    from agentrl_train.serve.limits import guarded_protocol
+
+    limits = app.limits
+    return uvicorn.Config(
+        app,
+        http=guarded_protocol(limits),
+        timeout_keep_alive=limits.keep_alive_s,
+        h11_max_incomplete_event_size=limits.max_head_bytes,
+        log_level="warning",
+        **kwargs,
+    )
+
+
+def raise_open_files(needed: int, log: Callable[[str], None] = print) -> None:
+    """Raise the soft limit of open files to ``needed`` (up to the hard one): 1,024 is the common soft
+    default, and a server at its connection cap must still open model files and accept one more."""
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return
+    new = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+    except (ValueError, OSError):
+        new = soft
+    if new < needed:
+        log(f"serve: open files are limited to {new}; lower --max-connections below {max(new - 64, 1)}")
+
+
 def serve(
     app: Any,
     host: str = "127.0.0.1",
@@ -112,14 +166,17 @@ def serve(
     from agentrl_envs.simulator_server import check_bind
 
     check_bind(host, token)
+    if getattr(app, "admin_token", None) is not None:
+        check_bind("0.0.0.0", app.admin_token)  # the same strength rule as --token
+    raise_open_files(app.limits.max_connections + 256)
     if sock is None:
         sock = listen(host, port)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(uvicorn_config(app, lifespan="on"))
     with sock:
         server.run(sockets=[sock])
     if not server.started:  # the app's start-up failed (uvicorn logged why); uvicorn.run exits 3 then too
         sys.exit(3)
 
 
-def token_from(value: str | None) -> str | None:
-    return value if value is not None else os.environ.get(TOKEN_ENV) or None
+def token_from(value: str | None, env: str = TOKEN_ENV) -> str | None:
+    return value if value is not None else os.environ.get(env) or None

@@ -491,6 +491,19 @@ def test_feedback_is_off_by_default_and_posts_outcomes_when_on() -> None:
 
 
 @respx.mock
+def test_feedback_names_the_feedback_id_the_server_issued() -> None:
+    """``agentrl-train serve`` takes an outcome only with the ``feedback_id`` of a chat answer in the episode."""
+    ids = iter(["fb-first", "fb-second"])
+    respx.post(CHAT).mock(side_effect=lambda request: httpx.Response(200, json={**text("x"), "feedback_id": next(ids)}))
+    feedback = respx.post(f"{BASE}/v1/feedback").mock(return_value=httpx.Response(200, json={"ok": True}))
+    a = agent(feedback=True)
+    for want in ("fb-first", "fb-second"):
+        a.act("task", RESET_INFO)
+        a.report_outcome({"success": True, "step": 1})
+        assert json.loads(feedback.calls[-1].request.content)["feedback_id"] == want
+
+
+@respx.mock
 def test_undeliverable_feedback_warns_and_is_counted() -> None:
     respx.post(CHAT).mock(return_value=httpx.Response(200, json=text("x")))
     respx.post(f"{BASE}/v1/feedback").mock(return_value=httpx.Response(404))

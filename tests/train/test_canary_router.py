@@ -50,8 +50,9 @@ def test_fraction_bounds_route_all_or_nothing(fraction: float) -> None:
 
 def _episode(router: Router, conversation: str, *, success: bool, parsed: bool, timeout: float = 0.0) -> str:
     target = router.route("p", conversation)
+    feedback_id = router.open_episode(target, conversation)
     router.record(target, ok=True, parsed=parsed, latency_s=0.01)
-    router.feedback({"episode_id": conversation, "success": success, "timeout_rate": timeout, "api_error_rate": 0.0})
+    router.feedback(feedback_id, {"success": success, "timeout_rate": timeout, "api_error_rate": 0.0})
     return target.label
 
 
@@ -113,7 +114,7 @@ def test_manual_decisions_and_refusals() -> None:
     assert router.get("p").decisions == []  # auto=False: the rules wait for an operator
     assert router.decide("p", "rollback").reason == "manual"
     with pytest.raises(KeyError):
-        router.feedback({"episode_id": "never-routed", "success": True})
+        router.feedback("never-routed", {"success": True})
 
 
 def _proxy(token: str | None = None) -> ServeApp:
@@ -163,7 +164,9 @@ def test_proxy_mode_canary_in_front_of_another_server() -> None:
             assert r.status_code == 200, r.text
             seen.append(r.headers["x-adapter-version"])
             assert r.json()["system_fingerprint"] == seen[-1] and r.json()["model"] == "tools"
-            ok = (await _call(app, "POST", "/v1/feedback", {"episode_id": ep, "success": seen[-1] == "tools@1"})).status_code
+            assert r.json()["feedback_id"] == r.headers["x-feedback-id"]
+            outcome = {"feedback_id": r.headers["x-feedback-id"], "success": seen[-1] == "tools@1"}
+            ok = (await _call(app, "POST", "/v1/feedback", outcome)).status_code
             assert ok == 200
         await app.aclose()
         return seen

@@ -156,6 +156,7 @@ def server(adapters: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) 
     app = build_app(
         "tiny",
         {"policy": str(adapters["zero"]), "load": str(adapters["a"]), "cand": str(adapters["zero"])},
+        adapters_root=str(adapters["zero"].parent),
         rules=CanaryRules(min_episodes=4),
         max_new_tokens=MAX_TOKENS,
         watch={"policy": str(watch)},
@@ -354,7 +355,7 @@ def test_watch_loads_new_checkpoints(server: tuple[str, Any, list[str]], adapter
             if state["stable"] != before:
                 break
             time.sleep(0.001)
-        assert state["stable_path"] == str(good)
+        assert state["stable_source"] == "--watch policy: checkpoints/update-000002"
         assert _text(_chat(c, "policy")) != _text(_chat(c, "base"))  # the random checkpoint is serving
 
 
@@ -421,7 +422,8 @@ BAD = [
     ("GET", "/v1/chat/completions", None, 405, "not allowed"),
     ("GET", "/nope", None, 404, "no route"),
     ("POST", "/v1/adapters/policy", {}, 400, "path"),
-    ("POST", "/v1/adapters/policy", {"path": "/no/such/dir"}, 422, "not a folder"),
+    ("POST", "/v1/adapters/policy", {"path": "/no/such/dir"}, 403, "outside the adapters root"),
+    ("POST", "/v1/adapters/policy", {"path": "no/such/dir"}, 422, "'no/such/dir' is not a folder"),
     ("POST", "/v1/adapters/policy", {"path": "@empty"}, 422, "no adapter_model"),
     ("POST", "/v1/adapters/policy", {"path": "@wrong_rank"}, 422, "shape"),
     ("POST", "/v1/adapters/policy", {"path": "@other_base"}, 422, "trained on base"),
@@ -444,7 +446,8 @@ BAD = [
     ("POST", "/v1/adapters/policy/promote", {}, 409, "no canary"),
     ("POST", "/v1/adapters/policy/rollback", {}, 409, "no canary"),
     ("POST", "/v1/adapters/policy/explode", {}, 404, "no route"),
-    ("POST", "/v1/feedback", {"episode_id": "never-seen", "success": True}, 404, "never served"),
+    ("POST", "/v1/feedback", {"episode_id": "never-seen", "success": True}, 422, "feedback_id"),
+    ("POST", "/v1/feedback", {"feedback_id": "fb-never-issued", "success": True}, 404, "not issued"),
     ("POST", "/v1/feedback", {"episode_id": "x", "success": True, "timeout_rate": 3}, 400, "timeout_rate"),
 ]
 
