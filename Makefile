@@ -8,7 +8,7 @@ EPISODES ?= 20
 DEMO_UPDATES ?= 5
 DEMO_EVAL_EVERY ?= 1
 
-.PHONY: setup demo test test-fast lint format bench soak clean leaderboard
+.PHONY: setup demo test test-fast lint format bench bench-real soak clean leaderboard
 
 setup: $(STAMP)
 
@@ -54,6 +54,11 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_train.py
 	$(BIN)/python benchmarks/bench_generate.py
 	$(BIN)/python benchmarks/bench_sandbox.py
+
+# SmolLM2-135M in generate mode: zero-shot, SFT, PPO from SFT, shuffled-reward control (hours on 2 cores);
+# BENCH_REAL_ARGS=--quick for a few minutes. Results: docs/results/real-model-DATE.md.
+bench-real: $(STAMP)
+	$(BIN)/python benchmarks/bench_real_model.py $(BENCH_REAL_ARGS)
 
 # Baselines and trained agents on the same fixed episodes: docs/leaderboard.md and docs/img/leaderboard.png.
 # Trained runs in runs/leaderboard are reused when their budget matches; LEADERBOARD_ARGS=--retrain trains again.

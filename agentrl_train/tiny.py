@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -74,17 +73,17 @@ class TinySpec:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
 
 
-def build_tiny(spec: TinySpec | None = None, *, log: Any = print, threads: int | None = None) -> Path:
+def build_tiny(spec: TinySpec | None = None, *, log: Any = print) -> Path:
     """Build (once) and return the folder of the tiny model: ``config.json``, weights, tokenizer.
 
     Concurrent callers (parallel tests, DDP ranks) wait on a file lock; the folder appears atomically,
     only once it loads, and a cached folder that does not load is rebuilt (:mod:`agentrl_train.model_cache`).
-    ``threads``: torch threads of the pretraining (None: every core, for a build that has the machine
-    to itself; 1 for one that runs beside other work). The weights do not depend on it: the model's
-    kernels split their outputs, not their sums, across threads (the same bytes with 1 and 2 threads).
+    The pretraining runs on one torch thread whatever the caller's setting (which is given back): with
+    more, CPU kernels split some sums (bias and embedding gradients) across threads and the weights
+    would depend on the machine's core count. So every machine builds the same bytes.
     """
     spec = spec or TinySpec()
-    return cached_folder(f"tiny-{spec.key()}", lambda tmp: _build(spec, tmp, log, threads or os.cpu_count() or 1), log=log)
+    return cached_folder(f"tiny-{spec.key()}", lambda tmp: _build(spec, tmp, log), log=log)
 
 
 def corpus_texts(episodes: int, seed: int = 0) -> list[str]:
@@ -134,7 +133,7 @@ def _render(messages: list[dict[str, str]], tools: list[dict[str, Any]]) -> str:
     return env.from_string(template).render(messages=messages, tools=tools, add_generation_prompt=False)
 
 
-def _build(spec: TinySpec, out: Path, log: Any, threads: int) -> None:
+def _build(spec: TinySpec, out: Path, log: Any) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
@@ -180,7 +179,7 @@ def _build(spec: TinySpec, out: Path, log: Any, threads: int) -> None:
     gen = torch.Generator().manual_seed(spec.seed)
     model.train()
     before = torch.get_num_threads()
-    torch.set_num_threads(max(threads, 1))
+    torch.set_num_threads(1)
     try:
         _pretrain(model, data, spec, gen, log)
     finally:

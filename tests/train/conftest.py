@@ -40,7 +40,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         return
     cache_root().mkdir(parents=True, exist_ok=True)
     with open(cache_root() / "tiny-background-build.log", "wb") as log:
-        code = "from agentrl_train.tiny import build_tiny; build_tiny(threads=1)"
+        code = "from agentrl_train.tiny import build_tiny; build_tiny()"
         _background = subprocess.Popen([sys.executable, "-c", code], stdout=log, stderr=subprocess.STDOUT)
 
 

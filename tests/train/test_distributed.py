@@ -92,7 +92,9 @@ def test_two_ranks_equal_one_rank_with_twice_the_envs(tmp_path: Path) -> None:
     # both ranks wrote their env state, the world size is recorded
     ck = tmp_path / "two" / "checkpoints"
     last = ck / (ck / "latest").read_text().strip()
-    assert (last / "envs-rank0.pt").exists() and (last / "envs-rank1.pt").exists()
+    for rank in (0, 1):
+        assert (last / f"envs-rank{rank}.json").exists() and (last / f"envs-rank{rank}.safetensors").exists()
+    assert not list(last.glob("*.pt"))  # nothing pickled
     # every rank holds exactly the same weights after the updates, checked across ranks at the end
     summary = json.loads((tmp_path / "two" / "summary.json").read_text())
     assert summary["world"] == 2 and summary["rank_weight_max_abs_diff"] == 0.0

@@ -120,7 +120,7 @@ def test_tiny_built_by_rank_1_is_cached_with_its_weights(cache: Path, monkeypatc
 
     monkeypatch.setattr(mixin, "_is_torch_distributed_initialized", lambda: True)
     monkeypatch.setattr(mixin, "_get_torch_distributed_rank", lambda: 1)
-    folder = build_tiny(SPEC, log=lambda *a: None, threads=1)
+    folder = build_tiny(SPEC, log=lambda *a: None)
     monkeypatch.undo()
     monkeypatch.setenv("AGENTRL_CACHE", str(cache))
     from agentrl_train.models import load_base
@@ -131,12 +131,12 @@ def test_tiny_built_by_rank_1_is_cached_with_its_weights(cache: Path, monkeypatc
 
 def test_a_tiny_cache_without_its_config_is_rebuilt_with_a_message(cache: Path) -> None:
     """The state finding 15 left on machines: ``done`` (the old marker) and a tokenizer, no config.json."""
-    folder = build_tiny(SPEC, log=lambda *a: None, threads=1)
+    folder = build_tiny(SPEC, log=lambda *a: None)
     (folder / "config.json").unlink()
     (folder / "model.safetensors").unlink()
     (folder / "done").write_text("ok\n")
     logs: list[str] = []
-    assert build_tiny(SPEC, log=logs.append, threads=1) == folder
+    assert build_tiny(SPEC, log=logs.append) == folder
     assert any("unusable" in line and "rebuilding" in line for line in logs)
     assert (folder / "config.json").exists() and (folder / "model.safetensors").exists()
 
@@ -153,10 +153,10 @@ torch.set_num_threads(1)
 td.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
 spec = TinySpec(pretrain_steps=4, corpus_episodes=2)
 if rank == 1:  # rank 1 builds the cache, as when it wins the lock under torchrun
-    build_tiny(spec, log=lambda *a: None, threads=1)
+    build_tiny(spec, log=lambda *a: None)
 td.barrier()
 if rank == 0:
-    folder = build_tiny(spec, log=lambda *a: print("rank 0:", *a), threads=1)
+    folder = build_tiny(spec, log=lambda *a: print("rank 0:", *a))
     check_hf_folder(folder)
     print("rank 0: loaded", folder.name)
 td.barrier()

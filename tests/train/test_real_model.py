@@ -118,6 +118,7 @@ def test_batched_decoding_and_sampled_logprobs_on_the_real_model(smol) -> None:
         assert lp.tolist() == pytest.approx(lps, abs=2e-3)
 
 
+@pytest.mark.timeout(1800)  # ~75 s alone on 2 cores; bounded by counts, the timeout only catches a hang
 def test_sft_teaches_the_format_and_ppo_starts_at_kl_zero_from_it(smol, tmp_path) -> None:
     from agentrl_train.evaluate import load_run
     from agentrl_train.sft import sft
