@@ -302,14 +302,22 @@ class Policy(nn.Module):
     def encode_prompt(self, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None, max_tokens: int) -> list[int]:
         """Chat-template the messages (generation prompt added), dropping the oldest turns past ``max_tokens``.
 
-        The system prompt and the first user message (the instruction) are always kept.
+        The system prompt (with the tools) and the first user message (the instruction) are always
+        kept: when they alone exceed ``max_tokens`` this is a :class:`ConfigError` naming
+        ``--max-prompt-tokens``, not a prompt cut from the left (which would drop the system prompt).
         """
         keep_head, turns = messages[:2], messages[2:]
         while True:
             text = self.tokenizer.apply_chat_template(keep_head + turns, tools=tools, tokenize=False, add_generation_prompt=True)
             ids = self._tokenize(text, _untrusted(keep_head + turns))
-            if len(ids) <= max_tokens or not turns:
-                return ids[-max_tokens:] if len(ids) > max_tokens else ids
+            if len(ids) <= max_tokens:
+                return ids
+            if not turns:
+                raise ConfigError(
+                    f"the system prompt, tools and instruction alone take {len(ids)} tokens, more than "
+                    f"--max-prompt-tokens {max_tokens}: raise --max-prompt-tokens (the model's context allows "
+                    f"{getattr(self.causal.config, 'max_position_embeddings', 'an unknown number of')} tokens)"
+                )
             turns = turns[2:] if len(turns) >= 2 else []
 
     def render(self, messages: list[dict[str, str]], tools: Any, generation_prompt: bool) -> str:

@@ -222,7 +222,7 @@ def _table(results: dict[str, Any]) -> str:
         r = res["resources"]
         lines.append(
             f"| {env} | {seed} | {phase} | {sr('train')} | {sr('test')} | {sr('heldout')} | "
-            f"{e['test']['mean_return']:.2f} | {'-' if rec is None else f'{rec:.2f}'} | {r['wall_s']} | {r['cpu_s']} | {r['peak_rss_mb']} |"
+            f"{e['test']['mean_return'] if 'test' in e else float('nan'):.2f} | {'-' if rec is None else f'{rec:.2f}'} | {r['wall_s']} | {r['cpu_s']} | {r['peak_rss_mb']} |"
         )
     return "\n".join(lines)
 
@@ -236,6 +236,9 @@ def main() -> None:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--phases", nargs="+", default=list(PHASES), choices=PHASES)
     ap.add_argument("--eval-episodes", type=int, default=64, help="greedy episodes per split (default 64)")
+    ap.add_argument(
+        "--splits", nargs="+", default=["train", "test", "heldout"], choices=["train", "test", "heldout"], help="splits evaluated"
+    )
     ap.add_argument("--sft-episodes", type=int, default=64)
     ap.add_argument("--sft-epochs", type=int, default=2)
     ap.add_argument("--sft-batch", type=int, default=4)
@@ -258,7 +261,7 @@ def main() -> None:
         args.seeds, args.envs = args.seeds[:1], args.envs[:1]
     root = Path(args.out or tempfile.mkdtemp(prefix="bench-real-"))
     root.mkdir(parents=True, exist_ok=True)
-    splits = ["train", "test", "heldout"]
+    splits = args.splits
     results: dict[str, Any] = {}
     t_all = time.perf_counter()
     for env in args.envs:

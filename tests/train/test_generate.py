@@ -16,6 +16,7 @@ import gymnasium as gym
 import pytest
 import torch
 
+from agentrl_envs.errors import ConfigError
 from agentrl_train.rollout import EnvPool, EpisodeStates, act_many, action_text, collect, episode_seed
 
 from .conftest import small_config
@@ -259,3 +260,19 @@ def test_tool_text_spelling_special_tokens_stays_text(small_policy) -> None:
     assert sum(i in specials for i in policy.encode_prompt(user, None, 4096)) == sum(
         i in specials for i in policy.encode_prompt(honest[:2], None, 4096)
     )
+
+
+def test_a_head_longer_than_the_prompt_budget_is_an_error_not_a_cut(small_policy) -> None:
+    """System prompt, tools and instruction are never cut: past --max-prompt-tokens it says so."""
+    policy, _ = small_policy
+    head = [{"role": "system", "content": "rules " * 200}, {"role": "user", "content": "Count staff."}]
+    fits = policy.encode_prompt(head, None, 4096)
+    for budget in (len(fits) - 1, len(fits) // 2, 1):
+        with pytest.raises(ConfigError, match="--max-prompt-tokens"):
+            policy.encode_prompt(head, None, budget)
+    assert policy.encode_prompt(head, None, len(fits)) == fits
+    # later turns still go oldest first to fit, the head stays
+    turns = [{"role": "assistant", "content": "x " * 50}, {"role": "tool", "content": "y " * 50}] * 3
+    cut = policy.encode_prompt(head + turns, None, len(fits) + 150)
+    text = policy.tokenizer.decode(cut)
+    assert len(cut) <= len(fits) + 150 and "rules " * 200 in text and "Count staff." in text
