@@ -158,6 +158,46 @@ def test_play_end_of_input() -> None:
     assert "end of input" in play([])
 
 
+def test_play_empty_lines_ask_again_without_costing_a_step() -> None:
+    # an empty line went to the env as an action: a format penalty and one step of the budget gone
+    lines = "\n   \n\t\n" + " " * 1_000_000 + "\nfinish 42\n"
+    out = subprocess.run(
+        [sys.executable, "-m", "agentrl_envs", "play", "AgentRL/SQL-v0", "--seed", "3"],
+        input=lines,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "[step 1 |" in out.stdout and "[step 2 |" not in out.stdout and "action error" not in out.stdout
+    assert out.stdout.count("\n> ") == 5  # asked again after each of the four empty lines
+
+
+def test_play_at_a_terminal_reads_with_input_and_line_editing(monkeypatch: pytest.MonkeyPatch) -> None:
+    # sys.stdin.readline() has no line editing: arrow keys typed escape codes into the action
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    typed = iter(["", "finish 42"])
+    prompts: list[str] = []
+
+    def fake_input(prompt: str = "") -> str:
+        prompts.append(prompt)
+        try:
+            return next(typed)
+        except StopIteration:
+            raise EOFError from None
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stdin", terminal)
+    monkeypatch.setattr(sys, "stdout", terminal)
+    monkeypatch.setattr("builtins.input", fake_input)
+    assert cmd_play(_parser().parse_args(["play", "AgentRL/SQL-v0", "--seed", "3"])) == 0
+    assert prompts == ["> ", "> "] and "[step 1 |" in terminal.getvalue()
+    assert "readline" in sys.modules or sys.platform == "win32"
+
+
 def test_console_script_runs() -> None:
     out = subprocess.run([sys.executable, "-m", "agentrl_envs.cli", "list"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "AgentRL/SQL-v0" in out.stdout
