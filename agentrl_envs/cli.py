@@ -31,6 +31,7 @@ import gymnasium as gym
 
 import agentrl_envs
 from agentrl_envs.actions import format_call
+from agentrl_envs.cli_args import parse_args
 from agentrl_envs.core import MAX_CANDIDATES, MAX_SERVICE_S
 from agentrl_envs.errors import AgentRLError
 from agentrl_envs.tasks.sampler import SPLITS
@@ -65,8 +66,7 @@ def play_help(tool_names: Sequence[str]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
+    args = parse_args(_parser(), argv)
     try:
         return int(args.func(args) or 0)
     except AgentRLError as exc:

@@ -13,6 +13,7 @@ import os
 import sys
 from typing import Any
 
+from agentrl_envs.cli_args import parse_args
 from agentrl_envs.errors import AgentRLError
 
 __all__ = ["main"]
@@ -376,8 +377,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(build_parser(), argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what --nproc passes on to torchrun
     try:
         return int(args.func(args) or 0)

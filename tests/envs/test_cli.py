@@ -73,6 +73,39 @@ def test_argparse_errors(argv: list[str]) -> None:
     assert exc.value.code == 2
 
 
+@pytest.mark.parametrize(
+    ("argv", "hint"),
+    [
+        (["eval", "AgentRL/SQL-v0", "--episods", "3"], "unrecognized arguments: --episods 3; did you mean --episodes?"),
+        (["play", "AgentRL/SQL-v0", "--sed=3"], "unrecognized arguments: --sed=3; did you mean --seed?"),
+        (
+            ["eval", "AgentRL/SQL-v0", "--agnet", "oracle", "--no-progres", "--jsn"],
+            "unrecognized arguments: --agnet oracle --jsn; did you mean --agent (for --agnet), --json (for --jsn)?",
+        ),
+    ],
+)
+def test_a_misspelt_flag_names_the_closest_one(argv: list[str], hint: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # argparse said "unrecognized arguments: --episods 3" and nothing more (YAML keys got "did you mean")
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and f"agentrl-envs {argv[0]}: error: {hint}" in err, err
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["garbage"], ["--zzzzzzzz"], ["--"], ["--", "\x00\x1b[31m"], ["--episodes-" + "x" * 1_000_000], ["x" * 1_000_000] * 20],
+)
+def test_unknown_arguments_without_a_near_flag_exit_2_with_a_short_message(
+    extra: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["list", *extra])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "agentrl-envs list: error: unrecognized arguments:" in err, err
+    assert "did you mean" not in err and len(err) < 1000
+
+
 def play(lines: list[str], *extra: str) -> str:
     args = _parser().parse_args(["play", "AgentRL/SQLPythonSMTP-v0", "--seed", "3", *extra])
     out = io.StringIO()

@@ -171,6 +171,34 @@ def _one_line_error(capsys) -> str:  # type: ignore[no-untyped-def]
     return err
 
 
+@pytest.mark.parametrize(
+    ("argv", "hint"),
+    [
+        (["ppo", "--lrr", "0.1"], "agentrl-train ppo: error: unrecognized arguments: --lrr 0.1; did you mean --lr?"),
+        (["sft", "--sft-lrr=0.1"], "agentrl-train sft: error: unrecognized arguments: --sft-lrr=0.1; did you mean --sft-lr?"),
+        (["ppo", "--no-tensorbaord"], "did you mean --no-tensorboard?"),
+        (["eval", "--run", "x", "--episods", "3"], "did you mean --episodes?"),
+        (["serve", "--prot", "0"], "did you mean --port?"),
+        (["ppo", "--lrr", "0.1", "--updatse", "3"], "did you mean --lr (for --lrr), --updates (for --updatse)?"),
+    ],
+)
+def test_a_misspelt_flag_names_the_closest_one(argv, hint, capsys) -> None:  # type: ignore[no-untyped-def]
+    # a typo in a --config file named the option; the same typo as a flag got "unrecognized arguments" only
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and hint in err, err
+
+
+@pytest.mark.parametrize("extra", [["0.1"], ["--"], ["--zzzzzzzz"], ["--lr" + "r" * 1_000_000], ["x" * 1_000_000] * 20])
+def test_unknown_arguments_without_a_near_flag(extra, capsys) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(SystemExit) as exc:
+        main(["ppo", *extra])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "agentrl-train ppo: error: unrecognized arguments:" in err
+    assert "did you mean" not in err and len(err.splitlines()[-1]) < 500
+
+
 def test_cli_config_folder_and_out_file_are_one_line_errors(capsys, tmp_path) -> None:
     assert main(["ppo", "--config", str(tmp_path), "--out", str(tmp_path / "run")]) == 2
     assert f"--config {tmp_path}: is a folder" in _one_line_error(capsys)
