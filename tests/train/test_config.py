@@ -258,6 +258,19 @@ def test_a_saved_adapter_passes_the_check(tmp_path, monkeypatch) -> None:  # typ
     assert seen[0].model.init_adapter == str(folder)
 
 
+@pytest.mark.parametrize(("flag", "progress"), [("--no-progress", False), ("--progress", True), ("--no-prog", False)])
+def test_sft_takes_no_progress_as_ppo_does(flag, progress, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import agentrl_train.sft as sft_module
+
+    seen = []
+    monkeypatch.setattr(sft_module, "sft", lambda cfg: seen.append(cfg))
+    assert main(["sft", flag, "--out", str(tmp_path / "run")]) == 0
+    assert seen[0].run.progress is progress
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    assert "--no-progress" in sub.choices["sft"].format_help() and "--no-progress" in sub.choices["ppo"].format_help()
+
+
 def test_cli_config_folder_and_out_file_are_one_line_errors(capsys, tmp_path) -> None:
     assert main(["ppo", "--config", str(tmp_path), "--out", str(tmp_path / "run")]) == 2
     assert f"--config {tmp_path}: is a folder" in _one_line_error(capsys)
