@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -30,6 +31,7 @@ import gymnasium as gym
 
 import agentrl_envs
 from agentrl_envs.actions import format_call
+from agentrl_envs.cli_args import parse_args
 from agentrl_envs.core import MAX_CANDIDATES, MAX_SERVICE_S
 from agentrl_envs.errors import AgentRLError
 from agentrl_envs.tasks.sampler import SPLITS
@@ -64,8 +66,7 @@ def play_help(tool_names: Sequence[str]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
+    args = parse_args(_parser(), argv)
     try:
         return int(args.func(args) or 0)
     except AgentRLError as exc:
@@ -316,8 +317,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_play(args: argparse.Namespace, stdin: TextIO | None = None, stdout: TextIO | None = None) -> int:
-    stdin = stdin or sys.stdin
     out = stdout or sys.stdout
+    read_line = _line_reader(stdin or sys.stdin, out)
     env = _make(args, _splits(args.split)[0], render_mode="ansi")
     try:
         observation, info = env.reset(seed=args.seed)
@@ -328,12 +329,12 @@ def cmd_play(args: argparse.Namespace, stdin: TextIO | None = None, stdout: Text
         _show_candidates(info, out)
         total = 0.0
         while True:
-            print("\n> ", end="", file=out, flush=True)
-            line = stdin.readline()
-            if not line:
+            line = read_line()
+            if line is None:
                 print("\n(end of input: episode abandoned)", file=out)
                 return 0
-            line = line.rstrip("\n")
+            if not line.strip():  # an empty line costs no step: it asks again
+                continue
             if line.strip() in (":quit", ":q"):
                 return 0
             if line.strip() == ":help":
@@ -362,6 +363,33 @@ def cmd_play(args: argparse.Namespace, stdin: TextIO | None = None, stdout: Text
             _show_candidates(info, out)
     finally:
         env.close()
+
+
+def _line_reader(stdin: TextIO, out: TextIO) -> Callable[[], str | None]:
+    """What ``play`` reads its lines with: ``None`` at the end of input.
+
+    At a terminal it is :func:`input` with :mod:`readline` (arrow keys, history) where Python has it;
+    from a pipe or file, plain lines.
+    """
+    if stdin is sys.stdin and out is sys.stdout and stdin.isatty():
+        with contextlib.suppress(ImportError):  # no readline on Windows: input() without line editing
+            import readline  # noqa: F401  (imported for its side effect on input())
+
+        def read_terminal() -> str | None:
+            print(file=out)
+            try:
+                return input("> ")
+            except EOFError:
+                return None
+
+        return read_terminal
+
+    def read_stream() -> str | None:
+        print("\n> ", end="", file=out, flush=True)
+        line = stdin.readline()
+        return line.rstrip("\n") if line else None
+
+    return read_stream
 
 
 def _show_candidates(info: dict[str, Any], out: TextIO) -> None:

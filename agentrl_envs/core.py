@@ -34,6 +34,7 @@ from agentrl_envs.tasks import TaskSampler
 from agentrl_envs.tasks.base import Task
 from agentrl_envs.tasks.progress import Progress
 from agentrl_envs.tools import Tool, get_tool
+from agentrl_envs.yamlsafe import short_repr
 
 __all__ = ["AUTORESET_ACTION", "SETTABLE_ATTRIBUTES", "ToolUseEnv"]
 
@@ -173,7 +174,10 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
         allow_unsafe_sandbox: bool = False,
     ) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            raise ConfigError(f"render_mode={render_mode!r}: use 'ansi' or None")
+            sb3 = " (SB3's make_vec_env passes 'rgb_array' unless env_kwargs holds 'render_mode': None)"
+            raise ConfigError(
+                f"render_mode={short_repr(render_mode)}: use 'ansi' or None{sb3 if render_mode == 'rgb_array' else ''}"
+            )
         if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
             raise ConfigError(f"max_steps={max_steps!r}: use a positive int or None for the default")
         if time_budget_s is not None and not time_budget_s > 0:

@@ -13,6 +13,7 @@ import os
 import sys
 from typing import Any
 
+from agentrl_envs.cli_args import parse_args
 from agentrl_envs.errors import AgentRLError
 
 __all__ = ["main"]
@@ -71,6 +72,14 @@ def _overrides(args: argparse.Namespace, skip: tuple[str, ...] = ("config", "com
     return {k: v for k, v in vars(args).items() if k not in skip}
 
 
+def _check_init_adapter(cfg: Any) -> None:
+    """A wrong ``--init-adapter`` fails before the model is built or loaded (minutes), not after it."""
+    if cfg.model.init_adapter:
+        from agentrl_train.policy import check_adapter_folder
+
+        check_adapter_folder(cfg.model.init_adapter, cfg.model.adapter)
+
+
 def _cmd_ppo(args: argparse.Namespace) -> int:
     from agentrl_train.config import ConfigError, load_config
 
@@ -79,6 +88,7 @@ def _cmd_ppo(args: argparse.Namespace) -> int:
     _check_read_by("ppo", args)
     overrides = _overrides(args, ("config", "command", "func", "nproc", "argv"))
     cfg = load_config(args.config, overrides)  # a bad option fails here once, not once per rank under torchrun
+    _check_init_adapter(cfg)
     from agentrl_train import distributed
 
     if args.nproc > 1:
@@ -122,6 +132,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
                 )
         overrides.setdefault(name, value)
     cfg = load_config(args.config, overrides)
+    _check_init_adapter(cfg)
     sft(cfg)
     return 0
 
@@ -376,8 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(build_parser(), argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what --nproc passes on to torchrun
     try:
         return int(args.func(args) or 0)

@@ -208,7 +208,7 @@ class RunConfig:
     replay_mb: int = _f(64, "replay buffer size in MiB", commands=_PPO_ONLY)
     shards: bool = _f(False, "also write every trajectory as Arrow shards: <out>/shards/rank<r>-NNNNN.arrow", commands=_PPO_ONLY)
     tensorboard: bool = _f(True, "write TensorBoard event files", commands=_PPO_ONLY)
-    progress: bool = _f(True, "show a progress bar (sft without it: a log line per optimizer step)")
+    progress: bool = _f(True, "show a progress bar (without it: a log line per update, per optimizer step in sft)")
     max_updates_this_call: int = _f(
         0, "stop after this many updates in this invocation (0: run to the end); for resume tests", commands=_PPO_ONLY
     )

@@ -18,6 +18,7 @@ during the update equal the rollout's:
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -29,7 +30,17 @@ from torch import nn
 
 from agentrl_envs.errors import ConfigError
 
-__all__ = ["LORA_PRESETS", "Policy", "PromptState", "ScoreOut", "lora_targets", "prefix_chains", "stop_token_ids"]
+__all__ = [
+    "LORA_PRESETS",
+    "Policy",
+    "PromptState",
+    "ScoreOut",
+    "check_adapter_folder",
+    "find_adapter_weights",
+    "lora_targets",
+    "prefix_chains",
+    "stop_token_ids",
+]
 
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj")
 MLP = ("gate_proj", "up_proj", "down_proj", "gate_up_proj")
@@ -84,6 +95,60 @@ def lora_targets(
             )
     alpha_pattern = {m: alpha_ratio * r for m, r in rank_pattern.items()}
     return {"target_modules": sorted(present), "rank_pattern": rank_pattern, "alpha_pattern": alpha_pattern}
+
+
+def find_adapter_weights(folder: Path, adapter: str) -> Path | None:
+    """The ``adapter_model.safetensors`` that :meth:`Policy.load_adapter_weights` reads from ``folder``, or None.
+
+    Looked for in ``folder/<adapter>/`` (what :meth:`Policy.save` writes), ``folder`` itself, then its subfolders.
+    """
+    if not folder.is_dir():
+        return None
+    for sub in (folder / adapter, folder, *sorted(p for p in folder.iterdir() if p.is_dir())):
+        if (sub / "adapter_model.safetensors").is_file():
+            return sub / "adapter_model.safetensors"
+    return None
+
+
+def check_adapter_folder(folder: str, adapter: str, option: str = "--init-adapter") -> None:
+    """ConfigError unless ``folder`` looks like a saved peft adapter; reads file headers only, no model needed.
+
+    So a wrong ``--init-adapter`` fails in a second, before the base model is built or loaded
+    (minutes for the tiny model's first build), instead of after it.
+
+    Raises:
+        ConfigError: naming ``option``: no such folder, no ``adapter_model.safetensors`` with its
+            ``adapter_config.json`` in it, or files that are not what their names say.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    shown = f"{option} {folder[:200]!r}"
+    hint = "point at the final/ folder of an sft or ppo run (or a peft save_pretrained folder)"
+    path = Path(folder)
+    try:
+        if "\x00" in folder or not path.exists():
+            raise ConfigError(f"{shown}: no such folder; {hint}")
+        if not path.is_dir():
+            raise ConfigError(f"{shown}: is a file, not a folder; {hint}")
+        weights = find_adapter_weights(path, adapter)
+        if weights is None:
+            raise ConfigError(f"{shown}: not an adapter folder (no adapter_model.safetensors in it or its subfolders); {hint}")
+        config = weights.parent / "adapter_config.json"
+        if not config.is_file():
+            raise ConfigError(f"{shown}: {weights} has no adapter_config.json beside it, so it is not a peft adapter; {hint}")
+        try:
+            data = json.loads(config.read_bytes()[: 1 << 20])
+        except (ValueError, UnicodeDecodeError):
+            data = None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{shown}: {config} is not a JSON object (damaged or not peft's); save the adapter again")
+        with safe_open(str(weights), framework="pt") as f:  # the header only, not the tensors
+            if not list(f.keys()):
+                raise ConfigError(f"{shown}: {weights} holds no weights; save the adapter again")
+    except SafetensorError as exc:
+        raise ConfigError(f"{shown}: {weights} is not a safetensors file ({str(exc)[:200]}); save the adapter again") from None
+    except OSError as exc:
+        raise ConfigError(f"{shown}: cannot be read ({exc.strerror or type(exc).__name__}); {hint}") from None
 
 
 @dataclass
@@ -171,29 +236,26 @@ class Policy(nn.Module):
         from peft.utils import set_peft_model_state_dict
 
         folder = Path(folder)
-        candidates = [folder / self.adapter, folder, *[p for p in folder.iterdir() if p.is_dir()]] if folder.is_dir() else []
-        for sub in candidates:
-            f = sub / "adapter_model.safetensors"
-            if f.exists():
-                weights = self._read_safetensors(f, option, folder)
-                try:
-                    result = set_peft_model_state_dict(self.lm, weights, adapter_name=self.adapter)
-                except Exception as exc:
-                    raise ConfigError(
-                        f"{option} {folder}: {f} does not fit this model ({type(exc).__name__}: {str(exc).splitlines()[0]})"
-                    ) from None
-                bad = [k for k in getattr(result, "unexpected_keys", []) if "lora" in k]
-                if bad:
-                    raise ConfigError(f"{option} {folder}: weights do not fit this model ({bad[0]} ...)")
-                vh = folder / "value_head.safetensors"
-                if vh.exists():
-                    try:
-                        self.value_head.load_state_dict(self._read_safetensors(vh, option, folder))
-                    except RuntimeError as exc:
-                        reason = str(exc).splitlines()[0]
-                        raise ConfigError(f"{option} {folder}: {vh} does not fit this model's value head ({reason})") from None
-                return
-        raise ConfigError(f"{option} {folder}: no adapter_model.safetensors there; point at a run's final/ folder")
+        f = find_adapter_weights(folder, self.adapter)
+        if f is None:
+            raise ConfigError(f"{option} {folder}: no adapter_model.safetensors there; point at a run's final/ folder")
+        weights = self._read_safetensors(f, option, folder)
+        try:
+            result = set_peft_model_state_dict(self.lm, weights, adapter_name=self.adapter)
+        except Exception as exc:
+            raise ConfigError(
+                f"{option} {folder}: {f} does not fit this model ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+            ) from None
+        bad = [k for k in getattr(result, "unexpected_keys", []) if "lora" in k]
+        if bad:
+            raise ConfigError(f"{option} {folder}: weights do not fit this model ({bad[0]} ...)")
+        vh = folder / "value_head.safetensors"
+        if vh.exists():
+            try:
+                self.value_head.load_state_dict(self._read_safetensors(vh, option, folder))
+            except RuntimeError as exc:
+                reason = str(exc).splitlines()[0]
+                raise ConfigError(f"{option} {folder}: {vh} does not fit this model's value head ({reason})") from None
 
     def _read_safetensors(self, f: Path, option: str, folder: Path) -> dict[str, torch.Tensor]:
         from safetensors import SafetensorError

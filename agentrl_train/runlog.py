@@ -102,9 +102,15 @@ def peak_rss_mb() -> float:
 
 
 class _Bar:
-    def __init__(self, total: int, initial: int, enabled: bool) -> None:
-        self.bar = None
-        if enabled:
+    """A tqdm bar of updates (``bar``), or with ``lines`` one printed line per update (``--no-progress``).
+
+    ``make demo`` runs with ``--no-progress`` so that its output reads as a log; without the lines a
+    first run printed nothing for minutes after the tiny model's build.
+    """
+
+    def __init__(self, total: int, initial: int, bar: bool, lines: bool = False) -> None:
+        self.total, self.lines, self.bar = total, lines, None
+        if bar:
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, initial=initial, desc="ppo", unit="upd", dynamic_ncols=True)
@@ -115,6 +121,12 @@ class _Bar:
                 ret=f"{row['return']:.2f}", succ=f"{row['success']:.2f}", kl=f"{row['kl_ref']:.3f}", refresh=False
             )
             self.bar.update(1)
+        elif self.lines:
+            print(
+                f"ppo update {row['update']}/{self.total}  return {row['return']:.2f}  success {row['success']:.2f}  "
+                f"kl {row['kl_ref']:.3f}  {row['time/total_s']:.1f} s",
+                flush=True,
+            )
 
     def close(self) -> None:
         if self.bar is not None:
@@ -122,7 +134,8 @@ class _Bar:
 
 
 def progress(cfg: Any, initial: int, enabled: bool) -> _Bar:
-    return _Bar(cfg.ppo.updates, initial, enabled and cfg.run.progress)
+    """Rank 0's progress: a bar, or with ``--no-progress`` a line per update; nothing on other ranks."""
+    return _Bar(cfg.ppo.updates, initial, bar=enabled and cfg.run.progress, lines=enabled and not cfg.run.progress)
 
 
 def open_replay(out: Path, cfg: Any, dist: Any) -> Any:

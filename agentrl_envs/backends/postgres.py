@@ -111,8 +111,7 @@ class PostgresBackend:
         try:
             return self._psycopg.connect(autocommit=True, **info)
         except self._psycopg.OperationalError as exc:
-            host = f"{info.get('host', 'localhost')}:{info.get('port', 5432)}"
-            raise TransientError(f"cannot connect to PostgreSQL at {host}: {str(exc).strip()[:300]}") from None
+            raise _connect_error(info, exc) from None
 
     # -- episodes -------------------------------------------------------------------------------
 
@@ -339,6 +338,7 @@ def sweep(url: str, dry_run: bool = False, connect_timeout_s: float = 5.0) -> Sw
 
     Raises:
         ConfigError: for a malformed URL. TransientError: when the server cannot be reached.
+        PermanentError: when the server refuses the account (see :func:`_connect_error`).
     """
     import psycopg
 
@@ -350,8 +350,7 @@ def sweep(url: str, dry_run: bool = False, connect_timeout_s: float = 5.0) -> Sw
     try:
         conn = psycopg.connect(autocommit=True, **info)
     except psycopg.OperationalError as exc:
-        host = f"{info.get('host', 'localhost')}:{info.get('port', 5432)}"
-        raise TransientError(f"cannot connect to PostgreSQL at {host}: {str(exc).strip()[:300]}") from None
+        raise _connect_error(info, exc) from None
     report = SweepReport()
     with conn:
         live_tokens = {
@@ -410,6 +409,35 @@ def _plain(value: Any) -> Any:
     if value is None or isinstance(value, (int, float, str, bool)):
         return value
     return str(value)
+
+
+#: What the server says when it refuses the account or database itself: retrying with the same URL
+#: cannot succeed. libpq gives no SQLSTATE for a failed connection (psycopg's ``sqlstate`` is None),
+#: so the server's message is matched; an unknown message stays transient, as before.
+_REFUSALS = (
+    "authentication failed",  # 28P01 password, and ident / peer / GSSAPI / SSPI / LDAP / RADIUS / cert
+    "no pg_hba.conf entry",  # 28000: this host, user or database is not allowed in
+    "is not permitted to log in",  # 28000: a NOLOGIN role
+    "does not exist",  # 3D000 database, 28000 role
+    "no password supplied",  # the server asks for a password the URL does not hold
+    "permission denied for database",  # 42501: no CONNECT privilege
+)
+
+
+def _connect_error(info: dict[str, Any], exc: BaseException) -> TransientError | PermanentError:
+    """The error for a failed connection: PermanentError if the server refused the account, else TransientError.
+
+    A wrong password was reported as transient, so callers retried it with backoff; a refused
+    account needs a different URL, which the message says.
+    """
+    host = f"{info.get('host', 'localhost')}:{info.get('port', 5432)}"
+    reason = str(exc).strip()[:300]
+    if any(marker in reason for marker in _REFUSALS):
+        return PermanentError(
+            f"PostgreSQL at {host} refused the connection: {reason}; "
+            "check the user, password and database name in the backend URL (retrying will not help)"
+        )
+    return TransientError(f"cannot connect to PostgreSQL at {host}: {reason}")
 
 
 def _ident(name: str) -> str:

@@ -73,6 +73,39 @@ def test_argparse_errors(argv: list[str]) -> None:
     assert exc.value.code == 2
 
 
+@pytest.mark.parametrize(
+    ("argv", "hint"),
+    [
+        (["eval", "AgentRL/SQL-v0", "--episods", "3"], "unrecognized arguments: --episods 3; did you mean --episodes?"),
+        (["play", "AgentRL/SQL-v0", "--sed=3"], "unrecognized arguments: --sed=3; did you mean --seed?"),
+        (
+            ["eval", "AgentRL/SQL-v0", "--agnet", "oracle", "--no-progres", "--jsn"],
+            "unrecognized arguments: --agnet oracle --jsn; did you mean --agent (for --agnet), --json (for --jsn)?",
+        ),
+    ],
+)
+def test_a_misspelt_flag_names_the_closest_one(argv: list[str], hint: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # argparse said "unrecognized arguments: --episods 3" and nothing more (YAML keys got "did you mean")
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and f"agentrl-envs {argv[0]}: error: {hint}" in err, err
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [["garbage"], ["--zzzzzzzz"], ["--"], ["--", "\x00\x1b[31m"], ["--episodes-" + "x" * 1_000_000], ["x" * 1_000_000] * 20],
+)
+def test_unknown_arguments_without_a_near_flag_exit_2_with_a_short_message(
+    extra: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["list", *extra])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "agentrl-envs list: error: unrecognized arguments:" in err, err
+    assert "did you mean" not in err and len(err) < 1000
+
+
 def play(lines: list[str], *extra: str) -> str:
     args = _parser().parse_args(["play", "AgentRL/SQLPythonSMTP-v0", "--seed", "3", *extra])
     out = io.StringIO()
@@ -156,6 +189,46 @@ def test_play_http_shorthand() -> None:
 
 def test_play_end_of_input() -> None:
     assert "end of input" in play([])
+
+
+def test_play_empty_lines_ask_again_without_costing_a_step() -> None:
+    # an empty line went to the env as an action: a format penalty and one step of the budget gone
+    lines = "\n   \n\t\n" + " " * 1_000_000 + "\nfinish 42\n"
+    out = subprocess.run(
+        [sys.executable, "-m", "agentrl_envs", "play", "AgentRL/SQL-v0", "--seed", "3"],
+        input=lines,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "[step 1 |" in out.stdout and "[step 2 |" not in out.stdout and "action error" not in out.stdout
+    assert out.stdout.count("\n> ") == 5  # asked again after each of the four empty lines
+
+
+def test_play_at_a_terminal_reads_with_input_and_line_editing(monkeypatch: pytest.MonkeyPatch) -> None:
+    # sys.stdin.readline() has no line editing: arrow keys typed escape codes into the action
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    typed = iter(["", "finish 42"])
+    prompts: list[str] = []
+
+    def fake_input(prompt: str = "") -> str:
+        prompts.append(prompt)
+        try:
+            return next(typed)
+        except StopIteration:
+            raise EOFError from None
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stdin", terminal)
+    monkeypatch.setattr(sys, "stdout", terminal)
+    monkeypatch.setattr("builtins.input", fake_input)
+    assert cmd_play(_parser().parse_args(["play", "AgentRL/SQL-v0", "--seed", "3"])) == 0
+    assert prompts == ["> ", "> "] and "[step 1 |" in terminal.getvalue()
+    assert "readline" in sys.modules or sys.platform == "win32"
 
 
 def test_console_script_runs() -> None:

@@ -9,9 +9,10 @@ import gymnasium as gym
 import psycopg
 import pytest
 
-from agentrl_envs import ConfigError, TransientError
+from agentrl_envs import ConfigError, PermanentError, TransientError
 from agentrl_envs.actions import format_call
 from agentrl_envs.agents import OracleAgent
+from agentrl_envs.backends.postgres import sweep
 from tests.integration.servers import free_port, simulator_server
 
 pytestmark = pytest.mark.integration
@@ -108,6 +109,17 @@ def test_unreachable_postgres_is_a_clear_error() -> None:
         env = gym.make("AgentRL/SQL-v0", backend={"sql": f"postgresql://x:y@127.0.0.1:{port}/db"})
         env.reset(seed=0)
     assert time.perf_counter() - start < 15
+
+
+def test_a_wrong_password_is_a_permanent_error(pg_url: str) -> None:
+    # it was a TransientError, so retry loops kept trying a password that could never work
+    wrong = pg_url.replace("agentrl-test@", "wrong-password@")
+    assert wrong != pg_url
+    with pytest.raises(PermanentError, match=r"password authentication failed.*retrying will not help"):
+        env = gym.make("AgentRL/SQL-v0", backend={"sql": wrong})
+        env.reset(seed=0)
+    with pytest.raises(PermanentError, match="password authentication failed"):
+        sweep(wrong, dry_run=True)
 
 
 @pytest.mark.parametrize(

@@ -61,6 +61,33 @@ def test_vector_env() -> None:
     vec.close()
 
 
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_the_readmes_sb3_make_vec_env_recipe_runs_as_written() -> None:
+    # make_vec_env passes render_mode="rgb_array" unless env_kwargs names one: the recipe failed as written
+    env_util = pytest.importorskip("stable_baselines3.common.env_util")
+    (recipe,) = re.findall(r"`(make_vec_env\(id, [^`]*\))`", README.read_text())
+    namespace = {"make_vec_env": env_util.make_vec_env, "CandidatesDiscrete": CandidatesDiscrete, "id": "AgentRL/SQL-v0"}
+    vec = eval(recipe, namespace)
+    try:
+        assert vec.action_space == gym.spaces.Discrete(4)
+        obs = vec.reset()
+        assert obs.shape == (1, 5 * 128 + 4)
+        obs, reward, done, info = vec.step(np.array([0]))
+        assert obs.shape == (1, 5 * 128 + 4) and np.isfinite(reward).all()
+    finally:
+        vec.close()
+
+
+@pytest.mark.parametrize("render_mode", ["rgb_array", "human", "", "\x00\x1b[31m", "x" * 10_000])
+def test_an_unsupported_render_mode_says_what_to_use(render_mode: object) -> None:
+    with pytest.raises(ConfigError, match="use 'ansi' or None") as info:
+        gym.make("AgentRL/SQL-v0", render_mode=render_mode)
+    assert len(str(info.value)) < 300
+    assert ("env_kwargs holds 'render_mode': None" in str(info.value)) == (render_mode == "rgb_array")
+
+
 def test_hashed_features_are_stable_and_bounded() -> None:
     a = hashed_features("SELECT SUM(amount) FROM orders", 16)
     assert np.array_equal(a, hashed_features("select sum(amount) from orders", 16))

@@ -171,6 +171,106 @@ def _one_line_error(capsys) -> str:  # type: ignore[no-untyped-def]
     return err
 
 
+@pytest.mark.parametrize(
+    ("argv", "hint"),
+    [
+        (["ppo", "--lrr", "0.1"], "agentrl-train ppo: error: unrecognized arguments: --lrr 0.1; did you mean --lr?"),
+        (["sft", "--sft-lrr=0.1"], "agentrl-train sft: error: unrecognized arguments: --sft-lrr=0.1; did you mean --sft-lr?"),
+        (["ppo", "--no-tensorbaord"], "did you mean --no-tensorboard?"),
+        (["eval", "--run", "x", "--episods", "3"], "did you mean --episodes?"),
+        (["serve", "--prot", "0"], "did you mean --port?"),
+        (["ppo", "--lrr", "0.1", "--updatse", "3"], "did you mean --lr (for --lrr), --updates (for --updatse)?"),
+    ],
+)
+def test_a_misspelt_flag_names_the_closest_one(argv, hint, capsys) -> None:  # type: ignore[no-untyped-def]
+    # a typo in a --config file named the option; the same typo as a flag got "unrecognized arguments" only
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and hint in err, err
+
+
+@pytest.mark.parametrize("extra", [["0.1"], ["--"], ["--zzzzzzzz"], ["--lr" + "r" * 1_000_000], ["x" * 1_000_000] * 20])
+def test_unknown_arguments_without_a_near_flag(extra, capsys) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(SystemExit) as exc:
+        main(["ppo", *extra])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "agentrl-train ppo: error: unrecognized arguments:" in err
+    assert "did you mean" not in err and len(err.splitlines()[-1]) < 500
+
+
+def _adapter_folder(root, weights: bytes | None = None, config: str = '{"r": 8}'):  # type: ignore[no-untyped-def]
+    """A folder laid out as Policy.save writes it: final/exec/{adapter_config.json, adapter_model.safetensors}."""
+    import torch
+    from safetensors.torch import save_file
+
+    sub = root / "final" / "exec"
+    sub.mkdir(parents=True)
+    if weights is None:
+        save_file({"base_model.model.q_proj.lora_A.weight": torch.zeros(2, 2)}, str(sub / "adapter_model.safetensors"))
+    else:
+        (sub / "adapter_model.safetensors").write_bytes(weights)
+    (sub / "adapter_config.json").write_text(config)
+    return root / "final"
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda t: t / "nothing", "no such folder"),
+        (lambda t: (t / "f").write_text("x") and t / "f", "is a file, not a folder"),
+        (lambda t: (t / "empty").mkdir() or t / "empty", "not an adapter folder (no adapter_model.safetensors"),
+        (lambda t: _adapter_folder(t, weights=b""), "is not a safetensors file"),
+        (lambda t: _adapter_folder(t, weights=b"\xff" * 4096), "is not a safetensors file"),
+        (lambda t: _adapter_folder(t, config="not json {"), "adapter_config.json is not a JSON object"),
+        (lambda t: _adapter_folder(t, config="[1, 2]"), "adapter_config.json is not a JSON object"),
+        (lambda t: (_adapter_folder(t) / "exec" / "adapter_config.json").unlink() or t / "final", "no adapter_config.json"),
+        (lambda t: "x" * 5000, "cannot be read (File name too long)"),
+        (lambda t: "a\x00b", "no such folder"),
+    ],
+)
+@pytest.mark.parametrize("command", ["ppo", "sft"])
+def test_init_adapter_is_checked_before_the_model_loads(command, make, message, capsys, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # a wrong --init-adapter failed only after the base model was built or loaded (minutes for a first tiny build)
+    import agentrl_train.sft as sft_module
+    import agentrl_train.train as train_module
+
+    def no_run(*a, **k):  # type: ignore[no-untyped-def]
+        raise AssertionError("the model loaded before --init-adapter was checked")
+
+    monkeypatch.setattr(sft_module, "sft", no_run)
+    monkeypatch.setattr(train_module, "build_policy", no_run)
+    monkeypatch.setattr(train_module, "train", no_run)
+    folder = make(tmp_path)
+    assert main([command, "--init-adapter", str(folder), "--out", str(tmp_path / "run")]) == 2
+    err = _one_line_error(capsys)
+    assert f"agentrl-train {command}: error: --init-adapter " in err and message in err, err
+    assert len(err) < 1000
+
+
+def test_a_saved_adapter_passes_the_check(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import agentrl_train.sft as sft_module
+
+    seen = []
+    monkeypatch.setattr(sft_module, "sft", lambda cfg: seen.append(cfg))
+    folder = _adapter_folder(tmp_path)
+    assert main(["sft", "--init-adapter", str(folder), "--out", str(tmp_path / "run")]) == 0
+    assert seen[0].model.init_adapter == str(folder)
+
+
+@pytest.mark.parametrize(("flag", "progress"), [("--no-progress", False), ("--progress", True), ("--no-prog", False)])
+def test_sft_takes_no_progress_as_ppo_does(flag, progress, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import agentrl_train.sft as sft_module
+
+    seen = []
+    monkeypatch.setattr(sft_module, "sft", lambda cfg: seen.append(cfg))
+    assert main(["sft", flag, "--out", str(tmp_path / "run")]) == 0
+    assert seen[0].run.progress is progress
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    assert "--no-progress" in sub.choices["sft"].format_help() and "--no-progress" in sub.choices["ppo"].format_help()
+
+
 def test_cli_config_folder_and_out_file_are_one_line_errors(capsys, tmp_path) -> None:
     assert main(["ppo", "--config", str(tmp_path), "--out", str(tmp_path / "run")]) == 2
     assert f"--config {tmp_path}: is a folder" in _one_line_error(capsys)

@@ -25,10 +25,13 @@ def _params(run) -> dict[str, torch.Tensor]:
     return load_file(ck / (ck / "latest").read_text().strip() / "trainable.safetensors")
 
 
-def test_run_folder_has_everything(tmp_path) -> None:
+def test_run_folder_has_everything(tmp_path, capsys) -> None:
     cfg = small_config(tmp_path, updates=2, eval_every=1, tensorboard=True)
     summary = train(cfg, log=lambda *a, **k: None)
     run = tmp_path / "run"
+    # --no-progress (small_config's): a line per update, so make demo is not silent for minutes
+    out = capsys.readouterr().out
+    assert out.count("ppo update 1/2  return ") == 1 and out.count("ppo update 2/2  return ") == 1, out
     assert summary["finished"] and summary["env_steps"] == 2 * 4 * 2
     for f in ("config.yaml", "metrics.jsonl", "eval.json", "eval.md", "learning_curve.png", "summary.json", "replay-rank0.ring"):
         assert (run / f).exists(), f
@@ -223,6 +226,23 @@ def test_sft_then_ppo_from_its_adapter(tmp_path) -> None:
         tmp_path / "p", env="AgentRL/SQL-v0", mode="generate", max_new_tokens=8, updates=1, record=False, init_adapter=str(final)
     )
     assert train(ppo_cfg, log=lambda *a, **k: None)["finished"]
+
+
+@pytest.mark.parametrize(("progress", "rank0"), [(True, True), (False, True), (False, False), (True, False)])
+def test_progress_is_a_bar_or_a_line_per_update_on_rank_0_only(progress, rank0, capsys) -> None:
+    from types import SimpleNamespace
+
+    from agentrl_train import runlog
+
+    cfg = SimpleNamespace(ppo=SimpleNamespace(updates=3), run=SimpleNamespace(progress=progress))
+    bar = runlog.progress(cfg, 0, enabled=rank0)
+    row = {"update": 1, "return": 0.5, "success": 0.25, "kl_ref": 0.0123, "time/total_s": 12.34}
+    bar.update(row)
+    bar.close()
+    out, err = capsys.readouterr()
+    line = "ppo update 1/3  return 0.50  success 0.25  kl 0.012  12.3 s\n"
+    assert out == (line if rank0 and not progress else "")
+    assert ("1/3" in err) == (rank0 and progress)
 
 
 def test_critic_grad_head_keeps_the_value_loss_out_of_the_adapter(small_policy) -> None:
