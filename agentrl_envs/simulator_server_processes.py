@@ -23,9 +23,10 @@ is moved out of the cycle collector's reach (``gc.freeze``) and the collection t
 
 from __future__ import annotations
 
+import dataclasses
 import gc
+import json
 import os
-import pickle
 import signal
 import socket
 import subprocess
@@ -51,13 +52,36 @@ _WORKER = (sys.executable, "-m", "agentrl_envs.simulator_server_processes")
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    """What every worker process is started with (sent to it pickled, through a pipe)."""
+    """What every worker process is started with (sent to it as JSON, through a pipe: never a pickle)."""
 
     profile: ErrorProfile | None
     sql_deadline_s: float
     python_timeout_s: float
     token: str | None
     limits: Any  # ServeLimits | None (not imported here: agentrl_envs.simulator_server imports this module)
+
+    def to_json(self) -> bytes:
+        """The config as JSON: the profile as its YAML text, the limits as their fields."""
+        return json.dumps(
+            {
+                "profile": None if self.profile is None else self.profile.to_yaml(),
+                "sql_deadline_s": self.sql_deadline_s,
+                "python_timeout_s": self.python_timeout_s,
+                "token": self.token,
+                "limits": None if self.limits is None else dataclasses.asdict(self.limits),
+            }
+        ).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> WorkerConfig:
+        """The config :meth:`to_json` wrote; the profile and the limits are validated again."""
+        from agentrl_envs.faults.profile import parse_profile
+        from agentrl_envs.simulator_server import ServeLimits
+
+        raw = json.loads(data)
+        profile = None if raw["profile"] is None else parse_profile(raw["profile"], "<worker config>")
+        limits = None if raw["limits"] is None else ServeLimits(**raw["limits"])
+        return cls(profile, raw["sql_deadline_s"], raw["python_timeout_s"], raw["token"], limits)
 
 
 def tune_gc() -> None:
@@ -122,7 +146,7 @@ def supervise(sockets: list[socket.socket], config: WorkerConfig) -> int:
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        payload = pickle.dumps(config)
+        payload = config.to_json()
         for index, sock in enumerate(sockets):
             proc = subprocess.Popen(
                 [*_WORKER, str(sock.fileno()), str(index), str(os.getpid())],
@@ -179,12 +203,12 @@ def _die_with(parent: int) -> None:
 
 
 def _worker_main(argv: list[str]) -> int:
-    """A worker process: ``python -m agentrl_envs.simulator_server_processes FD INDEX PARENT`` with a pickled config on stdin."""
+    """A worker process: ``python -m agentrl_envs.simulator_server_processes FD INDEX PARENT`` with its config as JSON on stdin."""
     _die_with(int(argv[2]))
     from agentrl_envs.simulator_server import SimulatorServer
 
     fd, _index = int(argv[0]), int(argv[1])
-    config: WorkerConfig = pickle.loads(sys.stdin.buffer.read())
+    config = WorkerConfig.from_json(sys.stdin.buffer.read())
     sock = socket.socket(fileno=fd)
     app = SimulatorServer(
         config.profile, config.sql_deadline_s, config.python_timeout_s, token=config.token, limits=config.limits
