@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import re
 import secrets
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -132,6 +133,9 @@ class Engine:
         specials |= {str(t) for t in getattr(self.tokenizer, "get_added_vocab", dict)() if t}
         self._specials = sorted(specials, key=len, reverse=True)
         self._specials_re = re.compile("|".join(map(re.escape, self._specials))) if self._specials else None
+        # A fast tokenizer keeps split_special_tokens as one flag of its backend, set by each call: two
+        # threads encoding at once (--max-concurrent-encodings) would tokenize with each other's setting.
+        self._tokenizer_lock = threading.Lock()
 
     # -- the worker ------------------------------------------------------------------------------
 
@@ -441,7 +445,10 @@ class Engine:
         return _WORD.fullmatch(text) is not None and not any(t in text for t in self._specials)
 
     def _template_ids(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+        if not text:
+            return []
+        with self._tokenizer_lock:
+            return list(self.tokenizer(text, add_special_tokens=False, split_special_tokens=False)["input_ids"])
 
     def _text_ids(self, text: str) -> list[int]:
         """Client text as text: a spelled special or added token is cut after its first character."""
@@ -454,9 +461,10 @@ class Engine:
             start = m.start() + 1
         pieces.append(text[start:])
         ids: list[int] = []
-        for piece in pieces:
-            if piece:
-                ids += self.tokenizer(piece, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        with self._tokenizer_lock:
+            for piece in pieces:
+                if piece:
+                    ids += self.tokenizer(piece, add_special_tokens=False, split_special_tokens=True)["input_ids"]
         return ids
 
     def decode(self, ids: list[int]) -> str:
