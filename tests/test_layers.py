@@ -35,23 +35,20 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("benchmarks", ("tests",)),
     ("examples", ("tests",)),
 )
-#: Moved modules: old path -> new path, with a private name of each that the old path must still reach.
-#: The old path is a deprecated alias that re-exports the new module for one release; nothing in the
-#: repository may import it, and no doc may name it (CHANGELOG.md lists the moves).
-MOVED: dict[str, tuple[str, str]] = {
-    "agentrl_envs.rewards.report": ("agentrl_envs.analysis.report", "_Episode"),
-    "agentrl_envs.rewards.counterfactual": ("agentrl_envs.analysis.counterfactual", "_writable_dir"),
-    "agentrl_envs.env": ("agentrl_envs.core", "_default_max_steps"),
-    "agentrl_envs.envs": ("agentrl_envs.registered_envs", "ToolUseEnv"),
-    "agentrl_envs.server": ("agentrl_envs.simulator_server", "_lane_of"),
-    "agentrl_envs.server_workers": ("agentrl_envs.simulator_server_processes", "_worker_main"),
-    "agentrl_envs.tools.text": ("agentrl_envs.observation_text", "_ESCAPES"),
-    "simulators.python.runner": ("simulators.python.subprocess_runner", "_BOOTSTRAP"),
-    "simulators.python.sandbox.runner": ("simulators.python.sandbox.host", "_Zygote"),
-    "simulators.smtp.server": ("simulators.smtp.mailbox", "_ADDRESS"),
+#: Moved modules: old path -> new path. The old paths are gone (the CHANGELOG's 0.1.0 notes list the moves);
+#: nothing in the repository may import them, and no doc may name them.
+MOVED: dict[str, str] = {
+    "agentrl_envs.rewards.report": "agentrl_envs.analysis.report",
+    "agentrl_envs.rewards.counterfactual": "agentrl_envs.analysis.counterfactual",
+    "agentrl_envs.env": "agentrl_envs.core",
+    "agentrl_envs.envs": "agentrl_envs.registered_envs",
+    "agentrl_envs.server": "agentrl_envs.simulator_server",
+    "agentrl_envs.server_workers": "agentrl_envs.simulator_server_processes",
+    "agentrl_envs.tools.text": "agentrl_envs.observation_text",
+    "simulators.python.runner": "simulators.python.subprocess_runner",
+    "simulators.python.sandbox.runner": "simulators.python.sandbox.host",
+    "simulators.smtp.server": "simulators.smtp.mailbox",
 }
-#: The alias files, which import their new module (an upward import, for the rewards ones) by design.
-ALIASES = {old.replace(".", "/") + ".py" for old in MOVED}
 #: Where code and docs live; the docs are checked for stale paths (CHANGELOG.md records history and is left out).
 CODE = ("agentrl_envs", "simulators", "agentrl_train", "benchmarks", "examples", "tests")
 DOCS = ("README.md", "CONTRIBUTING.md", "docs")
@@ -87,8 +84,6 @@ def violations(layer: str, forbidden: tuple[str, ...], root: Path = ROOT) -> lis
     found = []
     for path in sorted((root / layer).rglob("*.py")):
         rel = path.relative_to(root).as_posix()
-        if rel in ALIASES:
-            continue
         for line, name in imports(path, root):
             if any(name == f or name.startswith(f + ".") for f in forbidden):
                 found.append(f"{rel}:{line} imports {name}")
@@ -120,17 +115,11 @@ def test_the_check_sees_function_level_and_relative_imports(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("old", sorted(MOVED))
-def test_old_paths_still_import_with_a_deprecation_warning(old: str) -> None:
-    new, private = MOVED[old]
-    moved = importlib.import_module(new)
+def test_old_paths_are_gone_and_new_ones_import(old: str) -> None:
+    importlib.import_module(MOVED[old])
     sys.modules.pop(old, None)
-    with pytest.warns(DeprecationWarning, match=new.replace(".", r"\.")):
-        alias = importlib.import_module(old)
-    public = getattr(moved, "__all__", None) or [n for n in vars(moved) if not n.startswith("_")]
-    assert getattr(alias, "__all__", public) == public
-    for name in public:
-        assert getattr(alias, name) is getattr(moved, name), name
-    assert getattr(alias, private) is getattr(moved, private)  # private names are forwarded too
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(old)
 
 
 def test_nothing_imports_an_old_path() -> None:
@@ -138,7 +127,7 @@ def test_nothing_imports_an_old_path() -> None:
     for top in CODE:
         for path in sorted((ROOT / top).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
-            if rel in ALIASES or ".venv" in path.parts:
+            if ".venv" in path.parts:
                 continue
             for line, name in imports(path):
                 if any(name == old or name.startswith(old + ".") for old in MOVED):

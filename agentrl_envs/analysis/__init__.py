@@ -6,9 +6,6 @@ nothing in ``rewards``, ``faults``, ``backends`` or ``simulators`` may import th
 
 - :mod:`agentrl_envs.analysis.report`: ``agentrl-envs check-rewards ID``;
 - :mod:`agentrl_envs.analysis.counterfactual`: ``agentrl-envs make-rm-data ID``.
-
-They used to live in ``agentrl_envs.rewards``; the old paths still import, with a
-:class:`DeprecationWarning`, for one release.
 """
 
 from __future__ import annotations

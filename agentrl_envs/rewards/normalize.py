@@ -8,7 +8,6 @@ Neither changes observations, actions or episode ends.
 from __future__ import annotations
 
 import numbers
-import warnings
 from typing import Any
 
 import gymnasium as gym
@@ -115,9 +114,7 @@ class NormalizeRewardBatch(VectorWrapper):
 class NormalizeRewardSingleEnv(gym.Wrapper[Any, Any, Any, Any]):
     """Single-env counterpart of :class:`NormalizeRewardBatch`, with running statistics over steps.
 
-    It was called ``NormalizeReward``, the name of Gymnasium's own wrapper, which it is not (it keeps
-    the raw reward, clips sigma and has a z-score mode); the old name still imports, with a
-    :class:`DeprecationWarning`, for one release.
+    Not Gymnasium's ``NormalizeReward``: it keeps the raw reward, clips sigma and has a z-score mode.
 
     ``"scale"``: ``r / max(std(G), min_sigma)`` with G the running discounted return (reset at episode
     ends). ``"zscore"``: ``(r - mean) / max(std, min_sigma)`` with the running mean and std of step
@@ -160,19 +157,6 @@ class NormalizeRewardSingleEnv(gym.Wrapper[Any, Any, Any, Any]):
         info = dict(info)
         info["raw_reward"] = raw
         return obs, out, terminated, truncated, info
-
-
-def __getattr__(name: str) -> Any:
-    """The old name ``NormalizeReward``, kept for one release."""
-    if name == "NormalizeReward":
-        warnings.warn(
-            "agentrl_envs.rewards.normalize.NormalizeReward is now NormalizeRewardSingleEnv (the old name clashed with "
-            "gymnasium.wrappers.NormalizeReward); import the new name (the old one goes away in the next release)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return NormalizeRewardSingleEnv
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _check(mode: str, min_sigma: float, gamma: float) -> None:

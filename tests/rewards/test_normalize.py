@@ -157,9 +157,7 @@ def test_single_env_wrapper_with_the_oracle() -> None:
             env.close()
 
 
-def test_the_old_name_still_imports_with_a_deprecation_warning() -> None:
-    with pytest.warns(DeprecationWarning, match="NormalizeRewardSingleEnv"):
-        from agentrl_envs.rewards.normalize import NormalizeReward
-    assert NormalizeReward is NormalizeRewardSingleEnv
-    with pytest.raises(ImportError, match="NoSuchWrapper"):
-        from agentrl_envs.rewards.normalize import NoSuchWrapper  # noqa: F401
+def test_the_old_name_is_gone() -> None:
+    # NormalizeReward is Gymnasium's wrapper; ours is NormalizeRewardSingleEnv (the 0.1.0 release note says so)
+    with pytest.raises(ImportError, match="NormalizeReward"):
+        from agentrl_envs.rewards.normalize import NormalizeReward  # noqa: F401
