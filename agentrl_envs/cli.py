@@ -462,7 +462,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from agentrl_envs.backends.http import TOKEN_ENV
     from agentrl_envs.faults import load_profile
-    from agentrl_envs.simulator_server import ServeLimits, check_bind, serve
+    from agentrl_envs.simulator_server import ServeLimits, check_bind
+    from agentrl_envs.simulator_server_processes import serve
 
     profile = load_profile(args.profile)
     for flag, value in (("--sql-deadline-s", args.sql_deadline_s), ("--python-timeout-s", args.python_timeout_s)):

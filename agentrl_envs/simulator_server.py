@@ -43,8 +43,8 @@ saying why. The bookkeeping is O(1) per request (:mod:`simulators.episode_table`
 A template upload may be up to ``max_upload_bytes`` (read as it streams in; 413 past it, naming
 the setting); every other body stays within 8 MiB.
 
-Scale (:mod:`agentrl_envs.simulator_server_processes`): ``serve(workers=N)`` (``agentrl-envs serve --workers
-N``) runs N server processes, one port each, and the ``http`` backend given all their URLs keeps
+Running it: :func:`agentrl_envs.simulator_server_processes.serve` (``agentrl-envs serve``). Scale:
+``serve(workers=N)`` (``agentrl-envs serve --workers N``) runs N server processes, one port each, and the ``http`` backend given all their URLs keeps
 each episode on one of them. Each process freezes what start-up allocated out of the cycle
 collector's reach and raises its thresholds, and gives freed memory back as episodes close
 (:mod:`simulators.memory`).
@@ -57,7 +57,6 @@ import collections
 import hmac
 import ipaddress
 import json
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -75,7 +74,7 @@ from simulators.app import MAX_UPLOAD_BYTES, match_route
 from simulators.episode_table import check_episode_limits
 from simulators.tools import TOOL_ROUTES
 
-__all__ = ["ServeLimits", "SimulatorServer", "check_bind", "serve"]
+__all__ = ["ServeLimits", "SimulatorServer", "check_bind"]
 
 _INLINE = {("GET", "/health"), ("GET", "/openapi.json")}
 MIN_TOKEN_CHARS = 16
@@ -402,38 +401,3 @@ def check_bind(host: str, token: str | None) -> None:
             f"export {TOKEN_ENV}=$(python -c 'import secrets; print(secrets.token_urlsafe(32))'), "
             "and give clients the same variable; or bind to 127.0.0.1"
         )
-
-
-def serve(
-    host: str = "127.0.0.1",
-    port: int = 8765,
-    profile: ErrorProfile | None = None,
-    *,
-    token: str | None = None,
-    limits: ServeLimits | None = None,
-    sql_deadline_s: float = 2.0,
-    python_timeout_s: float = 5.0,
-    workers: int = 1,
-) -> int:
-    """Run the server until interrupted; answer the exit status (0 after Ctrl-C or SIGTERM).
-
-    Args:
-        host, port: where to listen (with ``workers`` > 1, ports ``port`` .. ``port + workers - 1``,
-            or free ones for port 0).
-        profile: a server-side fault profile.
-        token: the bearer token (default ``$AGENTRL_SERVE_TOKEN``); required unless ``host`` is loopback.
-        limits: worker pools and admission bounds.
-        sql_deadline_s, python_timeout_s: service limits.
-        workers: server processes (see :mod:`agentrl_envs.simulator_server_processes`).
-    """
-    from agentrl_envs import simulator_server_processes
-
-    token = token if token is not None else os.environ.get(TOKEN_ENV) or None
-    check_bind(host, token)
-    if workers > 1:
-        sockets = simulator_server_processes.bind(host, port, workers)
-        config = simulator_server_processes.WorkerConfig(profile, sql_deadline_s, python_timeout_s, token, limits)
-        return simulator_server_processes.supervise(sockets, config)
-    app = SimulatorServer(profile, sql_deadline_s, python_timeout_s, token=token, limits=limits)
-    simulator_server_processes.run(app, host=host, port=port)
-    return 0

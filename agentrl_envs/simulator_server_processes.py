@@ -35,10 +35,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from agentrl_envs.backends.http import TOKEN_ENV
 from agentrl_envs.errors import ConfigError
 from agentrl_envs.faults import ErrorProfile
+from agentrl_envs.simulator_server import ServeLimits, SimulatorServer, check_bind
 
-__all__ = ["GC_THRESHOLDS", "WorkerConfig", "bind", "run", "supervise", "tune_gc"]
+__all__ = ["GC_THRESHOLDS", "WorkerConfig", "bind", "run", "serve", "supervise", "tune_gc"]
 
 #: ``gc.set_threshold`` of a server process: young collections every 10,000 net allocations
 #: instead of 700 (each request allocates and frees hundreds of objects), older ones rarer too.
@@ -58,7 +60,7 @@ class WorkerConfig:
     sql_deadline_s: float
     python_timeout_s: float
     token: str | None
-    limits: Any  # ServeLimits | None (not imported here: agentrl_envs.simulator_server imports this module)
+    limits: ServeLimits | None
 
     def to_json(self) -> bytes:
         """The config as JSON: the profile as its YAML text, the limits as their fields."""
@@ -76,12 +78,44 @@ class WorkerConfig:
     def from_json(cls, data: bytes) -> WorkerConfig:
         """The config :meth:`to_json` wrote; the profile and the limits are validated again."""
         from agentrl_envs.faults.profile import parse_profile
-        from agentrl_envs.simulator_server import ServeLimits
 
         raw = json.loads(data)
         profile = None if raw["profile"] is None else parse_profile(raw["profile"], "<worker config>")
         limits = None if raw["limits"] is None else ServeLimits(**raw["limits"])
         return cls(profile, raw["sql_deadline_s"], raw["python_timeout_s"], raw["token"], limits)
+
+
+def serve(
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    profile: ErrorProfile | None = None,
+    *,
+    token: str | None = None,
+    limits: ServeLimits | None = None,
+    sql_deadline_s: float = 2.0,
+    python_timeout_s: float = 5.0,
+    workers: int = 1,
+) -> int:
+    """Run the server until interrupted; answer the exit status (0 after Ctrl-C or SIGTERM).
+
+    Args:
+        host, port: where to listen (with ``workers`` > 1, ports ``port`` .. ``port + workers - 1``,
+            or free ones for port 0).
+        profile: a server-side fault profile.
+        token: the bearer token (default ``$AGENTRL_SERVE_TOKEN``); required unless ``host`` is loopback.
+        limits: worker pools and admission bounds.
+        sql_deadline_s, python_timeout_s: service limits.
+        workers: server processes (see the module's docstring).
+    """
+    token = token if token is not None else os.environ.get(TOKEN_ENV) or None
+    check_bind(host, token)
+    if workers > 1:
+        sockets = bind(host, port, workers)
+        config = WorkerConfig(profile, sql_deadline_s, python_timeout_s, token, limits)
+        return supervise(sockets, config)
+    app = SimulatorServer(profile, sql_deadline_s, python_timeout_s, token=token, limits=limits)
+    run(app, host=host, port=port)
+    return 0
 
 
 def tune_gc() -> None:
@@ -205,8 +239,6 @@ def _die_with(parent: int) -> None:
 def _worker_main(argv: list[str]) -> int:
     """A worker process: ``python -m agentrl_envs.simulator_server_processes FD INDEX PARENT`` with its config as JSON on stdin."""
     _die_with(int(argv[2]))
-    from agentrl_envs.simulator_server import SimulatorServer
-
     fd, _index = int(argv[0]), int(argv[1])
     config = WorkerConfig.from_json(sys.stdin.buffer.read())
     sock = socket.socket(fileno=fd)

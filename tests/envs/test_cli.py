@@ -465,7 +465,7 @@ def test_serve_refuses_out_of_range_options_at_parse_time(
     def never(*args: object, **kwargs: object) -> None:
         raise AssertionError("serve was reached")
 
-    monkeypatch.setattr("agentrl_envs.simulator_server.serve", never)
+    monkeypatch.setattr("agentrl_envs.simulator_server_processes.serve", never)
     with pytest.raises(SystemExit) as exc:
         main(["serve", "--port", "0", flag, value] if flag != "--port" else ["serve", flag, value])
     assert exc.value.code == 2

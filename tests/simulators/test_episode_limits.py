@@ -182,7 +182,7 @@ def test_serve_passes_its_episode_limits_to_the_server(monkeypatch: pytest.Monke
     from agentrl_envs import cli
 
     seen: dict[str, Any] = {}
-    monkeypatch.setattr("agentrl_envs.simulator_server.serve", lambda *a, **kw: seen.update(kw) or 0)
+    monkeypatch.setattr("agentrl_envs.simulator_server_processes.serve", lambda *a, **kw: seen.update(kw) or 0)
     assert cli.main(["serve", "--port", "0", "--max-episodes", "3", "--episode-idle-s", "60"]) == 0
     assert (seen["limits"].max_episodes, seen["limits"].episode_idle_s) == (3, 60.0)
     defaults = ServeLimits()
