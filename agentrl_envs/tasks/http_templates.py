@@ -15,7 +15,7 @@ import numpy as np
 
 from agentrl_envs.tasks.base import APISpec, SubTask
 from agentrl_envs.tasks.domains.base import Domain
-from agentrl_envs.tasks.templates import Context, Retry, TaskKind, Template, fmt
+from agentrl_envs.tasks.template_base import Context, Retry, TaskKind, Template, fmt
 from simulators.http.service import PRIORITIES, STATUSES
 
 __all__ = ["HTTP_TEMPLATES", "HTTP_WRITES", "TASK_KIND", "TICKETS", "with_tickets"]

@@ -6,81 +6,36 @@ Five templates per env kind: ``sql.*`` (answer with finish), ``python.*`` (compu
 file, answer with finish), ``smtp.*`` (send the right email), ``pipeline.*`` (query, compute in
 Python from the saved CSV, email the result). A tool's own kind lives in its module
 ``agentrl_envs/tasks/<tool>_templates.py`` as a :class:`TaskKind` (``http.*`` in
-:mod:`~agentrl_envs.tasks.http_templates`), found by :func:`discover_kinds`.
+:mod:`~agentrl_envs.tasks.http_templates`), found by :func:`discover_kinds`. What every template
+builds on (:class:`Context`, :class:`Retry`, :class:`TaskKind`) is in :mod:`~agentrl_envs.tasks.template_base`,
+which the tools' kind modules import, so none of them imports this module.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import pkgutil
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from agentrl_envs.backends.base import DatabaseSpec
-from agentrl_envs.tasks.base import CSV_PLACEHOLDER, EmailSpec, GoldRunner, SubTask, normalize_rows
-from agentrl_envs.tasks.domains.base import MONTHS, Domain, Staff
+from agentrl_envs.tasks.base import CSV_PLACEHOLDER, EmailSpec, SubTask, normalize_rows
+from agentrl_envs.tasks.domains.base import MONTHS, Staff
+from agentrl_envs.tasks.http_templates import HTTP_WRITES
 from agentrl_envs.tasks.scoring import extract_numbers
+from agentrl_envs.tasks.template_base import TRAIN_SHARE, Context, Retry, TaskKind, Template, fmt
 
-__all__ = ["TEMPLATES", "TOOL_KINDS", "WORKPLACE_PLAN", "Context", "Retry", "TaskKind", "discover_kinds"]
-
-TRAIN_SHARE = 7  # of 10 parameter buckets go to train; the rest to test
-
-
-class Retry(Exception):
-    """The drawn parameters do not fit (wrong split, empty result): draw again."""
-
-
-@dataclass
-class Context:
-    """What a template may use: the domain, the data, the generator and the gold runner."""
-
-    domain: Domain
-    tables: dict[str, dict[str, Any]]
-    database: DatabaseSpec
-    rng: np.random.Generator
-    runner: GoldRunner
-    split: str
-
-    @property
-    def staff(self) -> list[Staff]:
-        return Domain.staff(self.tables)
-
-    def choice(self, options: Any) -> Any:
-        options = list(options)
-        return options[int(self.rng.integers(len(options)))]
-
-    def check_split(self, template: str, params: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
-        """Train and test get disjoint parameter sets of every template; heldout takes any."""
-        items = tuple(sorted(params.items()))
-        if self.split != "heldout":
-            bucket = int(hashlib.sha256(repr((template, items)).encode()).hexdigest(), 16) % 10
-            if (bucket < TRAIN_SHARE) != (self.split == "train"):
-                raise Retry
-        return items
-
-    def scalar(self, sql: str) -> Any:
-        _, rows = self.runner.query(self.database, sql)
-        if not rows or rows[0][0] is None:
-            raise Retry
-        return rows[0][0]
-
-    def manager(self, unit: str) -> Staff:
-        return next(s for s in self.staff if s.role == "manager" and s.unit == unit)
-
-    def director(self) -> Staff:
-        return next(s for s in self.staff if s.role == "director")
-
-    def analysts(self) -> list[Staff]:
-        return [s for s in self.staff if s.role == "analyst"]
-
-
-def fmt(value: Any) -> str:
-    return f"{value:.2f}" if isinstance(value, float) else str(value)
+__all__ = [
+    "TEMPLATES",
+    "TOOL_KINDS",
+    "TRAIN_SHARE",
+    "WORKPLACE_PLAN",
+    "Context",
+    "Retry",
+    "TaskKind",
+    "Template",
+    "discover_kinds",
+    "fmt",
+]
 
 
 def _round(expr: str) -> str:
@@ -601,39 +556,6 @@ def pipeline_mean_count(c: Context) -> SubTask:
     )
 
 
-Template = Callable[[Context], SubTask]
-
-
-@dataclass(frozen=True)
-class TaskKind:
-    """The tasks of one tool, contributed by its own module ``agentrl_envs/tasks/<tool>_templates.py``.
-
-    That module defines ``TASK_KIND``; :func:`discover_kinds` finds it, so a tool's tasks need no
-    registration line here or in the sampler.
-
-    Attributes:
-        name: the kind, which is the tool's name (``http``).
-        templates: its templates, drawn as the built-in kinds' are.
-        code: its number in a task's seed stream (:class:`~agentrl_envs.tasks.sampler.TaskSampler`):
-            unique, and fixed once tasks of the kind exist (another code draws other tasks).
-        title: its part of a task id, ``<title>/<domain>/<split>/<seed>``.
-        database: whether its episodes get the database (the sql tool's, or a service built from it).
-        prepare: ``prepare(domain, tables, data_seed)``: the kind's data, when it adds tables to the
-            domain's (a function of the data seed only: the data set is shared and cached).
-        notes: paragraphs of the instruction, after the workspace files and the staff directory.
-        done: the instruction's last line when no final answer is checked.
-    """
-
-    name: str
-    templates: tuple[Template, ...]
-    code: int
-    title: str
-    database: bool = False
-    prepare: Callable[[Domain, dict[str, dict[str, Any]], int], dict[str, dict[str, Any]]] | None = None
-    notes: tuple[str, ...] = ()
-    done: str = '\nWhen the task is done, call finish with {"answer": "done"}.'
-
-
 def discover_kinds(package: str = "agentrl_envs.tasks") -> dict[str, TaskKind]:
     """``{name: kind}`` of every ``<package>.<tool>_templates`` module's ``TASK_KIND``, sorted by module name.
 
@@ -669,8 +591,6 @@ TEMPLATES: dict[str, tuple[Template, ...]] = {
 #: The kinds the tools' own modules contribute (``http``), after the built-in ones.
 TOOL_KINDS: dict[str, TaskKind] = discover_kinds()
 TEMPLATES.update({name: kind.templates for name, kind in TOOL_KINDS.items()})
-
-from agentrl_envs.tasks.http_templates import HTTP_WRITES  # noqa: E402 - it builds on Context and Retry above
 
 #: ``AgentRL/Workplace-v0``: two pipeline sub-tasks and two ticket changes, in an order drawn per task.
 WORKPLACE_PLAN: tuple[tuple[Template, ...], ...] = (TEMPLATES["pipeline"], HTTP_WRITES, TEMPLATES["pipeline"], HTTP_WRITES)
