@@ -2,7 +2,7 @@
 
 One text action per step (a tool call), one text observation back. The core parses the action,
 sends the call across the :class:`~agentrl_envs.backends.Backend` seam, renders the result, asks
-:class:`~agentrl_envs.tasks.progress.Progress` what it achieved and sums the reward components.
+:class:`~agentrl_envs.progress.Progress` what it achieved and sums the reward components.
 It does not know whether the backend is simulated or real.
 """
 
@@ -26,13 +26,13 @@ from agentrl_envs.faults import ErrorProfile, load_profile
 from agentrl_envs.faults.injector import FaultInjectingBackend
 from agentrl_envs.faults.stats import FaultStats, classify, penalized
 from agentrl_envs.observation_text import clip, printable
+from agentrl_envs.progress import Progress
 from agentrl_envs.rewards import RewardConfig, zero_components
 from agentrl_envs.rewards.schedule import AuxRewardConfig, parse_aux_reward
 from agentrl_envs.seeding import LazyNpRandom
 from agentrl_envs.spaces import UnicodeText
 from agentrl_envs.tasks import TaskSampler
 from agentrl_envs.tasks.base import Task
-from agentrl_envs.tasks.progress import Progress
 from agentrl_envs.tools import Tool, get_tool
 from agentrl_envs.yamlsafe import short_repr
 

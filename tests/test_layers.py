@@ -27,7 +27,8 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("agentrl_envs/faults", BELOW_ENV),
     ("agentrl_envs/backends", BELOW_ENV),
     ("agentrl_envs/tools", BELOW_ENV),
-    ("agentrl_envs/tasks", BELOW_ENV),
+    # Tasks say what to do; tools grade their own steps against them (agentrl_envs/progress.py asks each tool).
+    ("agentrl_envs/tasks", (*BELOW_ENV, "agentrl_envs.tools", "agentrl_envs.progress")),
     ("agentrl_envs/data", BELOW_ENV),
     ("agentrl_envs", ("agentrl_train", "torch", "transformers", "peft", "tests", "pytest")),
     ("simulators", ("agentrl_envs", "agentrl_train", "gymnasium", "torch")),
@@ -38,6 +39,7 @@ RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
 #: Moved modules: old path -> new path. The old paths are gone (the CHANGELOG's 0.1.0 notes list the moves);
 #: nothing in the repository may import them, and no doc may name them.
 MOVED: dict[str, str] = {
+    "agentrl_envs.tasks.progress": "agentrl_envs.progress",
     "agentrl_envs.rewards.report": "agentrl_envs.analysis.report",
     "agentrl_envs.rewards.counterfactual": "agentrl_envs.analysis.counterfactual",
     "agentrl_envs.env": "agentrl_envs.core",

@@ -47,8 +47,8 @@ from typing import Any
 import numpy as np
 
 from agentrl_envs.errors import ConfigError
+from agentrl_envs.progress import MAX_NUMBERS_OUTPUT, email_matches
 from agentrl_envs.tasks.base import CSV_PLACEHOLDER, GoldRunner, SubTask, Task, normalize_rows
-from agentrl_envs.tasks.progress import MAX_NUMBERS_OUTPUT, email_matches
 from agentrl_envs.tasks.scoring import contains_figure
 
 __all__ = ["COLUMNS", "GOLD_LABEL", "PERTURBED_LABEL", "add_arguments", "cmd_make_rm_data", "make_rm_data"]

@@ -124,7 +124,7 @@ class Tool:
         """Virtual seconds the call's own work took under a profile's ``faults`` (a ToolFaults)."""
         return 0.0
 
-    # -- progress (agentrl_envs.tasks.progress): what completes this tool's step of a sub-task ------
+    # -- progress (agentrl_envs.progress): what completes this tool's step of a sub-task ------
 
     def observe(
         self, subs: Sequence[SubTask], states: Sequence[StepState], arguments: dict[str, Any], response: ToolResponse
