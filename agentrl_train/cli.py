@@ -33,7 +33,7 @@ def _add_config_options(p: argparse.ArgumentParser, command: str) -> None:
         group: Any = None
         for f in dataclasses.fields(cls):
             flag = "--" + f.name.replace("_", "-")
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc,operator]
             default = COMMAND_DEFAULTS[command].get(f.name, default)
             help_text = f"{f.metadata['help']} (default: {default!r})"
             if command not in option_commands(f.name):

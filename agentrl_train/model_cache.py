@@ -100,7 +100,8 @@ def check_hf_folder(path: Path) -> None:
         except Exception as exc:
             raise ConfigError(f"{path}: its {part} does not load ({type(exc).__name__}: {str(exc)[:200]})") from None
     try:
-        _, info = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
+        loaded: Any = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, output_loading_info=True)
+        info: dict[str, Any] = loaded[1]
     except Exception as exc:
         raise ConfigError(f"{path}: its weights do not load ({type(exc).__name__}: {str(exc)[:200]})") from None
     bad = {k: sorted(v)[:5] for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}

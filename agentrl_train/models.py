@@ -88,7 +88,7 @@ def load_base(
     ensure_tools_template(tokenizer, model, log)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     try:
-        lm = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa", local_files_only=True)
+        lm: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa", local_files_only=True)
     except Exception as exc:
         raise ConfigError(f"--model {model}: cannot load a causal LM from it ({type(exc).__name__}: {exc})") from None
     lm.to(device)

@@ -151,7 +151,7 @@ def decorate(text: str, kind: str) -> str:
     raise ConfigError(f"decoration {kind!r}: use one of {', '.join(DECORATIONS)}")
 
 
-def fingerprint(lm: nn.Module) -> dict[str, Any]:
+def fingerprint(lm: Any) -> dict[str, Any]:
     """What identifies a base model: its architecture numbers and a hash of its input embeddings."""
     c = lm.config
     emb = lm.get_input_embeddings().weight.detach().float().cpu().flatten()[:65536]
@@ -180,7 +180,7 @@ class RewardModel(nn.Module):
 
     def __init__(
         self,
-        lm: nn.Module,
+        lm: Any,
         tokenizer: Any,
         *,
         rank: int = 8,
@@ -203,11 +203,12 @@ class RewardModel(nn.Module):
         self.settings.update(max_tokens=max_tokens, clean=clean)
         self.max_tokens, self.clean = max_tokens, clean
         targets = lora_targets(lm)["target_modules"]
-        cfg = LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, lora_dropout=lora_dropout, bias="none")
+        alpha_: Any = alpha  # peft annotates an int and takes a float
+        cfg = LoraConfig(r=rank, lora_alpha=alpha_, target_modules=targets, lora_dropout=lora_dropout, bias="none")
         self.lm = get_peft_model(lm, cfg, adapter_name=ADAPTER)
         dev = next(lm.parameters()).device
         self.dropout = nn.Dropout(head_dropout)
-        self.head = nn.Linear(lm.config.hidden_size, 1, device=dev, dtype=torch.float32)
+        self.head = nn.Linear(int(lm.config.hidden_size), 1, device=dev, dtype=torch.float32)
         nn.init.normal_(self.head.weight, std=0.02)
         nn.init.zeros_(self.head.bias)
 
@@ -217,11 +218,12 @@ class RewardModel(nn.Module):
 
     @property
     def backbone(self) -> nn.Module:
-        causal = self.lm.base_model.model
+        causal: Any = self.lm.base_model.model
         return getattr(causal, causal.base_model_prefix)
 
     def num_layers(self) -> int:
-        return int(self.lm.base_model.model.config.num_hidden_layers)
+        causal: Any = self.lm.base_model.model
+        return int(causal.config.num_hidden_layers)
 
     def trainable_parameters(self) -> list[tuple[str, nn.Parameter]]:
         return [(n, p) for n, p in self.named_parameters() if p.requires_grad]
@@ -306,7 +308,7 @@ def save_rm(rm: RewardModel, out: str | Path, *, model: str, tiny_spec: Any = No
 
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
-    rm.lm.save_pretrained(folder, selected_adapters=[ADAPTER])
+    rm.lm.save_pretrained(str(folder), selected_adapters=[ADAPTER])
     save_file({k: v.detach().cpu().contiguous() for k, v in rm.head.state_dict().items()}, folder / "head.safetensors")
     meta = {"model": model, "tiny_spec": asdict(tiny_spec) if tiny_spec is not None else None, "fingerprint": rm.fingerprint}
     meta.update(settings=rm.settings, **(extra or {}))

@@ -158,6 +158,7 @@ def sft(cfg: TrainConfig, log: Any = print) -> dict[str, Any]:
     bar = _Bar(steps_total) if cfg.run.progress else None
     policy.train()
     step = 0
+    causal: Any = policy.causal  # the transformers model under the adapters (untyped attributes)
     try:
         for epoch in range(cfg.sft.sft_epochs):
             order = rng.permutation(len(data))
@@ -168,7 +169,7 @@ def sft(cfg: TrainConfig, log: Any = print) -> dict[str, Any]:
                 loss_total = 0.0
                 for ids, mask in batch:
                     t = torch.tensor([ids], device=policy.device)
-                    hidden = policy.causal.model(input_ids=t).last_hidden_state[0, :-1]
+                    hidden = causal.model(input_ids=t).last_hidden_state[0, :-1]
                     m = torch.tensor(mask[1:], device=policy.device)
                     lp, _ = policy._logprobs(hidden[m], t[0, 1:][m])
                     loss = -lp.sum() / max(n_tokens, 1)

@@ -105,7 +105,7 @@ def corpus_texts(episodes: int, seed: int = 0) -> list[str]:
             tools = info["tools"]
             done = False
             while not done:
-                oracle = env.unwrapped.oracle_action()
+                oracle = env.unwrapped.oracle_action()  # type: ignore[attr-defined]
                 wrong = [c for c in info["candidates"] if c != oracle] or ["<tool_call>{}</tool_call>"]
                 written = rng.choice(wrong)
                 # Half the steps the oracle moves the env on (so later stages of the task appear in the

@@ -372,10 +372,10 @@ class ServeApp:
         t0 = time.perf_counter()
         credential = _credential(headers)
         if self.engine is None:
-            target = self.router.route(req.model, conversation)
-            feedback_id = self.router.open_episode(target, conversation, credential)
-            answer = await self._proxy_chat(target, req, headers, t0)
-            return {**answer, "feedback_id": feedback_id}, target
+            proxied = self.router.route(req.model, conversation)
+            proxied_id = self.router.open_episode(proxied, conversation, credential)
+            answer = await self._proxy_chat(proxied, req, headers, t0)
+            return {**answer, "feedback_id": proxied_id}, proxied
         budget = min(req.max_completion_tokens or req.max_tokens or self.max_new_tokens, self.max_new_tokens)
         messages = [_flatten(m) for m in req.messages]
         prompt = await self._encode(messages, req.tools, budget)

@@ -326,7 +326,7 @@ class Engine:
         return self._sample(prompt_ids, max_new_tokens, temperature, seed)
 
     def _sample(self, prompt_ids: list[int], max_new_tokens: int, temperature: float, seed: int | None) -> tuple[list[int], str]:
-        causal = self.peft.base_model.model if self.peft is not None else self.lm
+        causal: Any = self.peft.base_model.model if self.peft is not None else self.lm
         gen = torch.Generator(device=self.device)
         gen.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, (1,))))
         out = causal.model(input_ids=torch.tensor([prompt_ids], device=self.device), use_cache=True)

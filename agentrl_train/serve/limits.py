@@ -120,7 +120,8 @@ def guarded_protocol(limits: ServeLimits) -> type:
                 self.transport.close()  # no answer: the client never sent a request to answer
 
         def _make_room(self) -> None:
-            idle = [c for c in self.connections if c is not self and c._idle() and not c.transport.is_closing()]
+            peers: list[Any] = [c for c in self.connections if c is not self]  # every connection here is one of these
+            idle = [c for c in peers if c._idle() and not c.transport.is_closing()]
             if idle:
                 min(idle, key=lambda c: c._waiting_since).transport.close()
                 return
