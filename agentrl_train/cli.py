@@ -160,6 +160,25 @@ def _cmd_resources(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_check_model(args: argparse.Namespace) -> int:
+    from agentrl_train.check_model import check_model, format_report
+
+    envs = args.envs.split(",") if args.envs else None
+    report = check_model(
+        args.model,
+        **({"envs": envs} if envs else {}),
+        episodes=args.episodes,
+        long_horizon=not args.no_long_horizon,
+        num_envs=args.num_envs,
+        micro_batch=args.micro_batch,
+        max_prompt_tokens=args.max_prompt_tokens,
+        max_new_tokens=args.max_new_tokens,
+        log=lambda *a: print(*a, file=sys.stderr),
+    )
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     from agentrl_train.serve.canary import CanaryRules
     from agentrl_train.serve.limits import ServeLimits
@@ -375,6 +394,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", required=True, metavar="DIR", help="run folder")
     p.add_argument("--json", action="store_true", help="print resources.json itself")
     p.set_defaults(func=_cmd_resources)
+
+    p = sub.add_parser(
+        "check-model",
+        help="what to know about a base model before training on it (template, markers, context, LoRA size, memory)",
+        description="Check a base model for training: does its chat template render tools, how do the tool-call "
+        "markers tokenize, how long are the envs' prompts with its tokenizer against its context, how many "
+        "parameters each LoRA preset trains, and a memory estimate. The weights are not loaded.",
+    )
+    p.add_argument("model", metavar="MODEL", help="tiny, smollm2-135m, a .gguf file or a Hugging Face folder")
+    p.add_argument("--envs", metavar="ID,ID", default="", help="env ids to measure prompts on (default: all six)")
+    p.add_argument("--episodes", type=_int_in(1, 1000), default=4, metavar="N", help="oracle episodes per env (default: 4)")
+    p.add_argument("--no-long-horizon", action="store_true", help="skip the long-horizon SQLPythonSMTP variant")
+    p.add_argument("--num-envs", type=_int_in(1, 1024), default=8, metavar="N", help="envs in a rollout, for the memory estimate")
+    p.add_argument(
+        "--micro-batch", type=_int_in(1, 4096), default=16, metavar="N", help="sequences per update pass, for the estimate"
+    )
+    p.add_argument("--max-prompt-tokens", type=_int_in(1, 1 << 20), default=1536, metavar="N", help="as for ppo (default: 1536)")
+    p.add_argument("--max-new-tokens", type=_int_in(1, 1 << 16), default=160, metavar="N", help="as for ppo (default: 160)")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    p.set_defaults(func=_cmd_check_model)
 
     _add_serve_parser(sub)
 
