@@ -213,7 +213,7 @@ def check_model(
         {"role": "assistant", "content": '<tool_call>{"name": "sql", "arguments": {}}</tool_call>'},
         {"role": "tool", "content": "t"},
     ]
-    rendering = tokenizer.apply_chat_template(probe, tools=[], tokenize=False, add_generation_prompt=True)
+    rendering = str(tokenizer.apply_chat_template(probe, tools=[], tokenize=False, add_generation_prompt=True))
     with torch.device("meta"):
         lm = AutoModelForCausalLM.from_config(config)
     total = sum(p.numel() for p in lm.parameters())

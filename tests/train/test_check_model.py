@@ -106,7 +106,7 @@ def test_no_chat_template_is_a_clear_error(tiny_folder: Path, tmp_path: Path) ->
     cfg = json.loads((bare / "tokenizer_config.json").read_text())
     cfg.pop("chat_template", None)
     (bare / "tokenizer_config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ConfigError, match="no chat template; set tokenizer.chat_template"):
+    with pytest.raises(ConfigError, match=r"no chat template; set tokenizer\.chat_template"):
         check_model(str(bare), **ONE_ENV)
 
 
@@ -133,7 +133,9 @@ def test_bad_episode_counts(tiny_folder: Path, episodes: int) -> None:
         check_model(str(tiny_folder), envs=["AgentRL/SQL-v0"], episodes=episodes)
 
 
-def test_the_cli_prints_json_and_refuses_a_missing_model(tiny_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_cli_prints_json_and_refuses_a_missing_model(
+    tiny_folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     argv = ["check-model", str(tiny_folder), "--envs", "AgentRL/SQL-v0", "--episodes", "1", "--no-long-horizon", "--json"]
     assert main(argv) == 0
     report = json.loads(capsys.readouterr().out)
