@@ -8,7 +8,7 @@ EPISODES ?= 20
 DEMO_UPDATES ?= 5
 DEMO_EVAL_EVERY ?= 1
 
-.PHONY: setup demo test test-fast lint format bench bench-real soak clean leaderboard
+.PHONY: setup demo test test-fast lint format docs bench bench-real soak clean leaderboard
 
 setup: $(STAMP)
 
@@ -47,6 +47,11 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+# The docs site (mkdocs.yml) into site/; --strict: a broken link or a missing reference fails the build.
+# docs/gen_reference.py generates the env, CLI, config, error-profile and schema pages during the build.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_env.py
 	$(BIN)/python benchmarks/bench_backends.py
@@ -60,7 +65,7 @@ bench: $(STAMP)
 bench-real: $(STAMP)
 	$(BIN)/python benchmarks/bench_real_model.py $(BENCH_REAL_ARGS)
 
-# Baselines and trained agents on the same fixed episodes: docs/leaderboard.md and docs/img/leaderboard.png.
+# Baselines and trained agents on the same fixed episodes: docs/results/leaderboard-table.md and docs/img/leaderboard.png.
 # Trained runs in runs/leaderboard are reused when their budget matches; LEADERBOARD_ARGS=--retrain trains again.
 leaderboard: $(STAMP)
 	$(BIN)/python benchmarks/leaderboard.py $(LEADERBOARD_ARGS)
@@ -69,4 +74,4 @@ soak: $(STAMP)
 	$(BIN)/python benchmarks/soak_sandbox.py --n 10000
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build dist site *.egg-info .pytest_cache .mypy_cache .ruff_cache

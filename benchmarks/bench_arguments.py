@@ -30,7 +30,7 @@ pydantic checker's messages with the hand-written one's), so the timed work is t
 Printed: CPU time per call (this thread's, so a busy machine changes it less than wall time),
 the median over ``--rounds`` rounds that alternate the checkers, valid and invalid calls apart and
 per tool, and the ratio to the hand-written checker; then the same figures against one env step,
-a SQL point lookup on ``AgentRL/SQL-v0`` measured in the same run (DESIGN.md's budget: +0.3 ms over
+a SQL point lookup on ``AgentRL/SQL-v0`` measured in the same run (docs/design.md's budget: +0.3 ms over
 raw sqlite3 for that step, of which +0.27 ms was spent when this was written). Nothing here asserts.
 """
 

@@ -33,7 +33,7 @@ uvicorn) and its inverse, requests/s per core, which do not depend on how busy t
 wall-clock p50/p99 (and over uvicorn the requests/s the client saw), which do; and the ratio of
 capacity to the hand-written router's. Nothing here asserts.
 
-The yardstick is DESIGN.md's serve target (4,096 open episodes at 1,000 req/s, p99 <= 50 ms on 2
+The yardstick is the serve target of docs/design.md (4,096 open episodes at 1,000 req/s, p99 <= 50 ms on 2
 cores): the router's cost per request, times 1,000 req/s, is the share of a core it takes.
 """
 
@@ -540,7 +540,7 @@ def main() -> None:
     for name, us in added.items():
         print(f"In process, {name} adds {us:+.1f} us of CPU a request: {us * 1e-3:.1%} of a core at 1,000 req/s.")
     print(
-        "1,000 req/s is the serve target (DESIGN.md). Over uvicorn, CPU is the server process's (user + system, /proc) "
+        "1,000 req/s is the serve target (docs/design.md). Over uvicorn, CPU is the server process's (user + system, /proc) "
         "over the whole run; req/s seen and the latencies are the client's and depend on the machine's load."
     )
 

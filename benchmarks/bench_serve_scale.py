@@ -21,7 +21,7 @@ and after opening, querying and closing ``--churn`` episodes in all (the "memory
 within 20% of the start-up figure).
 
 The client shares the machine's cores with the server; its own CPU time is printed too. Nothing
-here asserts: the ``target`` column says whether DESIGN.md's target was met in this run.
+here asserts: the ``target`` column says whether the target of docs/design.md was met in this run.
 """
 
 from __future__ import annotations

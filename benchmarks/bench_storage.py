@@ -21,8 +21,8 @@ Sections:
 The JSON side uses orjson when it is installed, the stdlib's C ``json`` otherwise (the header says
 which). Every round measures every store, so each round's ratios share one machine load; the tables
 print medians over the rounds (``--rounds``, default 5) and the range of the per-round ratios. It
-never asserts on time; the ``target`` column only says whether the design target (DESIGN.md, "Speed
-targets") was met by the median ratio.
+never asserts on time; the ``target`` column only says whether the design target (docs/design.md, "Speed
+and scale targets") was met by the median ratio.
 """
 
 from __future__ import annotations

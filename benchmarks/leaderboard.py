@@ -402,7 +402,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="take an entry's table rows from RUNS/results/ENTRY.json when its budget matches (no evaluation)",
     )
-    ap.add_argument("--md", default="docs/leaderboard.md", help="Markdown table (default: docs/leaderboard.md)")
+    ap.add_argument(
+        "--md", default="docs/results/leaderboard-table.md", help="Markdown table (default: docs/results/leaderboard-table.md)"
+    )
     ap.add_argument("--png", default="docs/img/leaderboard.png", help="PNG (default: docs/img/leaderboard.png; '' for none)")
     ap.add_argument("--json", default="", help="also write the raw results here")
     args = ap.parse_args(argv)

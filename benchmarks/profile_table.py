@@ -1,4 +1,4 @@
-"""Print the README's table of shipped error profiles (Markdown).
+"""Print the table of shipped error profiles in docs/guide/faults.md (Markdown).
 
 "faults per call" and "burst share" are long-run values of each profile, averaged over the three
 tools (bursts and the latency tail past the client timeout included); "oracle solved" and

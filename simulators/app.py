@@ -42,8 +42,8 @@ why); both are off in process and set by ``agentrl-envs serve`` (:mod:`simulator
 # per core in process and 0.76x over uvicorn (+45 us of CPU a request; a SQL point lookup 153 -> 197
 # us), and its declared routes with raw ASGI endpoints (matching only) 0.93x and 0.95x (+12.5 us).
 # Every env step of the default `sim` backend goes through this router synchronously (handle_bytes),
-# and a point lookup through the whole env is at +0.27 ms of its +0.3 ms budget (README,
-# "Benchmarks"); Starlette's router is async only, and matching alone would replace only the few
+# and a point lookup through the whole env is at +0.27 ms of its +0.3 ms budget (docs/results/performance.md,
+# "The simulator's router"); Starlette's router is async only, and matching alone would replace only the few
 # lines of match_route. The tool routes are declared per simulator folder (simulators/tools.py) and
 # their OpenAPI entries are built from those declarations (simulators/openapi.py).
 

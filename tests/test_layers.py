@@ -1,4 +1,4 @@
-"""The import arrows point one way (DESIGN.md, "Layout and dependency direction"), checked on the source.
+"""The import arrows point one way (docs/design.md, "Layers and dependency direction"), checked on the source.
 
 Each module's imports are read with ``ast``, including imports inside functions, which a check of
 ``sys.modules`` after ``import agentrl_envs`` would miss. A rule names the packages a layer must not
@@ -96,7 +96,7 @@ def violations(layer: str, forbidden: tuple[str, ...], root: Path = ROOT) -> lis
 def test_layer_does_not_import_upwards(layer: str, forbidden: tuple[str, ...]) -> None:
     found = violations(layer, forbidden)
     assert not found, (
-        f"{layer} must not import {', '.join(forbidden)} (DESIGN.md, dependency direction); move the code that needs "
+        f"{layer} must not import {', '.join(forbidden)} (docs/design.md, 'Layers and dependency direction'); move the code that needs "
         "it up a layer (agentrl_envs/analysis for code that drives envs with agents):\n  " + "\n  ".join(found)
     )
 

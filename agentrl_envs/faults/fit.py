@@ -149,7 +149,7 @@ def fit_profile(
     if tools:
         data["tools"] = tools
     data["penalties"] = dict(DEFAULT_PENALTIES)
-    header = f"# Fitted by agentrl-envs fit-profile from {len(ordered):,} calls; see docs/faults.md for the method.\n"
+    header = f"# Fitted by agentrl-envs fit-profile from {len(ordered):,} calls; see docs/guide/faults.md for the method.\n"
     text = header + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=160, allow_unicode=True)
     try:
         profile = parse_profile(text, f"fitted profile {name!r}")

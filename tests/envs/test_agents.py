@@ -15,7 +15,7 @@ from tests.conftest import ENV_IDS, SPLITS
 SEEDS = 200
 #: Fewer seeds in CI for the ids whose episodes cost the most per seed (the 200-seed rates of every
 #: split are measured with `agentrl-envs eval ID --agent oracle --episodes 200 --split
-#: train,test,heldout` and reported in the README); >= 99% of these is all of them.
+#: train,test,heldout` and reported in docs/guide/play.md); >= 99% of these is all of them.
 CI_SEEDS = {"AgentRL/HTTP-v0": 50, "AgentRL/Workplace-v0": 20}
 
 

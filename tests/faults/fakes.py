@@ -2,7 +2,7 @@
 :class:`FaultInjectingBackend` and writes them as JSON lines or combined access-log lines.
 
 ``python -m tests.faults.fakes PROFILE CALLS_PER_TOOL [--format jsonl|nginx|apache] [--seed S]``
-prints such a log (docs/faults.md uses it to measure fit-profile).
+prints such a log (docs/guide/faults.md uses it to measure fit-profile).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ def pg_cluster() -> Iterator[PostgresCluster]:
 
 @pytest.fixture(scope="session")
 def pg_url(pg_cluster: PostgresCluster) -> str:
-    """The README's least-privilege account (CREATEROLE, CREATE on the database; no superuser)."""
+    """The least-privilege account of docs/guide/backends.md (CREATEROLE, CREATE on the database; no superuser)."""
     return pg_cluster.url
 
 

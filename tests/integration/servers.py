@@ -49,7 +49,7 @@ def _pg_bin(name: str) -> str | None:
     return candidates[-1] if candidates else None
 
 
-#: The README's least-privilege account for the PostgreSQL backend, run by the cluster's superuser.
+#: The least-privilege account of docs/guide/backends.md for the PostgreSQL backend, run by the cluster's superuser.
 LEAST_PRIVILEGE_SETUP = (
     "CREATE ROLE agentrl LOGIN CREATEROLE PASSWORD {password}",
     "CREATE DATABASE agentrl",
@@ -60,7 +60,7 @@ LEAST_PRIVILEGE_SETUP = (
 
 @dataclass(frozen=True)
 class PostgresCluster:
-    """A running throwaway cluster: ``url`` is the README's least-privilege account, ``super_url`` the superuser."""
+    """A running throwaway cluster: ``url`` is docs/guide/backends.md's least-privilege account, ``super_url`` the superuser."""
 
     url: str
     super_url: str
@@ -68,7 +68,7 @@ class PostgresCluster:
 
 @contextlib.contextmanager
 def postgres_cluster() -> Iterator[PostgresCluster]:
-    """A throwaway PostgreSQL cluster (initdb + pg_ctl in a temp dir) with the README's role set up."""
+    """A throwaway PostgreSQL cluster (initdb + pg_ctl in a temp dir) with docs/guide/backends.md's role set up."""
     initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
     if not initdb or not pg_ctl:
         unavailable("PostgreSQL server binaries (initdb, pg_ctl) not found; install Debian's postgresql package")
@@ -135,7 +135,7 @@ def postgres_cluster() -> Iterator[PostgresCluster]:
 
 
 def agentrl_leftovers(super_url: str) -> list[str]:
-    """Every ``agentrl_*`` schema and role in the cluster (the README's admin role itself aside)."""
+    """Every ``agentrl_*`` schema and role in the cluster (docs/guide/backends.md's admin role itself aside)."""
     import psycopg
 
     with psycopg.connect(super_url) as conn:

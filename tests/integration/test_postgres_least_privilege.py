@@ -1,4 +1,4 @@
-"""PostgreSQL under the README's least-privilege account: no writes, cleanup works, failures are loud, pg-sweep."""
+"""PostgreSQL under docs/guide/backends.md's least-privilege account: no writes, cleanup works, failures are loud, pg-sweep."""
 
 from __future__ import annotations
 

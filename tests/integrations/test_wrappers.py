@@ -61,13 +61,13 @@ def test_vector_env() -> None:
     vec.close()
 
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+FRAMEWORKS_GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guide" / "frameworks.md"
 
 
-def test_the_readmes_sb3_make_vec_env_recipe_runs_as_written() -> None:
+def test_the_guides_sb3_make_vec_env_recipe_runs_as_written() -> None:
     # make_vec_env passes render_mode="rgb_array" unless env_kwargs names one: the recipe failed as written
     env_util = pytest.importorskip("stable_baselines3.common.env_util")
-    (recipe,) = re.findall(r"`(make_vec_env\(id, [^`]*\))`", README.read_text())
+    (recipe,) = re.findall(r"`(make_vec_env\(id, [^`]*\))`", FRAMEWORKS_GUIDE.read_text())
     namespace = {"make_vec_env": env_util.make_vec_env, "CandidatesDiscrete": CandidatesDiscrete, "id": "AgentRL/SQL-v0"}
     vec = eval(recipe, namespace)
     try:

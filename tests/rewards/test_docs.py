@@ -1,11 +1,11 @@
-"""docs/rewards.md: its Python examples run as written and its image is there and small."""
+"""docs/reference/rewards.md: its Python examples run as written and its image is there and small."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "rewards.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "reference" / "rewards.md"
 
 
 def test_python_blocks_run(capsys) -> None:  # type: ignore[no-untyped-def]

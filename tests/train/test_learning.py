@@ -1,10 +1,10 @@
 """The tiny model learns SQLPythonSMTP-v0 in candidates mode with the CLI's defaults (a bounded run), on
 one rank and on two.
 
-The long version (the README's table: 3 seeds and the shuffled-reward controls) is
+The long version (docs/results/learning.md: 6 seeds and the shuffled-reward controls) is
 ``benchmarks/bench_learning.py``. This one runs the default settings (5 updates of 16 envs) with a
 fixed seed and checks that greedy success on 16 fixed train episodes starts at most 0.4 and rises by
-at least 0.2 (the 6 seeds of the README reach 0.88-1.00 on train). Bounded by counts, not time: the
+at least 0.2 (the 6 seeds of docs/results/learning.md reach 0.88-1.00 on train). Bounded by counts, not time: the
 same result on an idle and a busy machine (the runs are deterministic). The 2-rank run (torchrun,
 gloo, 2 ranks x 8 envs) collects the same global batch as the 1-rank run (1 rank x 16 envs) and is
 compared with it; the 1-rank run is shared by both tests (a module fixture), and the 2-rank run goes

@@ -4,7 +4,7 @@
 empty network) namespaces, with rlimits, no capabilities, Landlock, seccomp and a capped tmpfs
 workspace. ``SandboxRunner.tier`` says how much of that this machine allows: ``"FULL"``,
 ``"REDUCED"`` (layers missing; a :class:`SandboxWarning` names them) or ``"UNSAFE"`` (rlimits
-only; refused unless ``allow_unsafe=True``). See docs/sandbox.md.
+only; refused unless ``allow_unsafe=True``). See docs/reference/sandbox.md.
 """
 
 from simulators.python.sandbox.host import (
