@@ -112,7 +112,8 @@ class OracleChat:
                 chunks.append(event.get("body", b""))
                 if not event.get("more_body"):
                     break
-            status, answer = 404, {"error": {"message": f"no route {scope['method']} {scope['path']}"}}
+            answer: dict[str, Any] = {"error": {"message": f"no route {scope['method']} {scope['path']}"}}
+            status = 404
             if scope["method"] == "GET" and scope["path"] == "/health":
                 status, answer = 200, {"ok": True}
             elif scope["method"] == "POST" and scope["path"] == "/v1/chat/completions":
