@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from agentrl_envs.errors import ConfigError
 
 from ..conftest import ENV_IDS
-from .conftest import run_example
+from .conftest import ROOT, run_example
 from .frameworks import HOSTILE_ACTIONS, gym_twin, import_or_skip
 
 skyrl_gym = import_or_skip("skyrl_gym", "skyrl")
@@ -84,3 +86,12 @@ def test_every_id_is_registered_once() -> None:
 def test_skyrl_gym_oracle_example() -> None:
     out = run_example("skyrl_gym_oracle.py", "--episodes", "2")
     assert "success 2/2" in out
+
+
+def test_the_docs_python_examples_run() -> None:
+    import_or_skip("gem", "gem")
+    text = (ROOT / "docs" / "frameworks-verifiers-skyrl-gem.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert len(blocks) == 2
+    for block in blocks:
+        exec(compile(block, "docs/frameworks-verifiers-skyrl-gem.md", "exec"), {})
