@@ -214,14 +214,17 @@ class AgentRLHarness(vf.Harness[vf.HarnessConfig]):
         async with httpx.AsyncClient(base_url=endpoint, headers=headers, timeout=TURN_TIMEOUT_S) as client:
             while not state.done:
                 body = {"model": ctx.model, "messages": messages, "tools": state.tools}
+                response: httpx.Response | None = None
                 try:
                     response = await client.post("/chat/completions", json=body)
                     message = response.json()["choices"][0]["message"]
                     if response.status_code != 200 or not isinstance(message, dict):
                         raise ValueError(f"status {response.status_code}")
                 except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
-                    detail = f"{type(exc).__name__}: {exc}; body {response.text[:500] if 'response' in locals() else ''}"
-                    return ProgramResult(exit_code=1, stdout="", stderr=f"model endpoint {endpoint}: {detail}")
+                    text = response.text[:500] if response is not None else ""
+                    return ProgramResult(
+                        exit_code=1, stdout="", stderr=f"model endpoint {endpoint}: {type(exc).__name__}: {exc}; body {text}"
+                    )
                 messages.extend(await self._play(state, message))
         return ProgramResult(exit_code=0, stdout="", stderr="")
 
