@@ -32,7 +32,7 @@ from agentrl_envs.errors import ActionError
 from agentrl_envs.tools import TOOLS, Tool
 from agentrl_envs.tools.base import MAX_NESTING
 
-__all__ = ["CALL_FORMATS", "MAX_ACTION_CHARS", "ToolCall", "format_call", "parse_action"]
+__all__ = ["CALL_FORMATS", "MAX_ACTION_CHARS", "ToolCall", "format_call", "format_native_call", "parse_action"]
 
 MAX_ACTION_CHARS = 200_000
 
@@ -75,6 +75,31 @@ def format_call(name: str, arguments: Mapping[str, Any], *, default: Callable[[A
     # argument from being read as a second call.
     text = text.replace(_OPEN, "\\u003c" + _OPEN[1:]).replace(_CLOSE, "\\u003c" + _CLOSE[1:])
     return _OPEN + text + _CLOSE
+
+
+def format_native_call(name: str, arguments: Any) -> str:
+    """The env action for one native (OpenAI-style) tool call, whatever the model put in ``arguments``.
+
+    Arguments that are (or decode to) a JSON object are written canonically with :func:`format_call`;
+    ``None`` or blank text counts as ``{}``; anything else (text that is not JSON, a list, a number) is
+    passed on as written, so the env rejects it with its reason (``bad_json``, ``bad_arguments``) and
+    the format penalty instead of the caller raising. The OpenAI-compatible agent and the verifiers
+    harness both send native calls through here.
+    """
+    if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
+        arguments = {}
+    if isinstance(arguments, str):
+        try:
+            decoded = json.loads(arguments)
+        except (ValueError, RecursionError):
+            decoded = None
+        if isinstance(decoded, dict):
+            arguments = decoded
+    if isinstance(arguments, dict):
+        return format_call(name, arguments)
+    # Same escaping as format_call: a '<tool_call>' inside a string must not read as a second call.
+    text = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+    return _OPEN + text.replace(_OPEN, "\\u003c" + _OPEN[1:]).replace(_CLOSE, "\\u003c" + _CLOSE[1:]) + _CLOSE
 
 
 def parse_action(action: str, tools: Mapping[str, Tool] | None = None) -> ToolCall:

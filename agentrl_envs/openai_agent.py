@@ -41,7 +41,7 @@ from typing import Any
 import httpx
 
 from agentrl_envs._deadline import OverBudget, Watchdog
-from agentrl_envs.actions import MAX_ACTION_CHARS, format_call, parse_action
+from agentrl_envs.actions import MAX_ACTION_CHARS, format_native_call, parse_action
 from agentrl_envs.errors import (
     ActionError,
     AgentError,
@@ -377,7 +377,7 @@ class OpenAIChatAgent:
                 for call_id, name, args in calls
             ],
         }
-        return "".join(_call_text(name, args) for _, name, args in calls), reply
+        return "".join(format_native_call(name, args) for _, name, args in calls), reply
 
     # -- transport -------------------------------------------------------------------------------
 
@@ -523,29 +523,6 @@ def _text(content: Any) -> str:
 
 def _arguments_text(arguments: Any) -> str:
     return arguments if isinstance(arguments, str) else json.dumps({} if arguments is None else arguments)
-
-
-def _call_text(name: str, arguments: Any) -> str:
-    """The env action for one native call: arguments that decode to an object are written canonically;
-    anything else is passed on as written, for the env to reject with its reason."""
-    if arguments is None or (isinstance(arguments, str) and not arguments.strip()):
-        arguments = {}
-    if isinstance(arguments, str):
-        try:
-            decoded = json.loads(arguments)
-        except (ValueError, RecursionError):
-            decoded = None
-        if isinstance(decoded, dict):
-            arguments = decoded
-    if isinstance(arguments, dict):
-        return format_call(name, arguments)
-    # Same escaping as format_call: a '<tool_call>' inside a string must not read as a second call.
-    text = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
-    return (
-        "<tool_call>"
-        + text.replace("<tool_call>", "\\u003ctool_call>").replace("</tool_call>", "\\u003c/tool_call>")
-        + "</tool_call>"
-    )
 
 
 def _retry_after_s(value: str | None) -> float | None:
