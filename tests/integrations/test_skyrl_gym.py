@@ -90,8 +90,8 @@ def test_skyrl_gym_oracle_example() -> None:
 
 def test_the_docs_python_examples_run() -> None:
     import_or_skip("gem", "gem")
-    text = (ROOT / "docs" / "frameworks-verifiers-skyrl-gem.md").read_text()
+    text = (ROOT / "docs" / "guide" / "verifiers-skyrl-gem.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, re.S)
     assert len(blocks) == 2
     for block in blocks:
-        exec(compile(block, "docs/frameworks-verifiers-skyrl-gem.md", "exec"), {})
+        exec(compile(block, "docs/guide/verifiers-skyrl-gem.md", "exec"), {})
