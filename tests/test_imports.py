@@ -22,7 +22,7 @@ def test_agentrl_envs_does_not_import_torch() -> None:
         "import gymnasium as gym\nenv = gym.make('AgentRL/SQLPythonSMTP-v0')\nenv.reset(seed=0)\nenv.close()"
     )
     assert "agentrl_envs" in mods
-    assert not {"torch", "transformers", "peft"} & mods
+    assert not {"torch", "transformers", "peft", "mcp", "openenv", "fastapi"} & mods
 
 
 def test_simulators_do_not_import_gymnasium_or_envs() -> None:

@@ -15,6 +15,7 @@ set when the server starts.
 
 from __future__ import annotations
 
+import importlib
 import json
 import numbers
 from dataclasses import dataclass, field
@@ -23,7 +24,6 @@ from typing import Any
 import gymnasium as gym
 
 import agentrl_envs
-from agentrl_envs import error_profiles
 from agentrl_envs.actions import format_call
 from agentrl_envs.errors import ConfigError, EpisodeError
 
@@ -60,10 +60,11 @@ def session_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     if unknown:
         raise ConfigError(f"unknown session keyword(s) {unknown[:5]}; a client may set {', '.join(SESSION_KWARGS)}")
     profile = kwargs.get("error_profile")
-    if profile is not None and profile not in error_profiles.available():
+    shipped = importlib.import_module("agentrl_envs.error_profiles").available()  # mapped from error_profiles/
+    if profile is not None and profile not in shipped:
         raise ConfigError(
             f"error_profile={str(profile)[:80]!r}: a client may pick a shipped profile "
-            f"({', '.join(error_profiles.available())}); a YAML file is the server's --error-profile"
+            f"({', '.join(shipped)}); a YAML file is the server's --error-profile"
         )
     backend = kwargs.get("backend")
     if backend is not None and backend not in SESSION_BACKENDS:
