@@ -46,6 +46,7 @@ from mcp.server import Server, ServerRequestContext
 from mcp.server.stdio import stdio_server
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
+from mcp.shared.exceptions import MCPError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
@@ -174,7 +175,7 @@ class MCPToolServer:
         self, ctx: ServerRequestContext[Any], params: types.ReadResourceRequestParams
     ) -> types.ReadResourceResult:
         if str(params.uri) != TASK_URI:
-            raise ConfigError(f"unknown resource {str(params.uri)[:80]!r}; this server has {TASK_URI}")
+            raise MCPError(types.INVALID_PARAMS, f"unknown resource {str(params.uri)[:80]!r}; this server has {TASK_URI}")
         text = await self._instruction(self._session(ctx))
         return types.ReadResourceResult(contents=[types.TextResourceContents(uri=TASK_URI, mime_type="text/plain", text=text)])
 
@@ -185,7 +186,7 @@ class MCPToolServer:
 
     async def _get_prompt(self, ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams) -> types.GetPromptResult:
         if params.name != "task":
-            raise ConfigError(f"unknown prompt {params.name[:80]!r}; this server has 'task'")
+            raise MCPError(types.INVALID_PARAMS, f"unknown prompt {params.name[:80]!r}; this server has 'task'")
         text = await self._instruction(self._session(ctx))
         return types.GetPromptResult(messages=[types.PromptMessage(role="user", content=_text(text))])
 
@@ -197,7 +198,9 @@ class MCPToolServer:
         session = self.sessions.get(key)
         if session is None:
             if len(self.sessions) >= self.limits.max_sessions:
-                raise ConfigError(f"the server holds {self.limits.max_sessions} sessions; close one or try later")
+                raise MCPError(
+                    types.INVALID_REQUEST, f"the server holds {self.limits.max_sessions} sessions; close one or try later"
+                )
             session = self.sessions[key] = _Session()
         session.last_used = time.monotonic()
         return session
