@@ -43,6 +43,7 @@ from typing import Any
 from openenv.core.env_server import Action, ConcurrencyConfig, Environment, Observation, State, create_app
 from openenv.core.env_server.types import EnvironmentMetadata
 from pydantic import Field, model_validator
+from pydantic_core import PydanticCustomError
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocketDisconnect
@@ -65,10 +66,12 @@ class AgentRLAction(Action):
 
     @model_validator(mode="after")
     def _one_kind(self) -> AgentRLAction:
+        # PydanticCustomError, not ValueError: OpenEnv 0.3 sends the errors as JSON, and a ValueError
+        # in them cannot be sent: its WebSocket handler then ends the session.
         if (self.tool is None) == (self.text is None):
-            raise ValueError("give either 'tool' (with 'arguments') or 'text', not both or neither")
+            raise PydanticCustomError("one_kind", "give either 'tool' (with 'arguments') or 'text', not both or neither")
         if self.text is not None and self.arguments:
-            raise ValueError("'arguments' go with 'tool'; a 'text' action holds its own")
+            raise PydanticCustomError("one_kind", "'arguments' go with 'tool'; a 'text' action holds its own")
         return self
 
 
