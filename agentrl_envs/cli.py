@@ -7,6 +7,8 @@
     agentrl-envs eval AgentRL/SQLPythonSMTP-v0 --agent oracle --episodes 50
     agentrl-envs eval AgentRL/SQL-v0 --agent openai --base-url http://127.0.0.1:8000 --model NAME
     agentrl-envs serve --host 127.0.0.1 --port 8765 [--profile realistic]
+    agentrl-envs mcp AgentRL/SQL-v0 [--transport stdio|http] [--error-profile flaky]
+    agentrl-envs openenv AgentRL/SQL-v0 --port 8000 [--max-sessions 64]
     agentrl-envs fit-profile access.log api.jsonl -o profile.yaml
     agentrl-envs pg-sweep postgresql://agentrl:...@db:5432/agentrl [--dry-run]
     agentrl-envs export-sft AgentRL/SQL-v0 --agent oracle --episodes 100 -o sft.parquet
@@ -151,6 +153,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_serve)
 
+    for name, port, what in (
+        ("mcp", 8766, "serve an env's tools over MCP (stdio, or streamable HTTP at /mcp)"),
+        ("openenv", 8000, "serve an env as an OpenEnv environment (HTTP and WebSocket; see GET /schema)"),
+    ):
+        p = sub.add_parser(name, help=what)
+        _env_args(p)
+        _episode_server_args(p, port)
+        if name == "mcp":
+            p.add_argument("--transport", choices=("stdio", "http"), default="stdio", help="stdio (default) or http")
+        p.set_defaults(func=cmd_mcp if name == "mcp" else cmd_openenv)
+
     from agentrl_envs.analysis import counterfactual, report
     from agentrl_envs.faults import fit
 
@@ -217,6 +230,23 @@ def _env_args(p: argparse.ArgumentParser, split_default: str = "train") -> None:
     )
 
 
+def _episode_server_args(p: argparse.ArgumentParser, port: int) -> None:
+    """The options ``mcp`` and ``openenv`` share (besides the env's, from :func:`_env_args`)."""
+    p.add_argument("--backend", default="sim", help="where tool calls go: sim (default), direct, or http://host:port")
+    p.add_argument(
+        "--seed",
+        type=_int_in(0, MAX_SEED),
+        default=None,
+        help="seed of a session's first episode when the client gives none (default: a fresh one per session)",
+    )
+    p.add_argument("--host", type=_host, default="127.0.0.1", help="address to listen on over HTTP (default 127.0.0.1)")
+    p.add_argument("--port", type=_port, default=port, help=f"port over HTTP (default {port}; 0 picks a free one)")
+    p.add_argument("--max-sessions", type=_int_in(1, 1 << 16), default=64, help="sessions open at once, 1-65536 (default 64)")
+    p.add_argument(
+        "--idle-s", type=_seconds, default=900.0, help="close a session without a request for this many seconds (default 900)"
+    )
+
+
 def _positive(text: str) -> int:
     value = _int(text)
     if value < 1:
@@ -277,18 +307,22 @@ def _check_id(env_id: str) -> None:
 
 def _make(args: argparse.Namespace, split: str, **extra: Any) -> gym.Env[str, str]:
     _check_id(args.env_id)
+    return gym.make(args.env_id, **_make_kwargs(args, split), **extra)
+
+
+def _make_kwargs(args: argparse.Namespace, split: str) -> dict[str, Any]:
+    """The ``gym.make`` keywords of :func:`_env_args`' options."""
     kwargs: dict[str, Any] = {
         "split": split,
         "domain": args.domain,
         "candidates": args.candidates,
         "error_profile": args.error_profile,
-        **extra,
     }
     if args.long_horizon:
         kwargs["long_horizon"] = True
     if args.max_steps:
         kwargs["max_steps"] = args.max_steps
-    return gym.make(args.env_id, **kwargs)
+    return kwargs
 
 
 def _splits(text: str) -> list[str]:
@@ -512,6 +546,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
         limits=limits,
         sql_deadline_s=args.sql_deadline_s,
         python_timeout_s=args.python_timeout_s,
+    )
+
+
+# ---------------------------------------------------------------------------------------- mcp, openenv
+
+
+def cmd_mcp(args: argparse.Namespace) -> int:
+    from agentrl_envs.integrations.mcp_server import MCPLimits, serve_mcp
+
+    _check_id(args.env_id)
+    kwargs = {**_make_kwargs(args, _splits(args.split)[0]), "backend": args.backend}
+    limits = MCPLimits(max_sessions=args.max_sessions, idle_s=args.idle_s)
+    return serve_mcp(args.env_id, kwargs, transport=args.transport, host=args.host, port=args.port, seed=args.seed, limits=limits)
+
+
+def cmd_openenv(args: argparse.Namespace) -> int:
+    from agentrl_envs.integrations.openenv_server import serve_openenv
+
+    _check_id(args.env_id)
+    kwargs = {**_make_kwargs(args, _splits(args.split)[0]), "backend": args.backend}
+    return serve_openenv(
+        args.env_id, kwargs, host=args.host, port=args.port, seed=args.seed, max_sessions=args.max_sessions, idle_s=args.idle_s
     )
 
 
