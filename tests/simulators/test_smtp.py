@@ -556,16 +556,3 @@ def test_real_server_gets_no_injected_headers(real_smtp: tuple[str, list[Any]], 
         assert b"Reply-To" not in received[0].original_content and b"X-Evil" not in received[0].original_content
     finally:
         env.close()
-
-
-def test_the_old_module_path_still_imports_with_a_deprecation_warning() -> None:
-    import importlib
-    import sys
-
-    from simulators.smtp import mailbox
-
-    sys.modules.pop("simulators.smtp.server", None)
-    with pytest.warns(DeprecationWarning, match="simulators.smtp.mailbox"):
-        old = importlib.import_module("simulators.smtp.server")
-    assert old.Mailbox is mailbox.Mailbox and old.validate_address is mailbox.validate_address
-    assert old.MAX_RECIPIENTS == mailbox.MAX_RECIPIENTS and old._ADDRESS is mailbox._ADDRESS
