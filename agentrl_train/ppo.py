@@ -22,6 +22,7 @@ __all__ = [
     "critic_warmup_steps",
     "critic_weight",
     "entropy_coef",
+    "episode_group_advantages",
     "group_advantages",
     "k3_kl",
     "lr_factor",
@@ -216,6 +217,18 @@ def group_advantages(returns_N: np.ndarray, group_size: int, kind: str, eps: flo
     flat_G = np.ptp(r_GM, axis=1) <= 1e-9 * np.maximum(1.0, np.abs(r_GM).max(axis=1))
     adv_GM[flat_G] = 0.0
     return adv_GM.reshape(-1), flat_G
+
+
+def episode_group_advantages(
+    rewards_TN: np.ndarray, valid_TN: np.ndarray, group_size: int, kind: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`group_advantages` of a group rollout (one episode per env), broadcast to each episode's steps.
+
+    An episode's score is its undiscounted return over its valid rows: its whole return, or its return
+    so far when the rollout window cut it. Returns ``(advantages_TN, flat_G)``; invalid rows get 0.
+    """
+    adv_N, flat_G = group_advantages(np.where(valid_TN, rewards_TN, 0.0).sum(axis=0), group_size, kind)
+    return np.where(valid_TN, adv_N[None, :], 0.0), flat_G
 
 
 def resolve_loss_agg(loss_agg: str, advantage: str) -> str:

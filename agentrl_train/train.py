@@ -141,11 +141,13 @@ class PPOLoss(torch.nn.Module):
             kl = ppo.k3_kl(logp, torch.tensor(tr.ref_logprobs, device=logp.device), cfg.ppo.kl_clamp)
             unit_loss = pg + cfg.ppo.kl_coef * kl - ent_coef * ent + cfg.ppo.anchor_coef * drift
             loss = loss + unit_loss.sum() / norm
-            if policy.value_head is not None:
+            vl = None
+            if policy.value_head is not None:  # no critic under a group advantage
                 vl = ppo.value_loss(value, torch.tensor(tr.value), torch.tensor(ret), cfg.ppo.value_clip)
                 loss = loss + cfg.ppo.vf_coef * critic_w * vl / n_samples
-                stats["vf"].append(float(vl))
             with torch.no_grad():
+                if vl is not None:
+                    stats["vf"].append(float(vl))
                 stats["pg"].append(float(pg.mean()))
                 stats["entropy"].append(float(ent.mean()))
                 stats["kl_ref"].append(float(kl.mean()))
@@ -361,8 +363,8 @@ def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, 
                 group_row: dict[str, float] = {}
                 if grouped:
                     # each env's one episode, scored by its (undiscounted) return, the same advantage on every step
-                    adv_N, flat_G = ppo.group_advantages(rewards.sum(axis=0), cfg.ppo.group_size, cfg.ppo.advantage)
-                    adv_TN, ret_TN = np.where(valid, adv_N[None, :], 0.0), np.zeros_like(rewards)
+                    adv_TN, flat_G = ppo.episode_group_advantages(rewards, valid, cfg.ppo.group_size, cfg.ppo.advantage)
+                    ret_TN = np.zeros_like(rewards)  # no value head to train
                     group_row = _group_metrics(flat_G, roll.cut_N, dist)
                 else:
                     rewards = ppo.normalize_rewards(
