@@ -276,3 +276,16 @@ def test_dr_grpo_in_generate_mode(tmp_path: Path) -> None:
     assert summary["finished"]
     (row,) = [r for r in _rows(tmp_path / "run") if r["kind"] == "update"]
     assert row["groups"] == 1 and math.isfinite(row["pg"]) and row["rollout_tokens"] > 0
+
+
+def test_a_group_advantage_on_several_ranks_refuses_accumulation(tmp_path: Path) -> None:
+    from agentrl_envs.errors import ConfigError
+    from agentrl_train.train import micro_batches_per_step
+
+    cfg = small_config(tmp_path, advantage="grpo", group_size=2, num_envs=4, accumulation=2)
+    assert micro_batches_per_step(cfg, 1) == 2  # one rank: any split of a rollout of any length
+    with pytest.raises(
+        ConfigError, match="on 2 ranks takes the whole rollout as one optimizer step per epoch: drop --sync-batch"
+    ):
+        micro_batches_per_step(cfg, 2)
+    assert micro_batches_per_step(small_config(tmp_path, advantage="grpo", group_size=2, num_envs=4), 2) == 0
