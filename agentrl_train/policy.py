@@ -1,4 +1,5 @@
-"""The policy: a causal LM with named LoRA adapters and a value head on the shared backbone.
+"""The policy: a causal LM with named LoRA adapters and a value head on the shared backbone (none for
+the critic-free group advantages, where every value is 0).
 
 One forward of the backbone gives token log-probs (the LM head is applied to the positions that need
 them only) and the value of the state (a linear head on the last prompt token's hidden state). The
@@ -174,7 +175,7 @@ class PromptState:
 
 
 class Policy(nn.Module):
-    """A base LM wrapped by peft with named adapters, plus a value head.
+    """A base LM wrapped by peft with named adapters, plus a value head (optional).
 
     Args:
         lm: the base causal LM (frozen).
