@@ -1,7 +1,8 @@
 """PPO + LoRA on agentrl envs: the training loop, top to bottom (CleanRL style).
 
 ``agentrl-train ppo`` calls :func:`train` with a :class:`~agentrl_train.config.TrainConfig`. One
-update = one rollout of ``rollout_steps x num_envs`` transitions with the sampling policy, then
+update = one rollout of ``rollout_steps x num_envs`` transitions with the sampling policy (with a
+group advantage: one episode per env, at most that long; :mod:`agentrl_train.group_rollout`), then
 ``epochs`` passes of minibatch SGD on the clipped PPO objective. The run folder gets the resolved
 config, ``metrics.jsonl``, TensorBoard events, checkpoints (exact resume), ``final/``, the eval
 table and the learning curve.
@@ -378,7 +379,6 @@ def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, 
                 policy.train()
                 trainable = wrap_trainable(policy, cfg, dist, trainable)  # a new DDP wrapper if the adapter changed
                 samples = [(roll.transitions[t][i], float(adv_TN[t, i]), float(ret_TN[t, i])) for t, i in zip(*np.nonzero(valid))]
-                assert all(tr is not None for tr, _, _ in samples)
                 ent_coef = ppo.entropy_coef(update, cfg.ppo.updates, cfg.ppo.ent_start, cfg.ppo.ent_end)
                 critic_ws: list[float] = []
                 stats: dict[str, list[float]] = {
