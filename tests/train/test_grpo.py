@@ -213,7 +213,16 @@ def test_a_grpo_run_has_no_value_head_logs_its_groups_and_records_only_real_step
     from agentrl_envs.data import ReplayBuffer
     from agentrl_train.evaluate import load_run
 
-    opts = dict(advantage="grpo", group_size=2, num_envs=4, rollout_steps=5, env_kwargs={"max_steps": 5}, record=True)
+    # async: the parked envs' resets and steps cross the workers' pipes
+    opts = dict(
+        advantage="grpo",
+        group_size=2,
+        num_envs=4,
+        rollout_steps=5,
+        env_kwargs={"max_steps": 5},
+        record=True,
+        vectorization="async",
+    )
     summary = train(small_config(tmp_path, **opts, final_eval_splits=["test"]), log=lambda *a, **k: None)
     run = tmp_path / "run"
     assert summary["finished"]
