@@ -23,6 +23,9 @@ from agentrl_envs.errors import ConfigError
 from agentrl_envs.yamlsafe import load_yaml, read_yaml_file, short_repr
 
 __all__ = [
+    "ADVANTAGES",
+    "GROUP_ADVANTAGES",
+    "LOSS_AGGS",
     "MAX_CANDIDATES",
     "MAX_NUM_ENVS",
     "MAX_REPLAY_MB",
@@ -53,6 +56,13 @@ OWN_ENV_KWARGS = {"split": "--split", "error_profile": "--error-profile", "candi
 #: a ``--config`` file may hold any option, so one file serves ppo and sft.
 SECTION_COMMANDS = {"model": ("ppo", "sft"), "env": ("ppo", "sft"), "ppo": ("ppo",), "sft": ("sft",), "run": ("ppo", "sft")}
 _PPO_ONLY = ("ppo",)
+#: --advantage choices: the critic's (a value head) and the group-relative, critic-free ones
+CRITIC_ADVANTAGES = ("gae", "hierarchical")
+GROUP_ADVANTAGES = ("grpo", "dr_grpo", "rloo")
+ADVANTAGES = (*CRITIC_ADVANTAGES, *GROUP_ADVANTAGES)
+LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+#: options that only a critic reads: a group advantage refuses non-default values of these
+CRITIC_OPTIONS = ("vf_coef", "value_clip", "value_lr", "critic_warmup", "critic_grad")
 _PPO_AND_SFT = ("ppo", "sft")
 
 
@@ -129,8 +139,26 @@ class PPOConfig:
     value_lr: float = _f(3e-3, "AdamW learning rate of the value head")
     gamma: float = _f(0.99, "discount")
     lam: float = _f(0.95, "GAE lambda")
-    advantage: str = _f("hierarchical", "gae, or hierarchical (GAE inside sub-tasks, segmented by info['subtask_index'])")
+    advantage: str = _f(
+        "hierarchical",
+        "gae, hierarchical (GAE inside sub-tasks, segmented by info['subtask_index']), or a critic-free group advantage "
+        "over --group-size episodes of one task: grpo ((R - mean) / std), dr_grpo (R - mean) or rloo (R - mean of the others)",
+    )
+    group_size: int = _f(
+        0,
+        "grpo, dr_grpo, rloo: episodes per group (same task seed, own sampling); each rank's --num-envs must be a "
+        "multiple of it (0: unset, refused by the group advantages)",
+    )
     clip: float = _f(0.2, "PPO ratio clip")
+    clip_low: float = _f(0.0, "lower ratio clip: the ratio is kept above 1 - this (0: --clip)")
+    clip_high: float = _f(0.0, "upper ratio clip: the ratio is kept below 1 + this (0: --clip; DAPO uses 0.28 with 0.2 below)")
+    loss_agg: str = _f(
+        "auto",
+        "how unit losses become one loss: token-mean (over every unit of the step), seq-mean-token-mean (over each "
+        "sequence's units, then over sequences), seq-mean-token-sum-norm (each sequence's sum over a constant budget, "
+        "then the mean over sequences; Dr. GRPO); a sequence is one env's transitions in a rollout (one episode under a "
+        "group advantage); auto: seq-mean-token-sum-norm for dr_grpo, else token-mean",
+    )
     value_clip: float = _f(0.2, "value clip around the rollout's values (0: off)")
     vf_coef: float = _f(0.5, "value loss coefficient (after the critic warmup)")
     critic_warmup: int = _f(
@@ -233,7 +261,8 @@ class TrainConfig:
         _choice("mode", e.mode, ("candidates", "generate"))
         _choice("vectorization", e.vectorization, ("async", "sync"))
         _choice("split", e.split, ("train", "test", "heldout"))
-        _choice("advantage", p.advantage, ("gae", "hierarchical"))
+        _choice("advantage", p.advantage, ADVANTAGES)
+        _choice("loss_agg", p.loss_agg, ("auto", *LOSS_AGGS))
         _choice("clip_mode", p.clip_mode, ("per-layer", "global"))
         _choice("reward_norm", p.reward_norm, ("scale", "zscore", "none"))
         _choice("critic_grad", p.critic_grad, ("shared", "head"))
@@ -279,6 +308,11 @@ class TrainConfig:
             "anchor_coef",
         ):
             _non_negative(name, option_value(self, name))
+        for name in ("clip_low", "clip_high", "group_size"):
+            _non_negative(name, option_value(self, name))
+        if p.clip_low >= 1:
+            raise ConfigError(f"--clip-low={short_repr(p.clip_low)}: use a value in [0, 1) (the ratio stays above 1 - it)")
+        _check_group_options(self)
         for name in ("gamma", "lam", "reference_weight"):
             if not 0.0 <= option_value(self, name) <= 1.0:
                 raise ConfigError(f"--{_flag(name)}={short_repr(option_value(self, name))}: use a value in [0, 1]")
@@ -504,6 +538,37 @@ def _coerce(name: str, f: dataclasses.Field[Any], value: Any) -> Any:
                     )
         return value
     raise ConfigError(f"{flag}: unsupported option type {short_repr(kind)}")  # pragma: no cover
+
+
+def _check_group_options(cfg: TrainConfig) -> None:
+    """A group advantage needs a group size that divides --num-envs, and takes no critic options."""
+    p, e = cfg.ppo, cfg.env
+    if p.advantage not in GROUP_ADVANTAGES:
+        if p.group_size:
+            raise ConfigError(
+                f"--group-size={p.group_size} is read by the group advantages only; add --advantage grpo "
+                f"(or dr_grpo, rloo), or drop --group-size for --advantage {p.advantage}"
+            )
+        return
+    if p.group_size < 2:
+        raise ConfigError(
+            f"--group-size={p.group_size}: --advantage {p.advantage} compares the episodes of a group, so use a "
+            f"group of at least 2 (e.g. --num-envs {max(e.num_envs, 4) // 4 * 4} --group-size 4)"
+        )
+    if e.num_envs % p.group_size:
+        fit = max(p.group_size, e.num_envs // p.group_size * p.group_size)
+        raise ConfigError(
+            f"--num-envs={e.num_envs} is not a multiple of --group-size={p.group_size}: a group's episodes run on "
+            f"one rank's sub-envs; use e.g. --num-envs {fit} --group-size {p.group_size}"
+        )
+    defaults = PPOConfig()
+    set_ = [n for n in CRITIC_OPTIONS if getattr(p, n) != getattr(defaults, n)]
+    if set_:
+        flags = ", ".join(f"--{_flag(n)}={short_repr(getattr(p, n))}" for n in set_)
+        raise ConfigError(
+            f"{flags}: --advantage {p.advantage} has no critic (no value head); drop {'it' if len(set_) == 1 else 'them'}, "
+            "or use --advantage gae or hierarchical"
+        )
 
 
 def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:

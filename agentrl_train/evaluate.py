@@ -176,7 +176,7 @@ def load_run(run: str, checkpoint: str | None = None) -> tuple[Any, Any]:
     from pathlib import Path
 
     from agentrl_envs.errors import ConfigError
-    from agentrl_train.config import read_run_config
+    from agentrl_train.config import CRITIC_ADVANTAGES, read_run_config
     from agentrl_train.train import build_policy
 
     folder = Path(run)
@@ -188,7 +188,10 @@ def load_run(run: str, checkpoint: str | None = None) -> tuple[Any, Any]:
         final = folder / "final"
         if not final.is_dir():
             raise ConfigError(f"--run {run}: no final/ folder (the run did not finish); use --checkpoint latest")
-        for need in (final / cfg.model.adapter / "adapter_model.safetensors", final / "value_head.safetensors"):
+        needs = [final / cfg.model.adapter / "adapter_model.safetensors"]
+        if cfg.ppo.advantage in CRITIC_ADVANTAGES:  # a group advantage trains no value head
+            needs.append(final / "value_head.safetensors")
+        for need in needs:
             if not need.is_file():
                 raise ConfigError(f"--run {run}: {need} is missing (a damaged final/); use --checkpoint latest")
     policy = build_policy(cfg, log=lambda *a, **k: None)

@@ -1,4 +1,5 @@
-"""The policy: a causal LM with named LoRA adapters and a value head on the shared backbone.
+"""The policy: a causal LM with named LoRA adapters and a value head on the shared backbone (none for
+the critic-free group advantages, where every value is 0).
 
 One forward of the backbone gives token log-probs (the LM head is applied to the positions that need
 them only) and the value of the state (a linear head on the last prompt token's hidden state). The
@@ -174,7 +175,7 @@ class PromptState:
 
 
 class Policy(nn.Module):
-    """A base LM wrapped by peft with named adapters, plus a value head.
+    """A base LM wrapped by peft with named adapters, plus a value head (optional).
 
     Args:
         lm: the base causal LM (frozen).
@@ -182,9 +183,20 @@ class Policy(nn.Module):
         adapter: name of the adapter to create and train.
         lora: ``lora_targets(...)`` output.
         dropout: LoRA dropout.
+        value_head: create the value head (False for the critic-free group advantages: no parameters,
+            nothing saved, every value 0).
     """
 
-    def __init__(self, lm: nn.Module, tokenizer: Any, adapter: str, lora: dict[str, Any], dropout: float = 0.0) -> None:
+    def __init__(
+        self,
+        lm: nn.Module,
+        tokenizer: Any,
+        adapter: str,
+        lora: dict[str, Any],
+        dropout: float = 0.0,
+        *,
+        value_head: bool = True,
+    ) -> None:
         super().__init__()
         from peft import LoraConfig, get_peft_model
 
@@ -207,9 +219,12 @@ class Policy(nn.Module):
         self.reference_adapters: list[str] | None = None
         hidden = lm.config.hidden_size
         dev = next(lm.parameters()).device
-        self.value_head = nn.Linear(hidden, 1, device=dev, dtype=torch.float32)
-        nn.init.zeros_(self.value_head.weight)
-        nn.init.zeros_(self.value_head.bias)
+        self._device = dev
+        self.value_head: nn.Linear | None = None
+        if value_head:
+            self.value_head = nn.Linear(hidden, 1, device=dev, dtype=torch.float32)
+            nn.init.zeros_(self.value_head.weight)
+            nn.init.zeros_(self.value_head.bias)
         self.critic_detach = False
         self.stop_ids = stop_token_ids(self.tokenizer)
 
@@ -221,7 +236,7 @@ class Policy(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.value_head.weight.device
+        return self._device
 
     def trainable_parameters(self) -> list[tuple[str, nn.Parameter]]:
         return [(n, p) for n, p in self.named_parameters() if p.requires_grad]
@@ -250,7 +265,7 @@ class Policy(nn.Module):
         if bad:
             raise ConfigError(f"{option} {folder}: weights do not fit this model ({bad[0]} ...)")
         vh = folder / "value_head.safetensors"
-        if vh.exists():
+        if vh.exists() and self.value_head is not None:  # a critic-free policy starts from an adapter alone
             try:
                 self.value_head.load_state_dict(self._read_safetensors(vh, option, folder))
             except RuntimeError as exc:
@@ -299,12 +314,14 @@ class Policy(nn.Module):
         return [*self.frozen_adapters, self.adapter]
 
     def save(self, folder: str | Path) -> None:
-        """peft ``save_pretrained`` layout (``folder/<adapter>/``) plus ``value_head.safetensors``."""
+        """peft ``save_pretrained`` layout (``folder/<adapter>/``) plus ``value_head.safetensors`` when there is a value head."""
         from safetensors.torch import save_file
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         self.lm.save_pretrained(folder, selected_adapters=[self.adapter])
+        if self.value_head is None:
+            return
         save_file(
             {k: v.detach().cpu().contiguous() for k, v in self.value_head.state_dict().items()}, folder / "value_head.safetensors"
         )
@@ -484,6 +501,8 @@ class Policy(nn.Module):
         return out.last_hidden_state, out.cache
 
     def _value(self, hidden_last: torch.Tensor) -> torch.Tensor:
+        if self.value_head is None:  # critic-free: a constant 0, outside the graph
+            return torch.zeros((), device=hidden_last.device)
         if self.critic_detach:  # --critic-grad head: the value loss trains the head only
             hidden_last = hidden_last.detach()
         return self.value_head(hidden_last.float()).squeeze(-1)

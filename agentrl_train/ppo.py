@@ -18,15 +18,20 @@ from agentrl_envs.rewards.advantages import gae, hierarchical_gae
 __all__ = [
     "advantages",
     "clip_gradients",
+    "clip_range",
     "critic_warmup_steps",
     "critic_weight",
     "entropy_coef",
+    "episode_group_advantages",
+    "group_advantages",
     "k3_kl",
     "lr_factor",
     "normalize_rewards",
     "optimizer_steps_per_epoch",
     "policy_loss",
+    "resolve_loss_agg",
     "should_stop_early",
+    "unit_norms",
     "value_loss",
     "whiten",
 ]
@@ -163,12 +168,103 @@ def whiten(x: np.ndarray, stats: Any = None, eps: float = 1e-8) -> np.ndarray:
 
 
 def policy_loss(
-    logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, clip: float
+    logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, clip: float, clip_high: float | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-unit clipped surrogate ``max(-A r, -A clip(r))``; also the ratio and whether it was clipped."""
+    """Per-unit clipped surrogate ``max(-A r, -A clip(r, 1 - clip, 1 + clip_high))``; also the ratio and
+    whether it was outside the clip range.
+
+    ``clip_high`` None: ``clip`` on both sides. DAPO's "clip-higher" (0.2 below, 0.28 above) lets an
+    unlikely action's probability rise further before the clip stops its gradient.
+    """
+    high = clip if clip_high is None else clip_high
     ratio = torch.exp(logp - old_logp)
-    loss = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 1 - clip, 1 + clip))
-    return loss, ratio, ((ratio - 1).abs() > clip).float()
+    loss = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 1 - clip, 1 + high))
+    return loss, ratio, ((ratio < 1 - clip) | (ratio > 1 + high)).float()
+
+
+def clip_range(clip: float, clip_low: float, clip_high: float) -> tuple[float, float]:
+    """``(low, high)`` of the ratio clip: ``--clip-low`` / ``--clip-high``, each ``--clip`` when 0."""
+    return (clip_low or clip), (clip_high or clip)
+
+
+def group_advantages(returns_N: np.ndarray, group_size: int, kind: str, eps: float = 1e-4) -> tuple[np.ndarray, np.ndarray]:
+    """Group-relative advantages of ``N`` episodes in consecutive groups of ``group_size``.
+
+    ``grpo``: ``(R - mean) / (std + eps)`` with the sample std (ddof 1, as TRL). ``dr_grpo``:
+    ``R - mean``. ``rloo``: ``R - mean of the other G - 1``, that is ``G / (G - 1) * (R - mean)``.
+    A group whose returns are all equal (to 1e-9 of their size) gets exactly 0: it carries no
+    signal, and float rounding in the mean would otherwise leave a gradient of noise.
+
+    Returns:
+        ``(advantages_N, flat_G)``: one advantage per episode, and whether each group was all equal.
+
+    Raises:
+        ValueError: ``group_size`` < 2 or not a divisor of ``N``, or an unknown ``kind``.
+    """
+    returns_N = np.asarray(returns_N, dtype=np.float64)
+    if group_size < 2 or returns_N.size % group_size:
+        raise ValueError(f"group_size={group_size}: use at least 2, a divisor of the {returns_N.size} episodes")
+    r_GM = returns_N.reshape(-1, group_size)
+    centred_GM = r_GM - r_GM.mean(axis=1, keepdims=True)
+    if kind == "grpo":
+        adv_GM = centred_GM / (r_GM.std(axis=1, ddof=1, keepdims=True) + eps)
+    elif kind == "dr_grpo":
+        adv_GM = centred_GM
+    elif kind == "rloo":
+        adv_GM = centred_GM * group_size / (group_size - 1)
+    else:
+        raise ValueError(f"unknown group advantage {kind!r}: use grpo, dr_grpo or rloo")
+    flat_G = np.ptp(r_GM, axis=1) <= 1e-9 * np.maximum(1.0, np.abs(r_GM).max(axis=1))
+    adv_GM[flat_G] = 0.0
+    return adv_GM.reshape(-1), flat_G
+
+
+def episode_group_advantages(
+    rewards_TN: np.ndarray, valid_TN: np.ndarray, group_size: int, kind: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`group_advantages` of a group rollout (one episode per env), broadcast to each episode's steps.
+
+    An episode's score is its undiscounted return over its valid rows: its whole return, or its return
+    so far when the rollout window cut it. Returns ``(advantages_TN, flat_G)``; invalid rows get 0.
+    """
+    adv_N, flat_G = group_advantages(np.where(valid_TN, rewards_TN, 0.0).sum(axis=0), group_size, kind)
+    return np.where(valid_TN, adv_N[None, :], 0.0), flat_G
+
+
+def resolve_loss_agg(loss_agg: str, advantage: str) -> str:
+    """``--loss-agg auto``: the papers' choice, seq-mean-token-sum-norm for Dr. GRPO, token-mean for the rest."""
+    if loss_agg != "auto":
+        return loss_agg
+    return "seq-mean-token-sum-norm" if advantage == "dr_grpo" else "token-mean"
+
+
+def unit_norms(units: list[int], seqs: list[Any], loss_agg: str, budget: int, dist_sum: Any = None) -> list[float]:
+    """The divisor of each sample's summed unit losses in one optimizer step's loss.
+
+    ``units``: each sample's unit count (1 in candidates mode, its tokens in generate mode);
+    ``seqs``: each sample's sequence key (sequences never straddle ranks); ``budget``: the constant
+    of ``seq-mean-token-sum-norm``, the most units a sequence can have. ``dist_sum`` sums a count
+    over all ranks (DDP), so every divisor is global and any split of the step into ranks and
+    micro-batches gives the same gradient.
+
+    - ``token-mean``: all units of the step.
+    - ``seq-mean-token-mean``: sequences x the units of the sample's sequence in the step.
+    - ``seq-mean-token-sum-norm``: sequences x ``budget`` (Dr. GRPO: a constant, so a long
+      sequence's tokens weigh as much as a short one's).
+    """
+    dist_sum = dist_sum or (lambda x: x)
+    if loss_agg == "token-mean":
+        total = float(dist_sum(sum(units)))
+        return [total] * len(units)
+    n_seqs = float(dist_sum(len(set(seqs))))
+    if loss_agg == "seq-mean-token-sum-norm":
+        return [n_seqs * budget] * len(units)
+    if loss_agg == "seq-mean-token-mean":
+        per_seq: dict[Any, int] = defaultdict(int)
+        for n, key in zip(units, seqs):
+            per_seq[key] += n
+        return [n_seqs * per_seq[key] for key in seqs]
+    raise ValueError(f"unknown loss aggregation {loss_agg!r}")
 
 
 def value_loss(value: torch.Tensor, old_value: torch.Tensor, ret: torch.Tensor, clip: float) -> torch.Tensor:

@@ -37,6 +37,7 @@ __all__ = [
     "candidate_policy",
     "collect",
     "episode_seed",
+    "sub_info",
 ]
 
 
@@ -70,7 +71,7 @@ class Transition:
 class Rollout:
     """``T`` steps of ``N`` sub-envs; arrays are ``[T, N]``."""
 
-    transitions: list[list[Transition]]  #: [T][N]
+    transitions: list[list[Transition | None]]  #: [T][N]; None where ``valid_TN`` is False
     rewards_TN: np.ndarray
     terminated_TN: np.ndarray
     truncated_TN: np.ndarray
@@ -82,6 +83,14 @@ class Rollout:
     env_seconds: float = 0.0
     model_seconds: float = 0.0
     tokens: int = 0
+    #: whether row t of env i is a transition (a group rollout leaves an env idle once its episode ended); None: all
+    valid_TN: np.ndarray | None = None
+    #: group rollouts: each env's episode was still running when the window of rollout_steps closed
+    cut_N: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.valid_TN is None:
+            self.valid_TN = np.ones(self.rewards_TN.shape, dtype=bool)
 
 
 class EpisodeStates:
@@ -140,6 +149,8 @@ class EnvPool(EpisodeStates):
         vectorization: ``async`` or ``sync``.
         make_kwargs: for ``gym.make`` (split, candidates, error_profile, ...).
         wrap: optional callable applied to the vector env (e.g. a trajectory recorder).
+        group_size: G > 0: global envs ``G g .. G g + G - 1`` form group ``g`` and play the same
+            episode seeds (the same task), each with its own sampling generator (0: every env its own seeds).
     """
 
     def __init__(
@@ -152,6 +163,7 @@ class EnvPool(EpisodeStates):
         vectorization: str = "async",
         make_kwargs: dict[str, Any] | None = None,
         wrap: Any = None,
+        group_size: int = 0,
     ) -> None:
         if env_id not in gym.registry:
             near = [k for k in gym.registry if k.startswith("AgentRL/")]
@@ -160,6 +172,7 @@ class EnvPool(EpisodeStates):
         self.num_envs = num_envs
         self.first_index = first_index
         self.run_seed = run_seed
+        self.group_size = group_size
         kwargs = dict(make_kwargs or {})
         vec = gym.make_vec(
             env_id,
@@ -185,17 +198,31 @@ class EnvPool(EpisodeStates):
     def reset(self, mask: np.ndarray | None = None) -> None:
         """(Re)start the masked envs on their next episode seed."""
         mask = np.ones(self.num_envs, dtype=bool) if mask is None else mask
-        seeds = [
-            episode_seed(self.run_seed, self.first_index + i, self.episode[i]) if mask[i] else None for i in range(self.num_envs)
-        ]
+        seeds = [self.seed_of(i, self.episode[i]) if mask[i] else None for i in range(self.num_envs)]
         obs, info = self.envs.reset(seed=seeds, options={"reset_mask": mask})
         for i in np.flatnonzero(mask):
             self.episode[i] += 1
-            self.start(i, obs[i], _sub(info, i))
+            self.start(i, obs[i], sub_info(info, i))
             self.actions[i] = []
             self.returns[i] = 0.0
             self.lengths[i] = 0
             self.last_subtask[i] = -1
+
+    def seed_of(self, i: int, episode: int) -> int:
+        """The seed of local env i's episode ``episode``: its group's under ``group_size``, else its own."""
+        k = self.first_index + i
+        return episode_seed(self.run_seed, k // self.group_size if self.group_size else k, episode)
+
+    def hold(self, mask: np.ndarray) -> None:
+        """Park the masked envs, whose episodes just ended, until their next :meth:`reset`.
+
+        A parked env is not stepped: the vector env's steps return its last observation, reward 0
+        and neither flag, and the rollout ignores them. The vector env needs a reset after an
+        episode's end before its next step (autoreset is off); this is that reset, made on the
+        plain vector env so that the recorder, which closed the episode when it ended, sees
+        nothing of the wait.
+        """
+        self.vec.reset(options={"reset_mask": np.asarray(mask, dtype=bool), "hold": True})
 
     def set_training_step(self, step: int) -> None:
         self.vec.call("set_training_step", int(step))
@@ -226,11 +253,7 @@ class EnvPool(EpisodeStates):
             )
         self.episode = list(state["episode"])
         plan = {
-            self.first_index + i: (
-                episode_seed(self.run_seed, self.first_index + i, self.episode[i] - 1),
-                list(state["actions"][i]),
-            )
-            for i in range(self.num_envs)
+            self.first_index + i: (self.seed_of(i, self.episode[i] - 1), list(state["actions"][i])) for i in range(self.num_envs)
         }
         results = self.vec.call("replay", plan)
         for i, (obs, info) in enumerate(results):
@@ -258,9 +281,29 @@ class Replayable(gym.Wrapper[Any, Any, Any, Any]):
     """
 
     replay_index: int = -1
+    _last: tuple[Any, dict[str, Any]] | None = None  #: the final (observation, info) of the episode that just ended
+    _parked: bool = False  #: parked by EnvPool.hold: steps leave the env alone until the next reset
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
+        if options and options.get("hold"):
+            if self._last is None:
+                raise ConfigError("EnvPool.hold: only an env whose episode has just ended can be parked")
+            self._parked = True
+            return self._last
+        self._last, self._parked = None, False
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
+        if self._parked and self._last is not None:
+            obs, info = self._last
+            return obs, 0.0, False, False, info
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self._last = (obs, info) if terminated or truncated else None
+        return obs, reward, terminated, truncated, info
 
     def replay(self, plan: dict[int, tuple[int, list[str]]]) -> tuple[Any, dict[str, Any]]:
         seed, actions = plan[self.replay_index]
+        self._last, self._parked = None, False
         obs, info = self.env.reset(seed=seed)
         for a in actions:
             obs, _, term, trunc, info = self.env.step(a)
@@ -269,7 +312,8 @@ class Replayable(gym.Wrapper[Any, Any, Any, Any]):
         return obs, info
 
 
-def _sub(info: dict[str, Any], i: int) -> dict[str, Any]:
+def sub_info(info: dict[str, Any], i: int) -> dict[str, Any]:
+    """Sub-env i's view of a vector env's merged info (keys its ``_key`` mask leaves out are dropped)."""
     out: dict[str, Any] = {}
     for key, value in info.items():
         if key.startswith("_"):
@@ -278,7 +322,7 @@ def _sub(info: dict[str, Any], i: int) -> dict[str, Any]:
         if mask is not None and not mask[i]:
             continue
         if isinstance(value, dict):
-            out[key] = _sub(value, i)
+            out[key] = sub_info(value, i)
         else:
             out[key] = value[i]
     return out
@@ -486,7 +530,7 @@ def collect(policy: Any, pool: EnvPool, cfg: Any, recorder: Any = None) -> Rollo
         rewards[t], term[t], trunc[t] = rew, te, tu
         done = np.logical_or(te, tu)
         for i, tr in enumerate(row):
-            sub = _sub(info, i)
+            sub = sub_info(info, i)
             pool.actions[i].append(tr.action_text)
             pool.advance(policy, i, tr, obs[i], sub, cfg)
             pool.returns[i] += float(rew[i])

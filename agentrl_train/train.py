@@ -1,7 +1,8 @@
 """PPO + LoRA on agentrl envs: the training loop, top to bottom (CleanRL style).
 
 ``agentrl-train ppo`` calls :func:`train` with a :class:`~agentrl_train.config.TrainConfig`. One
-update = one rollout of ``rollout_steps x num_envs`` transitions with the sampling policy, then
+update = one rollout of ``rollout_steps x num_envs`` transitions with the sampling policy (with a
+group advantage: one episode per env, at most that long; :mod:`agentrl_train.group_rollout`), then
 ``epochs`` passes of minibatch SGD on the clipped PPO objective. The run folder gets the resolved
 config, ``metrics.jsonl``, TensorBoard events, checkpoints (exact resume), ``final/``, the eval
 table and the learning curve.
@@ -20,8 +21,9 @@ import torch
 import agentrl_envs  # noqa: F401  (registers the ids)
 from agentrl_envs.errors import AgentRLError, ConfigError
 from agentrl_train import checkpoint, distributed, evaluate, ppo, resources, runlog
-from agentrl_train.config import TrainConfig, dump_config, make_run_dir
+from agentrl_train.config import GROUP_ADVANTAGES, TrainConfig, dump_config, make_run_dir
 from agentrl_train.distributed import Dist, Trainable
+from agentrl_train.group_rollout import collect_groups
 from agentrl_train.models import load_base, pick_device
 from agentrl_train.policy import Policy, lora_targets
 from agentrl_train.rollout import EnvPool, Transition, candidate_logprobs, collect
@@ -42,7 +44,7 @@ __all__ = [
 
 
 def build_policy(cfg: TrainConfig, log: Any = print) -> Policy:
-    """Base model + LoRA adapter (fresh, or ``--init-adapter``) + value head, seeded by ``--seed``."""
+    """Base model + LoRA adapter (fresh, or ``--init-adapter``) + value head (none for a group advantage), seeded by ``--seed``."""
     from agentrl_train.tiny import TinySpec
 
     m = cfg.model
@@ -50,7 +52,14 @@ def build_policy(cfg: TrainConfig, log: Any = print) -> Policy:
     spec = TinySpec(pretrain_steps=m.tiny_pretrain_steps, corpus_episodes=m.tiny_corpus_episodes)
     lm, tok = load_base(m.model, device, tiny_spec=spec, log=log, threads=m.threads or 1)
     torch.manual_seed(cfg.run.seed)
-    policy = Policy(lm, tok, m.adapter, lora_targets(lm, m.lora_preset, m.lora_ranks, m.lora_alpha_ratio), m.lora_dropout)
+    policy = Policy(
+        lm,
+        tok,
+        m.adapter,
+        lora_targets(lm, m.lora_preset, m.lora_ranks, m.lora_alpha_ratio),
+        m.lora_dropout,
+        value_head=cfg.ppo.advantage not in GROUP_ADVANTAGES,
+    )
     policy.critic_detach = cfg.ppo.critic_grad == "head"
     if m.init_adapter:
         policy.load_adapter_weights(m.init_adapter)
@@ -118,21 +127,29 @@ class PPOLoss(torch.nn.Module):
         batch: list[tuple[Transition, float, float]],
         ent_coef: float,
         critic_w: float,
-        n_units: float,
+        unit_norms: list[float],
         n_samples: float,
         stats: dict[str, list[float]],
     ) -> torch.Tensor:
+        """The summed loss of ``batch``: each sample's unit losses over its ``unit_norms`` entry
+        (:func:`ppo.unit_norms`), the value loss (when the policy has a value head) over ``n_samples``."""
         cfg, policy = self.cfg, self.policy
+        clip_low, clip_high = ppo.clip_range(cfg.ppo.clip, cfg.ppo.clip_low, cfg.ppo.clip_high)
         loss = torch.zeros((), device=policy.device)
-        for (tr, adv, ret), (logp, ent, value, old, drift) in zip(batch, unit_terms_many(policy, [b[0] for b in batch], cfg)):
-            pg, ratio, clipped = ppo.policy_loss(logp, old, torch.full_like(logp, adv), cfg.ppo.clip)
+        terms = unit_terms_many(policy, [b[0] for b in batch], cfg)
+        for (tr, adv, ret), (logp, ent, value, old, drift), norm in zip(batch, terms, unit_norms):
+            pg, ratio, clipped = ppo.policy_loss(logp, old, torch.full_like(logp, adv), clip_low, clip_high)
             kl = ppo.k3_kl(logp, torch.tensor(tr.ref_logprobs, device=logp.device), cfg.ppo.kl_clamp)
-            vl = ppo.value_loss(value, torch.tensor(tr.value), torch.tensor(ret), cfg.ppo.value_clip)
             unit_loss = pg + cfg.ppo.kl_coef * kl - ent_coef * ent + cfg.ppo.anchor_coef * drift
-            loss = loss + unit_loss.sum() / n_units + cfg.ppo.vf_coef * critic_w * vl / n_samples
+            loss = loss + unit_loss.sum() / norm
+            vl = None
+            if policy.value_head is not None:  # no critic under a group advantage
+                vl = ppo.value_loss(value, torch.tensor(tr.value), torch.tensor(ret), cfg.ppo.value_clip)
+                loss = loss + cfg.ppo.vf_coef * critic_w * vl / n_samples
             with torch.no_grad():
+                if vl is not None:
+                    stats["vf"].append(float(vl))
                 stats["pg"].append(float(pg.mean()))
-                stats["vf"].append(float(vl))
                 stats["entropy"].append(float(ent.mean()))
                 stats["kl_ref"].append(float(kl.mean()))
                 stats["approx_kl"].append(float(((ratio - 1) - torch.log(ratio)).mean()))
@@ -165,16 +182,21 @@ def accumulate(
 ) -> None:
     """Forward and backward the micro-batches of one optimizer step; gradients summed across ranks.
 
-    Every loss is divided by the global number of units (policy terms) or samples (value term) of the
-    step, so any split of the step into micro-batches and ranks gives the same gradient. DDP's
+    Every policy loss is divided by a global count of the step (``--loss-agg``: its units, or its
+    sequences and their units or budget; :func:`ppo.unit_norms`), the value loss by its global number
+    of samples, so any split of the step into micro-batches and ranks gives the same gradient. DDP's
     all-reduce runs on the last micro-batch only (``no_sync`` on the others).
     """
     trainable = wrap_trainable(policy, cfg, dist, trainable)
-    n_units = dist.sum(sum(_units(samples[j][0], cfg) for mb in group for j in mb))
-    n_samples = dist.sum(sum(len(mb) for mb in group))
+    flat = [j for mb in group for j in mb]
+    loss_agg = ppo.resolve_loss_agg(cfg.ppo.loss_agg, cfg.ppo.advantage)
+    budget = cfg.ppo.rollout_steps * (1 if cfg.env.mode == "candidates" else cfg.ppo.max_new_tokens)
+    units = [_units(samples[j][0], cfg) for j in flat]
+    norms = dict(zip(flat, ppo.unit_norms(units, [samples[j][0].env_index for j in flat], loss_agg, budget, dist.sum)))
+    n_samples = dist.sum(len(flat))
     for m_i, mb in enumerate(group):
         with trainable.no_sync(last=m_i == len(group) - 1):
-            loss = trainable([samples[j] for j in mb], ent_coef, critic_w, n_units, n_samples, stats)
+            loss = trainable([samples[j] for j in mb], ent_coef, critic_w, [norms[j] for j in mb], n_samples, stats)
             trainable.backward(loss)  # summed across ranks on the last micro-batch
 
 
@@ -249,10 +271,12 @@ def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, 
     dist.check_same_weights(policy)
     named = policy.trainable_parameters()
     lora_params = [p for n, p in named if not n.startswith("value_head")]
-    optimizer = torch.optim.AdamW(
-        [{"params": lora_params, "lr": cfg.ppo.lr}, {"params": list(policy.value_head.parameters()), "lr": cfg.ppo.value_lr}],
-        weight_decay=0.0,
-    )
+    param_groups, base_lrs = [{"params": lora_params, "lr": cfg.ppo.lr}], [cfg.ppo.lr]
+    if policy.value_head is not None:  # none for a group advantage: no critic
+        param_groups.append({"params": list(policy.value_head.parameters()), "lr": cfg.ppo.value_lr})
+        base_lrs.append(cfg.ppo.value_lr)
+    optimizer = torch.optim.AdamW(param_groups, weight_decay=0.0)
+    grouped = cfg.ppo.advantage in GROUP_ADVANTAGES
     groups = ppo.clip_groups(named)
 
     make_kwargs = {"split": cfg.env.split, "error_profile": cfg.env.error_profile, **cfg.env.env_kwargs}
@@ -279,6 +303,7 @@ def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, 
         vectorization=cfg.env.vectorization,
         make_kwargs=make_kwargs,
         wrap=wrap,
+        group_size=cfg.ppo.group_size if grouped else 0,
     )
     start_update, global_steps, history = 0, 0, []
     if cfg.run.resume:
@@ -320,25 +345,35 @@ def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, 
             # -- rollout ----------------------------------------------------------------------------
             with meter.phase("rollout") as counts:
                 pool.set_training_step(global_steps)  # the aux reward schedule runs on global env steps
-                roll = collect(policy, pool, cfg, recorder=pool.envs if sink is not None else None)
-                counts.update(tokens=roll.tokens, env_steps=cfg.ppo.rollout_steps * cfg.env.num_envs)
-            global_steps += steps_per_update
-            valid = np.ones_like(roll.rewards_TN, dtype=bool)
+                roll = (collect_groups if grouped else collect)(
+                    policy, pool, cfg, recorder=pool.envs if sink is not None else None
+                )
+                valid = roll.valid_TN
+                counts.update(tokens=roll.tokens, env_steps=int(valid.sum()))
+            # a group rollout's envs idle once their episode ended: count the steps taken (on every rank)
+            global_steps += int(dist.sum(int(valid.sum()))) if grouped else steps_per_update
 
             with meter.phase("update") as counts:
                 # -- rewards -> advantages (statistics are global under DDP) --------------------------
                 rewards = roll.rewards_TN.copy()
                 if cfg.ppo.shuffle_rewards:  # control: rewards carry no information about the actions
-                    rewards = sgd_rng.permutation(rewards.ravel()).reshape(rewards.shape)
+                    rewards[valid] = sgd_rng.permutation(rewards[valid])
                     # ... nor about episode length: permuted rewards with a positive mean would pay for every
                     # extra step, so the control centres them (a per-step reward of 0 in expectation).
-                    rewards = rewards - rewards[valid].mean()
-                rewards = ppo.normalize_rewards(
-                    rewards, valid, cfg.ppo.reward_norm, cfg.ppo.min_sigma, dist.moments(rewards[valid])
-                )
-                adv_TN, ret_TN = ppo.advantages(roll, rewards, cfg.ppo.advantage, cfg.ppo.gamma, cfg.ppo.lam)
-                if cfg.ppo.whiten_advantages:
-                    adv_TN = ppo.whiten(adv_TN, dist.moments(adv_TN[valid]))
+                    rewards = np.where(valid, rewards - rewards[valid].mean(), 0.0)
+                group_row: dict[str, float] = {}
+                if grouped:
+                    # each env's one episode, scored by its (undiscounted) return, the same advantage on every step
+                    adv_TN, flat_G = ppo.episode_group_advantages(rewards, valid, cfg.ppo.group_size, cfg.ppo.advantage)
+                    ret_TN = np.zeros_like(rewards)  # no value head to train
+                    group_row = _group_metrics(flat_G, roll.cut_N, dist)
+                else:
+                    rewards = ppo.normalize_rewards(
+                        rewards, valid, cfg.ppo.reward_norm, cfg.ppo.min_sigma, dist.moments(rewards[valid])
+                    )
+                    adv_TN, ret_TN = ppo.advantages(roll, rewards, cfg.ppo.advantage, cfg.ppo.gamma, cfg.ppo.lam)
+                    if cfg.ppo.whiten_advantages:
+                        adv_TN = ppo.whiten(adv_TN, dist.moments(adv_TN[valid]))
 
                 # -- PPO update ---------------------------------------------------------------------
                 policy.train()
@@ -347,7 +382,7 @@ def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, 
                 ent_coef = ppo.entropy_coef(update, cfg.ppo.updates, cfg.ppo.ent_start, cfg.ppo.ent_end)
                 critic_ws: list[float] = []
                 stats: dict[str, list[float]] = {
-                    k: [] for k in ("pg", "vf", "entropy", "kl_ref", "approx_kl", "clipfrac", "drift")
+                    k: [] for k in ("pg", "vf", "entropy", "kl_ref", "approx_kl", "clipfrac", "drift") if k != "vf" or not grouped
                 }
                 grad_norms: dict[str, float] = {}
                 t_sgd = time.perf_counter()
@@ -361,7 +396,7 @@ def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, 
                     step = per_step or len(mbs)
                     for s_i, g in enumerate(range(0, len(mbs), step)):
                         opt_step = (update * cfg.ppo.epochs + epoch) * steps_per_epoch + s_i
-                        for param_group, base_lr in zip(optimizer.param_groups, (cfg.ppo.lr, cfg.ppo.value_lr), strict=True):
+                        for param_group, base_lr in zip(optimizer.param_groups, base_lrs, strict=True):
                             param_group["lr"] = base_lr * ppo.lr_factor(opt_step, total_steps, cfg.ppo.lr_schedule)
                         critic_ws.append(ppo.critic_weight(opt_step, warmup))
                         group = episode_micro_batches([j for mb in mbs[g : g + step] for j in mb], samples, cfg.ppo.micro_batch)
@@ -386,10 +421,11 @@ def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, 
                 "episodes": len(roll.episodes),
                 "return": _mean([e["return"] for e in roll.episodes]),
                 "success": _mean([float(e["success"]) for e in roll.episodes]),
-                "reward_raw": float(roll.rewards_TN.mean()),
+                "reward_raw": float(roll.rewards_TN[valid].mean()),
                 **{k: _mean(v) for k, v in stats.items()},
+                **group_row,
                 "ent_coef": ent_coef,
-                "critic_weight": _mean(critic_ws),  # the mean over this update's optimizer steps
+                **({} if grouped else {"critic_weight": _mean(critic_ws)}),  # the mean over this update's optimizer steps
                 "lr_factor": ppo.lr_factor(opt_step, total_steps, cfg.ppo.lr_schedule),  # at its last step
                 "early_stop": stop_early,
                 **{f"grad_norm/{k}": v for k, v in grad_norms.items()},
@@ -459,6 +495,13 @@ def micro_batches_per_step(cfg: TrainConfig, world: int) -> int:
     world size; it must split into ``world x micro_batch`` pieces.
     """
     p = cfg.ppo
+    if world > 1 and p.advantage in GROUP_ADVANTAGES and (p.sync_batch or p.accumulation):
+        # a group rollout's length varies by rank (envs idle once their episode ended), so would the
+        # number of optimizer steps, and the ranks' all-reduces would no longer pair up
+        raise ConfigError(
+            f"--advantage {p.advantage} on {world} ranks takes the whole rollout as one optimizer step per epoch: "
+            "drop --sync-batch and --accumulation (or run on one rank)"
+        )
     if not p.sync_batch:
         return p.accumulation
     if p.sync_batch % (world * p.micro_batch):
@@ -482,6 +525,19 @@ def _check_in_sync(policy: Policy, dist: Any, update: int) -> None:
             f"rank {dist.rank}: trainable weights differ across ranks after update {update} (max abs diff {diff:.3g}); "
             "the DDP wrapper does not cover the trained parameters (rebuild it with train.wrap_trainable after changing them)"
         )
+
+
+def _group_metrics(flat_G: np.ndarray, cut_N: np.ndarray | None, dist: Any) -> dict[str, float]:
+    """Group counts over all ranks: groups, those whose returns were all equal (no gradient), cut episodes."""
+    groups, flat = dist.sum(len(flat_G)), dist.sum(int(flat_G.sum()))
+    episodes = dist.sum(0 if cut_N is None else len(cut_N))
+    cut = dist.sum(0 if cut_N is None else int(cut_N.sum()))
+    return {
+        "groups": int(groups),
+        "zero_adv_groups": int(flat),
+        "zero_adv_share": flat / groups if groups else math.nan,
+        "cut_share": cut / episodes if episodes else math.nan,
+    }
 
 
 def _units(tr: Transition, cfg: TrainConfig) -> int:

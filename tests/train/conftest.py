@@ -16,7 +16,7 @@ pytest.importorskip("peft")
 SMALL = {"tiny_pretrain_steps": 30, "tiny_corpus_episodes": 8}
 
 #: the modules whose tests use the default tiny model (the CLI's ``--model tiny``); the others use SMALL's
-DEFAULT_TINY_MODULES = ("test_learning.py", "test_serve.py")
+DEFAULT_TINY_MODULES = ("test_learning.py", "test_grpo_learning.py", "test_serve.py")
 _background: subprocess.Popen[bytes] | None = None
 
 

@@ -72,6 +72,31 @@ def test_yaml_then_flags(tmp_path) -> None:
         ({"lora_dropout": 1}, r"--lora-dropout=1\.0: use a value in \[0, 1\)"),
         ({"threads": 10**9}, r"--threads=1000000000: use a value <= 1024"),
         ({"adapter": "a" * 101}, r"--adapter='a{100}': .* at most 100 characters"),
+        ({"advantage": "ppo"}, "--advantage='ppo': use one of gae, hierarchical, grpo, dr_grpo, rloo"),
+        (
+            {"advantage": "grpo"},
+            r"--group-size=0: --advantage grpo compares .* at least 2 \(e\.g\. --num-envs 16 --group-size 4\)",
+        ),
+        ({"advantage": "rloo", "group_size": 1, "num_envs": 2}, r"--group-size=1: .* \(e\.g\. --num-envs 4 --group-size 4\)"),
+        ({"advantage": "grpo", "group_size": -2}, "--group-size=-2: use a value >= 0"),
+        (
+            {"advantage": "dr_grpo", "group_size": 3},
+            "--num-envs=16 is not a multiple of --group-size=3: .* use e.g. --num-envs 15 --group-size 3",
+        ),
+        ({"advantage": "grpo", "group_size": 8, "num_envs": 4}, "use e.g. --num-envs 8 --group-size 8"),
+        ({"group_size": 4}, "--group-size=4 is read by the group advantages only; add --advantage grpo"),
+        (
+            {"advantage": "grpo", "group_size": 4, "vf_coef": 1.0},
+            r"--vf-coef=1\.0: --advantage grpo has no critic \(no value head\); drop it, or use --advantage gae",
+        ),
+        (
+            {"advantage": "rloo", "group_size": 4, "value_lr": 0.01, "critic_warmup": 3, "critic_grad": "head"},
+            r"--value-lr=0\.01, --critic-warmup=3, --critic-grad='head': --advantage rloo has no critic .* drop them",
+        ),
+        ({"advantage": "grpo", "group_size": 4, "value_clip": 0}, "--value-clip=0.0: --advantage grpo has no critic"),
+        ({"loss_agg": "mean"}, "--loss-agg='mean': use one of auto, token-mean, seq-mean-token-mean, seq-mean-token-sum-norm"),
+        ({"clip_low": 1}, r"--clip-low=1\.0: use a value in \[0, 1\)"),
+        ({"clip_high": -0.1}, "--clip-high=-0.1: use a value >= 0"),
     ],
 )
 def test_bad_values_name_the_option(overrides, match) -> None:
@@ -118,6 +143,18 @@ def test_every_cli_option_has_help() -> None:
             if action.dest in ("help",):
                 continue
             assert action.help, f"agentrl-train {name} {action.option_strings}: no help text"
+
+
+def test_group_advantage_options_from_the_command_line(capsys, tmp_path) -> None:
+    argv = ["ppo", "--advantage", "grpo", "--num-envs", "6", "--group-size", "4", "--out", str(tmp_path)]
+    assert main(argv) == 2
+    assert "use e.g. --num-envs 4 --group-size 4" in capsys.readouterr().err
+    cfg = load_config(
+        None, {"advantage": "dr_grpo", "group_size": 4, "num_envs": 8, "clip_low": 0.2, "clip_high": 0.28, "loss_agg": "auto"}
+    )
+    assert (cfg.ppo.group_size, cfg.ppo.clip_low, cfg.ppo.clip_high) == (4, 0.2, 0.28)
+    # the critic's options at their defaults (as a PPO run's config.yaml holds them) are no error
+    assert load_config(None, {**cfg.to_dict()["ppo"], "advantage": "grpo"}).ppo.advantage == "grpo"
 
 
 def test_cli_reports_errors_without_a_traceback(capsys, tmp_path) -> None:

@@ -17,7 +17,7 @@ from .conftest import SMALL
 pytestmark = pytest.mark.slow
 
 
-def _opts(out: Path, num_envs: int, micro_batch: int) -> list[str]:
+def _opts(out: Path, num_envs: int, micro_batch: int, **extra: object) -> list[str]:
     opts = {
         **SMALL,
         "num_envs": num_envs,
@@ -31,8 +31,9 @@ def _opts(out: Path, num_envs: int, micro_batch: int) -> list[str]:
         "micro_batch": micro_batch,
         "sync_batch": 12,  # the whole rollout (3 steps x 4 envs) per optimizer step, however it is split
         "out": str(out),
+        **extra,
     }
-    return [x for k, v in opts.items() for x in (f"--{k.replace('_', '-')}", str(v))] + [
+    return [x for k, v in opts.items() if v is not None for x in (f"--{k.replace('_', '-')}", str(v))] + [
         "--no-record",
         "--no-tensorboard",
         "--no-progress",
@@ -46,21 +47,13 @@ def _params(run: Path) -> dict[str, torch.Tensor]:
     return load_file(ck / (ck / "latest").read_text().strip() / "trainable.safetensors")
 
 
-def test_two_ranks_equal_one_rank_with_twice_the_envs(tmp_path: Path) -> None:
-    # 1 rank x 4 envs (accumulation 4) vs 2 ranks x 2 envs (accumulation 2, no_sync on all but the
-    # last): the same global batch, the same update. Micro-batches of 3 hold one env's 3 steps in both
-    # runs, so each env's prompts are encoded the same way (as one chain) and only DDP's sum differs;
-    # other splits are compared in test_train.py (micro-batch 1 x accumulation 8 vs 8).
+def _run_one_and_two(tmp_path: Path, one_opts: list[str], two_opts: list[str]) -> tuple[Path, Path]:
     torchrun = shutil.which("torchrun") or str(Path(sys.executable).parent / "torchrun")
     if not os.path.exists(torchrun):
         pytest.skip("torchrun is not installed")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "AGENTRL_DIST_TIMEOUT_S": "240"}
     one = subprocess.run(
-        [sys.executable, "-m", "agentrl_train", "ppo", *_opts(tmp_path / "one", 4, 3)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
+        [sys.executable, "-m", "agentrl_train", "ppo", *one_opts], capture_output=True, text=True, timeout=600, env=env
     )
     assert one.returncode == 0, one.stderr[-3000:]
     two = subprocess.run(
@@ -72,7 +65,7 @@ def test_two_ranks_equal_one_rank_with_twice_the_envs(tmp_path: Path) -> None:
             "-m",
             "agentrl_train",
             "ppo",
-            *_opts(tmp_path / "two", 2, 3),
+            *two_opts,
         ],
         capture_output=True,
         text=True,
@@ -80,6 +73,34 @@ def test_two_ranks_equal_one_rank_with_twice_the_envs(tmp_path: Path) -> None:
         env=env,
     )
     assert two.returncode == 0, two.stderr[-3000:]
+    return tmp_path / "one", tmp_path / "two"
+
+
+def test_grpo_on_two_ranks_equals_one_rank_with_twice_the_envs(tmp_path: Path) -> None:
+    # 2 groups of 2: one per rank on 2 ranks, both on the one rank; each rank's groups are its own
+    # envs, seeded by their global index, so both runs play the same episodes with the same actions.
+    # The whole rollout is one optimizer step per epoch (a group rollout's length varies by rank).
+    grpo = {"advantage": "grpo", "group_size": 2, "env_kwargs": "{max_steps: 3}", "sync_batch": None}
+    one, two = _run_one_and_two(tmp_path, _opts(tmp_path / "one", 4, 3, **grpo), _opts(tmp_path / "two", 2, 3, **grpo))
+    a, b = _params(one), _params(two)
+    assert a.keys() == b.keys() and not [k for k in a if "value" in k]
+    moved = max(float(a[k].abs().max()) for k in a if "lora_B" in k)
+    assert moved > 0
+    worst = max(float((a[k] - b[k]).abs().max()) for k in a)
+    assert worst < 5e-5, worst  # as for PPO below: float summation order, through Adam
+    rows = [[json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()] for run in (one, two)]
+    upd = [[r for r in rs if r["kind"] == "update"] for rs in rows]
+    for key in ("env_steps", "groups", "zero_adv_groups", "cut_share"):  # counted over every rank
+        assert [r[key] for r in upd[0]] == pytest.approx([r[key] for r in upd[1]]), key
+    assert json.loads((two / "summary.json").read_text())["rank_weight_max_abs_diff"] == 0.0
+
+
+def test_two_ranks_equal_one_rank_with_twice_the_envs(tmp_path: Path) -> None:
+    # 1 rank x 4 envs (accumulation 4) vs 2 ranks x 2 envs (accumulation 2, no_sync on all but the
+    # last): the same global batch, the same update. Micro-batches of 3 hold one env's 3 steps in both
+    # runs, so each env's prompts are encoded the same way (as one chain) and only DDP's sum differs;
+    # other splits are compared in test_train.py (micro-batch 1 x accumulation 8 vs 8).
+    _run_one_and_two(tmp_path, _opts(tmp_path / "one", 4, 3), _opts(tmp_path / "two", 2, 3))
     a, b = _params(tmp_path / "one"), _params(tmp_path / "two")
     assert a.keys() == b.keys()
     worst = max(float((a[k] - b[k]).abs().max()) for k in a)
