@@ -41,7 +41,7 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy agentrl_envs simulators
+	$(BIN)/mypy agentrl_envs simulators agentrl_train
 
 format: $(STAMP)
 	$(BIN)/ruff format .

@@ -481,7 +481,7 @@ def _set(cfg: TrainConfig, name: str, value: Any, section: str | None = None) ->
 
 
 def _coerce(name: str, f: dataclasses.Field[Any], value: Any) -> Any:
-    kind = type(f.default) if f.default is not dataclasses.MISSING else type(f.default_factory())  # type: ignore[misc]
+    kind = type(f.default) if f.default is not dataclasses.MISSING else type(f.default_factory())  # type: ignore[misc,operator]
     flag = f"--{_flag(name)}"
     if kind is bool:
         if isinstance(value, bool):
@@ -529,7 +529,7 @@ def _coerce(name: str, f: dataclasses.Field[Any], value: Any) -> Any:
         if not isinstance(value, kind):
             raise ConfigError(f"{flag}={repr(value)[:100]}: use a {kind.__name__}")
         if kind is dict:
-            for key, item in value.items():  # {attn:8} is a key "attn:8" with no value
+            for key, item in dict(value).items():  # {attn:8} is a key "attn:8" with no value
                 name, _, rest = key.partition(":") if isinstance(key, str) else ("", "", "")
                 if rest and name.strip().isidentifier() and item is None:
                     raise ConfigError(

@@ -177,7 +177,7 @@ def load_run(run: str, checkpoint: str | None = None) -> tuple[Any, Any]:
 
     from agentrl_envs.errors import ConfigError
     from agentrl_train.config import CRITIC_ADVANTAGES, read_run_config
-    from agentrl_train.train import build_policy
+    from agentrl_train.policy import build_policy
 
     folder = Path(run)
     cfg = read_run_config(folder, "--run")

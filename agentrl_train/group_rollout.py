@@ -69,11 +69,11 @@ def collect_groups(policy: Any, pool: EnvPool, cfg: Any, recorder: Any = None) -
         env_s += time.perf_counter() - t0
         ended = np.zeros(N, dtype=bool)
         for i in envs:
-            tr, sub = row[i], sub_info(info, i)
-            assert tr is not None
+            taken, sub = row[i], sub_info(info, i)
+            assert taken is not None
             rewards[t, i], term[t, i], trunc[t, i] = rew[i], te[i], tu[i]
-            pool.actions[i].append(tr.action_text)
-            pool.advance(policy, i, tr, obs[i], sub, cfg)
+            pool.actions[i].append(taken.action_text)
+            pool.advance(policy, i, taken, obs[i], sub, cfg)
             pool.returns[i] += float(rew[i])
             pool.lengths[i] += 1
             if te[i] or tu[i]:
@@ -85,8 +85,8 @@ def collect_groups(policy: Any, pool: EnvPool, cfg: Any, recorder: Any = None) -
             pool.hold(ended)
             env_s += time.perf_counter() - t0
     cut = running.copy()
-    for i in np.flatnonzero(cut):  # the window closed on these episodes: scored by their return so far
-        episodes.append(_episode(pool, int(i), pool.infos[i], truncated=True, cut=True))
+    for j in map(int, np.flatnonzero(cut)):  # the window closed on these episodes: scored by their return so far
+        episodes.append(_episode(pool, j, pool.infos[j], truncated=True, cut=True))
     t0 = time.perf_counter()
     pool.reset()  # every env starts its group's next episode; a cut episode ends here (the recorder keeps it as partial)
     env_s += time.perf_counter() - t0

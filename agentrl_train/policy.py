@@ -24,18 +24,22 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
 
 from agentrl_envs.errors import ConfigError
 
+if TYPE_CHECKING:
+    from agentrl_train.config import TrainConfig
+
 __all__ = [
     "LORA_PRESETS",
     "Policy",
     "PromptState",
     "ScoreOut",
+    "build_policy",
     "check_adapter_folder",
     "find_adapter_weights",
     "lora_targets",
@@ -189,7 +193,7 @@ class Policy(nn.Module):
 
     def __init__(
         self,
-        lm: nn.Module,
+        lm: Any,
         tokenizer: Any,
         adapter: str,
         lora: dict[str, Any],
@@ -217,7 +221,7 @@ class Policy(nn.Module):
         self.frozen_adapters: list[str] = []
         #: the adapters of the reference policy (KL penalty, candidate baselines); None: the base model alone
         self.reference_adapters: list[str] | None = None
-        hidden = lm.config.hidden_size
+        hidden = int(lm.config.hidden_size)
         dev = next(lm.parameters()).device
         self._device = dev
         self.value_head: nn.Linear | None = None
@@ -231,7 +235,13 @@ class Policy(nn.Module):
     # -- structure ------------------------------------------------------------------------------
 
     @property
-    def causal(self) -> nn.Module:
+    def _lora_model(self) -> Any:
+        """peft's LoraModel (``set_adapter`` takes a list of names there)."""
+        return self.lm.base_model
+
+    @property
+    def causal(self) -> Any:
+        """The transformers causal LM under the adapters (``.model``, ``.lm_head``; attributes untyped)."""
         return self.lm.base_model.model
 
     @property
@@ -304,7 +314,7 @@ class Policy(nn.Module):
         except Exception as exc:
             raise ConfigError(f"frozen adapter {name}={folder}: does not fit this model ({type(exc).__name__}: {exc})") from None
         self.frozen_adapters.append(name)
-        self.lm.base_model.set_adapter([*self.frozen_adapters, self.adapter])  # the LoraModel takes a list
+        self._lora_model.set_adapter([*self.frozen_adapters, self.adapter])  # the LoraModel takes a list
         for pname, p in self.lm.named_parameters():
             if any(f".{n}." in pname for n in self.frozen_adapters):
                 p.requires_grad_(False)
@@ -319,7 +329,7 @@ class Policy(nn.Module):
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        self.lm.save_pretrained(folder, selected_adapters=[self.adapter])
+        self.lm.save_pretrained(str(folder), selected_adapters=[self.adapter])
         if self.value_head is None:
             return
         save_file(
@@ -358,7 +368,7 @@ class Policy(nn.Module):
 
         (peft's ``set_adapter`` marks every active adapter trainable and every other one frozen.)
         """
-        self.lm.base_model.set_adapter(names)
+        self._lora_model.set_adapter(names)
         for pname, p in self.lm.named_parameters():
             if "lora_" in pname:
                 p.requires_grad_(f".{self.adapter}." in pname)
@@ -835,3 +845,32 @@ def stop_token_ids(tokenizer: Any) -> set[int]:
         if isinstance(i, int) and i != tokenizer.unk_token_id and i >= 0:
             out.add(i)
     return out
+
+
+def build_policy(cfg: TrainConfig, log: Any = print) -> Policy:
+    """Base model + LoRA adapter (fresh, or ``--init-adapter``) + value head (none for a group advantage), seeded by ``--seed``."""
+    from agentrl_train.config import GROUP_ADVANTAGES
+    from agentrl_train.models import load_base, pick_device
+    from agentrl_train.tiny import TinySpec
+
+    m = cfg.model
+    device = pick_device(m.device)
+    spec = TinySpec(pretrain_steps=m.tiny_pretrain_steps, corpus_episodes=m.tiny_corpus_episodes)
+    lm, tok = load_base(m.model, device, tiny_spec=spec, log=log, threads=m.threads or 1)
+    torch.manual_seed(cfg.run.seed)
+    policy = Policy(
+        lm,
+        tok,
+        m.adapter,
+        lora_targets(lm, m.lora_preset, m.lora_ranks, m.lora_alpha_ratio),
+        m.lora_dropout,
+        value_head=cfg.ppo.advantage not in GROUP_ADVANTAGES,
+    )
+    policy.critic_detach = cfg.ppo.critic_grad == "head"
+    if m.init_adapter:
+        policy.load_adapter_weights(m.init_adapter)
+    for spec in m.frozen_adapters:  # earlier stages: active and frozen (agentrl_train.stages)
+        name, folder = spec.split("=", 1)
+        policy.add_frozen_adapter(name, folder)
+    policy.set_reference(m.reference)  # after every adapter is loaded: "initial" snapshots them
+    return policy

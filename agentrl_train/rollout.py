@@ -83,13 +83,13 @@ class Rollout:
     env_seconds: float = 0.0
     model_seconds: float = 0.0
     tokens: int = 0
-    #: whether row t of env i is a transition (a group rollout leaves an env idle once its episode ended); None: all
-    valid_TN: np.ndarray | None = None
+    #: whether row t of env i is a transition (a group rollout leaves an env idle once its episode ended); empty: all
+    valid_TN: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     #: group rollouts: each env's episode was still running when the window of rollout_steps closed
     cut_N: np.ndarray | None = None
 
     def __post_init__(self) -> None:
-        if self.valid_TN is None:
+        if self.valid_TN.size == 0:
             self.valid_TN = np.ones(self.rewards_TN.shape, dtype=bool)
 
 
@@ -174,7 +174,7 @@ class EnvPool(EpisodeStates):
         self.run_seed = run_seed
         self.group_size = group_size
         kwargs = dict(make_kwargs or {})
-        vec = gym.make_vec(
+        vec: Any = gym.make_vec(
             env_id,
             num_envs=num_envs,
             vectorization_mode=vectorization,
@@ -185,7 +185,7 @@ class EnvPool(EpisodeStates):
         super().__init__(num_envs, first_index)
         vec.set_attr("replay_index", [first_index + i for i in range(num_envs)])
         self.vec = vec  #: the plain vector env (call / set_attr); ``envs`` may be wrapped by a recorder
-        self.envs = wrap(vec) if wrap is not None else vec
+        self.envs: Any = wrap(vec) if wrap is not None else vec
         self.episode = [0] * num_envs  #: episodes started per env
         self.actions: list[list[str]] = [[] for _ in range(num_envs)]  #: current episode's actions (for exact resume)
         self.returns = [0.0] * num_envs
@@ -200,7 +200,7 @@ class EnvPool(EpisodeStates):
         mask = np.ones(self.num_envs, dtype=bool) if mask is None else mask
         seeds = [self.seed_of(i, self.episode[i]) if mask[i] else None for i in range(self.num_envs)]
         obs, info = self.envs.reset(seed=seeds, options={"reset_mask": mask})
-        for i in np.flatnonzero(mask):
+        for i in map(int, np.flatnonzero(mask)):
             self.episode[i] += 1
             self.start(i, obs[i], sub_info(info, i))
             self.actions[i] = []
@@ -505,7 +505,7 @@ def collect(policy: Any, pool: EnvPool, cfg: Any, recorder: Any = None) -> Rollo
     shape = (T, N)
     rewards, term, trunc = np.zeros(shape), np.zeros(shape, dtype=bool), np.zeros(shape, dtype=bool)
     values, tvalues, bounds = np.zeros(shape), np.zeros(shape), np.zeros(shape, dtype=bool)
-    transitions: list[list[Transition]] = []
+    transitions: list[list[Transition | None]] = []
     episodes: list[dict[str, Any]] = []
     env_s = model_s = 0.0
     tokens = 0
@@ -526,7 +526,7 @@ def collect(policy: Any, pool: EnvPool, cfg: Any, recorder: Any = None) -> Rollo
         t0 = time.perf_counter()
         obs, rew, te, tu, info = pool.envs.step([tr.action_text for tr in row])
         env_s += time.perf_counter() - t0
-        transitions.append(row)
+        transitions.append(list(row))
         rewards[t], term[t], trunc[t] = rew, te, tu
         done = np.logical_or(te, tu)
         for i, tr in enumerate(row):

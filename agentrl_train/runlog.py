@@ -23,7 +23,7 @@ class RunLogger:
         logged after the checkpoint by the interrupted call are logged again by this one), and a fresh
         run in a used folder does not append to the earlier run's rows.
         """
-        self.out, self.enabled = out, enabled
+        self.out, self.enabled, self.cfg = out, enabled, cfg
         self.history: list[dict[str, Any]] = list(history or [])
         self.started = time.time()
         self.writer = None
@@ -62,8 +62,17 @@ class RunLogger:
         self._f.write(json.dumps(row) + "\n")
         self._f.flush()
 
+    def title(self) -> str:
+        """What the curve is of: env, action mode, model, algorithm and seed."""
+        c = self.cfg
+        algo = c.ppo.advantage if c.ppo.advantage in ("gae", "hierarchical") else f"{c.ppo.advantage}, G={c.ppo.group_size}"
+        profile = "" if c.env.error_profile == "none" else f", faults {c.env.error_profile}"
+        return f"{c.env.env} {c.env.mode} mode{profile}: {c.model.model}, {algo}, seed {c.run.seed}"
+
     def plot_curve(self, path: Path) -> None:
-        """Return and greedy success vs env steps: train rollouts and each evaluated split."""
+        """Return and greedy success vs env steps: train rollouts and each evaluated split, titled with the
+        run's env, mode, model, algorithm and seed; a dashed line marks each split's greedy success
+        before training (the baseline the run is read against) and the oracle's 1.0."""
         import matplotlib
 
         matplotlib.use("Agg")
@@ -75,13 +84,18 @@ class RunLogger:
         for split in sorted({r["split"] for r in self.history if r["kind"] == "eval"}):
             ev = [r for r in self.history if r["kind"] == "eval" and r["split"] == split]
             ax1.plot([r["env_steps"] for r in ev], [r["mean_return"] for r in ev], marker="o", label=f"{split} (greedy)")
-            ax2.plot([r["env_steps"] for r in ev], [r["success_rate"] for r in ev], marker="o", label=f"{split} (greedy)")
+            line = ax2.plot([r["env_steps"] for r in ev], [r["success_rate"] for r in ev], marker="o", label=f"{split} (greedy)")
+            start = next((r for r in ev if r["update"] == 0), None)
+            if start is not None:
+                ax2.axhline(start["success_rate"], ls="--", lw=0.8, color=line[0].get_color(), label=f"{split} before training")
         ax2.plot([r["env_steps"] for r in upd], [r["success"] for r in upd], label="rollout success (sampled)", color="0.6")
+        ax2.axhline(1.0, ls=":", lw=0.8, color="k", label="oracle (gold plan)")
         ax1.set(xlabel="env steps", ylabel="return", title="return")
         ax2.set(xlabel="env steps", ylabel="success rate", ylim=(-0.02, 1.02), title="success")
         for ax in (ax1, ax2):
             ax.legend(fontsize=7)
             ax.grid(alpha=0.3)
+        fig.suptitle(self.title(), fontsize=9)
         fig.tight_layout()
         fig.savefig(path, dpi=110)
         plt.close(fig)

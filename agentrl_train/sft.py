@@ -128,7 +128,8 @@ def encode_transcript(
 
 def sft(cfg: TrainConfig, log: Any = print) -> dict[str, Any]:
     """Train ``cfg.model.adapter`` on oracle transcripts of ``cfg.env.env``; writes ``final/`` and an eval table."""
-    from agentrl_train.train import build_policy, check_env_id, check_env_kwargs, check_error_profile
+    from agentrl_train.policy import build_policy
+    from agentrl_train.train import check_env_id, check_env_kwargs, check_error_profile
 
     check_env_id(cfg.env.env)  # before building a model: a typo should fail in a second
     check_env_kwargs(cfg.env.env, cfg.env.env_kwargs)

@@ -233,8 +233,8 @@ def probe(
 ) -> dict[str, Any]:
     """Greedy eval of one policy on the tool envs, the exec env and Preference-v0; written to ``folder/eval.json``."""
     from agentrl_train.evaluate import evaluate
+    from agentrl_train.policy import build_policy
     from agentrl_train.preference_env import ENV_ID
-    from agentrl_train.train import build_policy
 
     folder.mkdir(parents=True, exist_ok=True)
     cfg = _cfg(plan, folder, adapter=adapter, init_adapter=init, frozen_adapters=list(frozen or []))

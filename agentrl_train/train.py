@@ -24,14 +24,12 @@ from agentrl_train import checkpoint, distributed, evaluate, ppo, resources, run
 from agentrl_train.config import GROUP_ADVANTAGES, TrainConfig, dump_config, make_run_dir
 from agentrl_train.distributed import Dist, Trainable
 from agentrl_train.group_rollout import collect_groups
-from agentrl_train.models import load_base, pick_device
-from agentrl_train.policy import Policy, lora_targets
+from agentrl_train.policy import Policy, build_policy
 from agentrl_train.rollout import EnvPool, Transition, candidate_logprobs, collect
 
 __all__ = [
     "PPOLoss",
     "accumulate",
-    "build_policy",
     "check_env_id",
     "check_env_kwargs",
     "check_error_profile",
@@ -41,33 +39,6 @@ __all__ = [
     "unit_terms_many",
     "wrap_trainable",
 ]
-
-
-def build_policy(cfg: TrainConfig, log: Any = print) -> Policy:
-    """Base model + LoRA adapter (fresh, or ``--init-adapter``) + value head (none for a group advantage), seeded by ``--seed``."""
-    from agentrl_train.tiny import TinySpec
-
-    m = cfg.model
-    device = pick_device(m.device)
-    spec = TinySpec(pretrain_steps=m.tiny_pretrain_steps, corpus_episodes=m.tiny_corpus_episodes)
-    lm, tok = load_base(m.model, device, tiny_spec=spec, log=log, threads=m.threads or 1)
-    torch.manual_seed(cfg.run.seed)
-    policy = Policy(
-        lm,
-        tok,
-        m.adapter,
-        lora_targets(lm, m.lora_preset, m.lora_ranks, m.lora_alpha_ratio),
-        m.lora_dropout,
-        value_head=cfg.ppo.advantage not in GROUP_ADVANTAGES,
-    )
-    policy.critic_detach = cfg.ppo.critic_grad == "head"
-    if m.init_adapter:
-        policy.load_adapter_weights(m.init_adapter)
-    for spec in m.frozen_adapters:  # earlier stages: active and frozen (agentrl_train.stages)
-        name, folder = spec.split("=", 1)
-        policy.add_frozen_adapter(name, folder)
-    policy.set_reference(m.reference)  # after every adapter is loaded: "initial" snapshots them
-    return policy
 
 
 def unit_terms(
@@ -235,7 +206,7 @@ def check_env_kwargs(env_id: str, env_kwargs: dict[str, Any]) -> None:
     from gymnasium.envs.registration import load_env_creator
 
     spec = gym.spec(env_id)
-    creator = load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str) else spec.entry_point
+    creator: Any = load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str) else spec.entry_point
     try:
         params = inspect.signature(creator).parameters
     except (TypeError, ValueError):  # a builtin or C callable: nothing to check against

@@ -61,7 +61,7 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     if phase == "decode":
         return _decode_bench(cfg, spec)
     if phase == "zero-shot":
-        from agentrl_train.train import build_policy
+        from agentrl_train.policy import build_policy
 
         policy = build_policy(cfg, log=lambda *a, **k: None)
         with torch.no_grad():
@@ -106,7 +106,7 @@ def _decode_bench(cfg: Any, spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     import agentrl_envs  # noqa: F401
-    from agentrl_train.train import build_policy
+    from agentrl_train.policy import build_policy
 
     policy = build_policy(cfg, log=lambda *a, **k: None)
     env = gym.make(cfg.env.env, split="train")

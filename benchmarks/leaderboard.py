@@ -220,7 +220,7 @@ def _evaluate_run(b: Budget, folder: Path, difficulties: tuple[str | None, ...])
     """
     from agentrl_train.config import read_run_config
     from agentrl_train.evaluate import evaluate
-    from agentrl_train.train import build_policy
+    from agentrl_train.policy import build_policy
 
     try:
         cfg = read_run_config(folder, "run folder")
@@ -353,7 +353,10 @@ def plot(results: dict[str, Rows], b: Budget, path: Path) -> None:
     ax.set_yticks(range(len(labels)), labels)
     for i, j in np.ndindex(grid.shape):
         ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", color="white" if grid[i, j] < 0.6 else "black")
-    ax.set_title(f"success rate, {b.env}, {b.episodes} episodes per cell")
+    ax.set_title(
+        f"success rate, {b.env}, {b.episodes} episodes per cell, seed {b.seed} (random, overlap and oracle rows are the baselines)",
+        fontsize=9,
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -163,3 +163,38 @@ def test_the_stale_path_check_fires() -> None:
     assert _stale("agentrl_envs.envs? no: agentrl_envs.registered_envs, agentrl_envs.core, tools/textual.py") == [
         "agentrl_envs.envs"
     ]
+
+
+def _module_graph(
+    tops: tuple[str, ...] = ("agentrl_envs", "simulators", "agentrl_train"), root: Path = ROOT
+) -> dict[str, set[str]]:
+    """Module -> the modules (not packages) it imports, at any depth of the file (functions included)."""
+    files = {_module_name(p, root): p for top in tops for p in (root / top).rglob("*.py")}
+    modules = {name for name, p in files.items() if p.name != "__init__.py"}
+    return {
+        name: {imported for _, imported in imports(files[name], root) if imported in modules and imported != name}
+        for name in modules
+    }
+
+
+def mutual_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Pairs of modules that import each other, as ``a <-> b``."""
+    return sorted({" <-> ".join(sorted((a, b))) for a, targets in graph.items() for b in targets if a in graph.get(b, set())})
+
+
+def test_no_two_modules_import_each_other() -> None:
+    found = mutual_imports(_module_graph())
+    assert not found, (
+        "these modules import each other (a late import only hides it): move what both need into a module below "
+        "them both:\n  " + "\n  ".join(found)
+    )
+
+
+def test_the_mutual_import_check_fires(tmp_path: Path) -> None:
+    pkg = tmp_path / "agentrl_train"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from agentrl_train import b\n")
+    (pkg / "b.py").write_text("def f():\n    from .a import x\n")
+    (pkg / "c.py").write_text("from agentrl_train.a import y\n")
+    assert mutual_imports(_module_graph(("agentrl_train",), tmp_path)) == ["agentrl_train.a <-> agentrl_train.b"]

@@ -79,7 +79,7 @@ def small_config(tmp_path: Any, **overrides: Any) -> Any:
 @pytest.fixture(scope="session")
 def small_policy(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A policy on the small tiny model, seed 0 (shared: tests must not train it)."""
-    from agentrl_train.train import build_policy
+    from agentrl_train.policy import build_policy
 
     cfg = small_config(tmp_path_factory.mktemp("p"))
     return build_policy(cfg, log=lambda *a, **k: None), cfg

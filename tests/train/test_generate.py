@@ -135,7 +135,7 @@ def test_batched_decoding_gives_the_same_tokens_as_one_env_at_a_time(small_polic
 def test_sampled_logprobs_equal_the_updates_and_the_reference_starts_equal(tmp_path) -> None:
     """After a rollout of 3 envs decoded together, the update's recomputed log-probs equal the sampled
     ones, and the KL to the reference is 0 before any update."""
-    from agentrl_train.train import build_policy
+    from agentrl_train.policy import build_policy
 
     cfg = _generate_cfg(tmp_path, num_envs=3, rollout_steps=3)
     policy = build_policy(cfg, log=lambda *a, **k: None)
@@ -208,7 +208,7 @@ def test_evaluation_results_do_not_depend_on_how_many_episodes_run_at_once(small
 
 def test_the_reference_is_the_initial_policy_after_sft(small_policy, tmp_path) -> None:
     """``--init-adapter`` (an SFT adapter): KL to the reference is 0 at the start; ``--reference base`` is not."""
-    from agentrl_train.train import build_policy
+    from agentrl_train.policy import build_policy
 
     policy, _ = small_policy
     trained = copy.deepcopy(policy)

@@ -53,7 +53,7 @@ def _cfg(tmp_path: Path, **kw: Any) -> Any:
 
 @pytest.fixture(scope="module")
 def smol(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
-    from agentrl_train.train import build_policy
+    from agentrl_train.policy import build_policy
 
     cfg = _cfg(tmp_path_factory.mktemp("smol"))
     return build_policy(cfg, log=lambda *a, **k: None), cfg

@@ -69,7 +69,7 @@ def test_exec_stage_trains_only_its_adapter_and_keeps_earlier_ones_frozen(stages
     from safetensors.torch import load_file
 
     from agentrl_train.config import config_from_dict
-    from agentrl_train.train import build_policy
+    from agentrl_train.policy import build_policy
 
     out = Path(stages_run["out"])
     cfg = config_from_dict(yaml.safe_load((out / "separate" / "exec" / "SQLPythonSMTP-v0" / "config.yaml").read_text()))
