@@ -99,20 +99,14 @@ def longest_prompts(
 
 def lora_trainable(lm: Any) -> dict[str, dict[str, Any]]:
     """Per ``--lora-preset``: the LoRA parameters it trains on ``lm`` (exact: rank x (in + out) per layer)."""
-    from torch import nn
-
-    from agentrl_train.policy import LORA_PRESETS, lora_targets
+    from agentrl_train.policy import LORA_PRESETS, lora_layers, lora_targets
 
     total = sum(p.numel() for p in lm.parameters())
     out = {}
     for preset in LORA_PRESETS:
         targets = lora_targets(lm, preset)
         ranks = targets["rank_pattern"]
-        n = 0
-        for name, module in lm.named_modules():
-            leaf = name.rsplit(".", 1)[-1]
-            if isinstance(module, nn.Linear) and leaf in ranks and re.search(r"\.layers\.\d+\.", name):
-                n += ranks[leaf] * (module.in_features + module.out_features)
+        n = sum(ranks[leaf] * (layer.in_features + layer.out_features) for leaf, layer in lora_layers(lm))
         out[preset] = {"ranks": ranks, "trainable": n, "share_of_base": n / total}
     return out
 

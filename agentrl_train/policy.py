@@ -42,6 +42,7 @@ __all__ = [
     "build_policy",
     "check_adapter_folder",
     "find_adapter_weights",
+    "lora_layers",
     "lora_targets",
     "prefix_chains",
     "stop_token_ids",
@@ -59,6 +60,15 @@ LORA_PRESETS: dict[str, dict[str, int]] = {
 }
 
 
+def lora_layers(lm: nn.Module) -> Iterator[tuple[str, nn.Linear]]:
+    """``(module name's last part, layer)`` of every linear layer LoRA may target: the attention and MLP
+    projections inside the transformer blocks (``.layers.N.``), never embeddings or ``lm_head``."""
+    for name, module in lm.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        if isinstance(module, nn.Linear) and leaf in ATTN + MLP and re.search(r"\.layers\.\d+\.", name):
+            yield leaf, module
+
+
 def lora_targets(
     lm: nn.Module, preset: str = "seed", ranks: dict[str, int] | None = None, alpha_ratio: float = 2.0
 ) -> dict[str, Any]:
@@ -73,10 +83,8 @@ def lora_targets(
     by_kind = dict(LORA_PRESETS[preset])
     ranks = dict(ranks or {})
     width: dict[str, int] = {}  # module name -> the smallest min(in, out) of its layers: a rank above it is no use
-    for name, module in lm.named_modules():
-        leaf = name.rsplit(".", 1)[-1]
-        if isinstance(module, nn.Linear) and leaf in ATTN + MLP and re.search(r"\.layers\.\d+\.", name):
-            width[leaf] = min(width.get(leaf, module.in_features), module.in_features, module.out_features)
+    for leaf, module in lora_layers(lm):
+        width[leaf] = min(width.get(leaf, module.in_features), module.in_features, module.out_features)
     present = set(width)
     if not present:
         raise ConfigError("this model has no q/k/v/o_proj, qkv_proj or gate/up/down_proj layers to put LoRA on")

@@ -9,13 +9,14 @@ and a busy machine give the same result.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from agentrl_train.config import load_config
 from agentrl_train.train import train
+
+from .test_learning import OPTS, _rows
 
 pytestmark = pytest.mark.timeout(3600)  # a hang detector: the first run builds the tiny model
 
@@ -27,19 +28,11 @@ def test_tiny_learns_sqlpythonsmtp_candidates_with_grpo(tmp_path: Path) -> None:
         "num_envs": 16,
         "rollout_steps": 8,
         "env_kwargs": {"max_steps": 8},
-        "updates": 5,
-        "eval_every": 5,
-        "eval_splits": ["train"],
-        "final_eval_splits": [],
-        "eval_episodes": 16,
-        "record": False,
-        "tensorboard": False,
-        "progress": False,
-        "checkpoint_every": 0,
+        **OPTS,  # the PPO learning test's budget and evaluation: 5 updates, 16 greedy train episodes
         "out": str(tmp_path / "run"),
     }
     train(load_config(None, opts), log=lambda *a, **k: None)
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = _rows(tmp_path / "run")
     evals = {r["update"]: r["success_rate"] for r in rows if r["kind"] == "eval"}
     assert sorted(evals) == [0, 5]
     assert evals[0] <= 0.2
