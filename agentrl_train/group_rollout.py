@@ -72,10 +72,7 @@ def collect_groups(policy: Any, pool: EnvPool, cfg: Any, recorder: Any = None) -
             taken, sub = row[i], sub_info(info, i)
             assert taken is not None
             rewards[t, i], term[t, i], trunc[t, i] = rew[i], te[i], tu[i]
-            pool.actions[i].append(taken.action_text)
-            pool.advance(policy, i, taken, obs[i], sub, cfg)
-            pool.returns[i] += float(rew[i])
-            pool.lengths[i] += 1
+            pool.took(policy, i, taken, obs[i], sub, rew[i], cfg)
             if te[i] or tu[i]:
                 ended[i] = True
                 episodes.append(_episode(pool, i, sub, truncated=bool(tu[i]), cut=False))
@@ -109,13 +106,4 @@ def collect_groups(policy: Any, pool: EnvPool, cfg: Any, recorder: Any = None) -
 
 
 def _episode(pool: EnvPool, i: int, sub: dict[str, Any], *, truncated: bool, cut: bool) -> dict[str, Any]:
-    stats = sub.get("fault_stats")
-    return {
-        "env_index": pool.first_index + i,
-        "return": pool.returns[i],
-        "length": pool.lengths[i],
-        "success": bool(sub.get("success", False)),
-        "truncated": truncated,
-        "cut": cut,
-        "faults": int(stats.get("faults", 0)) if isinstance(stats, dict) else 0,
-    }
+    return {**pool.summary(i, sub, truncated=truncated), "cut": cut}

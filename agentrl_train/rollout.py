@@ -213,6 +213,25 @@ class EnvPool(EpisodeStates):
         k = self.first_index + i
         return episode_seed(self.run_seed, k // self.group_size if self.group_size else k, episode)
 
+    def took(self, policy: Any, i: int, tr: Transition, obs: Any, info: dict[str, Any], reward: float, cfg: Any) -> None:
+        """Env i took ``tr``, answered ``obs`` and paid ``reward``: its action log, stream, return and length move on."""
+        self.actions[i].append(tr.action_text)
+        self.advance(policy, i, tr, obs, info, cfg)
+        self.returns[i] += float(reward)
+        self.lengths[i] += 1
+
+    def summary(self, i: int, info: dict[str, Any], *, truncated: bool) -> dict[str, Any]:
+        """Env i's episode that just ended (``info``: its last step's), as the rollout reports it."""
+        stats = info.get("fault_stats")
+        return {
+            "env_index": self.first_index + i,
+            "return": self.returns[i],
+            "length": self.lengths[i],
+            "success": bool(info.get("success", False)),
+            "truncated": truncated,
+            "faults": int(stats.get("faults", 0)) if isinstance(stats, dict) else 0,
+        }
+
     def hold(self, mask: np.ndarray) -> None:
         """Park the masked envs, whose episodes just ended, until their next :meth:`reset`.
 
@@ -531,23 +550,9 @@ def collect(policy: Any, pool: EnvPool, cfg: Any, recorder: Any = None) -> Rollo
         done = np.logical_or(te, tu)
         for i, tr in enumerate(row):
             sub = sub_info(info, i)
-            pool.actions[i].append(tr.action_text)
-            pool.advance(policy, i, tr, obs[i], sub, cfg)
-            pool.returns[i] += float(rew[i])
-            pool.lengths[i] += 1
+            pool.took(policy, i, tr, obs[i], sub, rew[i], cfg)
             if done[i]:
-                episodes.append(
-                    {
-                        "env_index": tr.env_index,
-                        "return": pool.returns[i],
-                        "length": pool.lengths[i],
-                        "success": bool(sub.get("success", False)),
-                        "truncated": bool(tu[i]),
-                        "faults": int(sub.get("fault_stats", {}).get("faults", 0))
-                        if isinstance(sub.get("fault_stats"), dict)
-                        else 0,
-                    }
-                )
+                episodes.append(pool.summary(i, sub, truncated=bool(tu[i])))
                 if tu[i] and not te[i]:
                     t0 = time.perf_counter()
                     with torch.no_grad():  # V(final observation), from the same token stream as every other V(s_t)
