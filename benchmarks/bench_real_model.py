@@ -192,7 +192,18 @@ def _options(args: argparse.Namespace, env: str, seed: int, out: Path, phase: st
             checkpoint_every=0,
             shuffle_rewards=phase == "control",
         )
+        opts.update(args.ppo_set)
     return opts
+
+
+def _set_option(text: str) -> tuple[str, Any]:
+    """Parse one ``--ppo-set KEY=VALUE`` (VALUE read as YAML: numbers, booleans, strings)."""
+    import yaml
+
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip().replace("-", "_"), yaml.safe_load(value)
 
 
 def _commit() -> str:
@@ -247,11 +258,20 @@ def main() -> None:
     ap.add_argument("--rollout-steps", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--max-prompt-tokens", type=int, default=1536)
+    ap.add_argument(
+        "--ppo-set",
+        type=_set_option,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a training option for the ppo and control phases (repeatable), e.g. --ppo-set lr=5e-5",
+    )
     ap.add_argument("--threads", type=int, default=2, help="torch threads per phase (default 2)")
     ap.add_argument("--quick", action="store_true", help="a small version (8 eval episodes, 8 SFT episodes, 1 update of 4 envs)")
     ap.add_argument("--out", default=None, help="folder for runs and logs (default: a temporary one)")
     ap.add_argument("--results", default=None, help="results page (default docs/results/real-model-DATE.md)")
     args = ap.parse_args()
+    args.ppo_set = dict(args.ppo_set)
     if args.worker:
         spec = json.loads(Path(args.worker[0]).read_text())
         Path(args.worker[1]).write_text(json.dumps(_worker(spec)))
