@@ -25,6 +25,7 @@ from agentrl_envs.yamlsafe import load_yaml, read_yaml_file, short_repr
 __all__ = [
     "ADVANTAGES",
     "GROUP_ADVANTAGES",
+    "GROUP_SCORES",
     "LOSS_AGGS",
     "MAX_CANDIDATES",
     "MAX_NUM_ENVS",
@@ -61,6 +62,8 @@ CRITIC_ADVANTAGES = ("gae", "hierarchical")
 GROUP_ADVANTAGES = ("grpo", "dr_grpo", "rloo")
 ADVANTAGES = (*CRITIC_ADVANTAGES, *GROUP_ADVANTAGES)
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+#: --group-score choices: what a group advantage compares (docs/algorithms.md says why the default)
+GROUP_SCORES = ("return", "return-to-go")
 #: options that only a critic reads: a group advantage refuses non-default values of these
 CRITIC_OPTIONS = ("vf_coef", "value_clip", "value_lr", "critic_warmup", "critic_grad")
 _PPO_AND_SFT = ("ppo", "sft")
@@ -148,6 +151,12 @@ class PPOConfig:
         0,
         "grpo, dr_grpo, rloo: episodes per group (same task seed, own sampling); each rank's --num-envs must be a "
         "multiple of it (0: unset, refused by the group advantages)",
+    )
+    group_score: str = _f(
+        "return",
+        "grpo, dr_grpo, rloo: what the group compares. return: each episode's undiscounted return, the same advantage "
+        "on every step; return-to-go: each step's return from that step on, against the returns-to-go of the "
+        "group's episodes still running at the same step index (a step no other episode of its group reached gets 0)",
     )
     clip: float = _f(0.2, "PPO ratio clip")
     clip_low: float = _f(0.0, "lower ratio clip: the ratio is kept above 1 - this (0: --clip)")
@@ -263,6 +272,7 @@ class TrainConfig:
         _choice("split", e.split, ("train", "test", "heldout"))
         _choice("advantage", p.advantage, ADVANTAGES)
         _choice("loss_agg", p.loss_agg, ("auto", *LOSS_AGGS))
+        _choice("group_score", p.group_score, GROUP_SCORES)
         _choice("clip_mode", p.clip_mode, ("per-layer", "global"))
         _choice("reward_norm", p.reward_norm, ("scale", "zscore", "none"))
         _choice("critic_grad", p.critic_grad, ("shared", "head"))
@@ -548,6 +558,11 @@ def _check_group_options(cfg: TrainConfig) -> None:
             raise ConfigError(
                 f"--group-size={p.group_size} is read by the group advantages only; add --advantage grpo "
                 f"(or dr_grpo, rloo), or drop --group-size for --advantage {p.advantage}"
+            )
+        if p.group_score != "return":
+            raise ConfigError(
+                f"--group-score={p.group_score} is read by the group advantages only; add --advantage grpo "
+                f"(or dr_grpo, rloo) --group-size 4, or drop --group-score for --advantage {p.advantage}"
             )
         return
     if p.group_size < 2:

@@ -24,6 +24,7 @@ __all__ = [
     "entropy_coef",
     "episode_group_advantages",
     "group_advantages",
+    "return_to_go_group_advantages",
     "k3_kl",
     "lr_factor",
     "normalize_rewards",
@@ -229,6 +230,56 @@ def episode_group_advantages(
     """
     adv_N, flat_G = group_advantages(np.where(valid_TN, rewards_TN, 0.0).sum(axis=0), group_size, kind)
     return np.where(valid_TN, adv_N[None, :], 0.0), flat_G
+
+
+def return_to_go_group_advantages(
+    rewards_TN: np.ndarray, valid_TN: np.ndarray, group_size: int, kind: str, eps: float = 1e-4
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-step group advantages of a group rollout: each step scored by its return-to-go (``--group-score return-to-go``).
+
+    A step's score is its episode's undiscounted return from that step on (over valid rows). At step
+    index ``t`` the baseline is taken over the episodes of the group still running at ``t`` (valid
+    there): an episode that already ended has no step ``t`` and is left out, not counted as 0 (a 0
+    would make a late step's advantage depend on how many of its peers had stopped, and on whether
+    they stopped with a reward or a penalty). With ``n`` episodes running at ``t``: ``grpo``
+    ``(G_t - mean) / (std + eps)`` (ddof 1), ``dr_grpo`` ``G_t - mean``, ``rloo`` ``n / (n - 1) (G_t -
+    mean)``. A step with fewer than 2 running episodes in its group, or whose running episodes' scores
+    are all equal (to 1e-9 of their size), gets 0. Every episode runs at ``t = 0``, so the first
+    step's advantage is :func:`group_advantages` of the episode returns.
+
+    Returns:
+        ``(advantages_TN, flat_G)``: invalid rows get 0; ``flat_G``: whether each group got 0 on every
+        step (no policy gradient), the group counted in ``zero_adv_groups``.
+
+    Raises:
+        ValueError: ``group_size`` < 2 or not a divisor of ``N``, or an unknown ``kind``.
+    """
+    valid_TN = np.asarray(valid_TN, dtype=bool)
+    T, N = valid_TN.shape
+    if group_size < 2 or N % group_size:
+        raise ValueError(f"group_size={group_size}: use at least 2, a divisor of the {N} episodes")
+    if kind not in ("grpo", "dr_grpo", "rloo"):
+        raise ValueError(f"unknown group advantage {kind!r}: use grpo, dr_grpo or rloo")
+    r_TN = np.where(valid_TN, np.asarray(rewards_TN, dtype=np.float64), 0.0)
+    rtg_TN = np.flip(np.cumsum(np.flip(r_TN, axis=0), axis=0), axis=0)  # sum of r[t:] per env
+    shape = (T, N // group_size, group_size)
+    g_TGM, v_TGM = rtg_TN.reshape(shape), valid_TN.reshape(shape)
+    n_TG1 = v_TGM.sum(axis=2, keepdims=True)
+    mean_TG1 = np.where(v_TGM, g_TGM, 0.0).sum(axis=2, keepdims=True) / np.maximum(n_TG1, 1)
+    centred_TGM = np.where(v_TGM, g_TGM - mean_TG1, 0.0)
+    if kind == "grpo":
+        std_TG1 = np.sqrt((centred_TGM**2).sum(axis=2, keepdims=True) / np.maximum(n_TG1 - 1, 1))
+        adv_TGM = centred_TGM / (std_TG1 + eps)
+    elif kind == "dr_grpo":
+        adv_TGM = centred_TGM
+    else:
+        adv_TGM = centred_TGM * n_TG1 / np.maximum(n_TG1 - 1, 1)
+    hi_TG1 = np.where(v_TGM, g_TGM, -np.inf).max(axis=2, keepdims=True)
+    lo_TG1 = np.where(v_TGM, g_TGM, np.inf).min(axis=2, keepdims=True)
+    size_TG1 = np.maximum(1.0, np.where(v_TGM, np.abs(g_TGM), 0.0).max(axis=2, keepdims=True))
+    silent_TG1 = (n_TG1 < 2) | (hi_TG1 - lo_TG1 <= 1e-9 * size_TG1)
+    adv_TGM = np.where(silent_TG1 | ~v_TGM, 0.0, adv_TGM)
+    return adv_TGM.reshape(T, N), silent_TG1[:, :, 0].all(axis=0)
 
 
 def resolve_loss_agg(loss_agg: str, advantage: str) -> str:

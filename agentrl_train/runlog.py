@@ -66,6 +66,8 @@ class RunLogger:
         """What the curve is of: env, action mode, model, algorithm and seed."""
         c = self.cfg
         algo = c.ppo.advantage if c.ppo.advantage in ("gae", "hierarchical") else f"{c.ppo.advantage}, G={c.ppo.group_size}"
+        if c.ppo.group_score != "return":
+            algo += f", {c.ppo.group_score}"
         profile = "" if c.env.error_profile == "none" else f", faults {c.env.error_profile}"
         return f"{c.env.env} {c.env.mode} mode{profile}: {c.model.model}, {algo}, seed {c.run.seed}"
 

@@ -334,8 +334,9 @@ def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, 
                     rewards = np.where(valid, rewards - rewards[valid].mean(), 0.0)
                 group_row: dict[str, float] = {}
                 if grouped:
-                    # each env's one episode, scored by its (undiscounted) return, the same advantage on every step
-                    adv_TN, flat_G = ppo.episode_group_advantages(rewards, valid, cfg.ppo.group_size, cfg.ppo.advantage)
+                    # each env's one episode, scored by its (undiscounted) return on every step, or per step by its return-to-go
+                    score = ppo.episode_group_advantages if cfg.ppo.group_score == "return" else ppo.return_to_go_group_advantages
+                    adv_TN, flat_G = score(rewards, valid, cfg.ppo.group_size, cfg.ppo.advantage)
                     ret_TN = np.zeros_like(rewards)  # no value head to train
                     group_row = _group_metrics(flat_G, roll.cut_N, dist)
                 else:

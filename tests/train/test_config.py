@@ -97,6 +97,14 @@ def test_yaml_then_flags(tmp_path) -> None:
         ({"loss_agg": "mean"}, "--loss-agg='mean': use one of auto, token-mean, seq-mean-token-mean, seq-mean-token-sum-norm"),
         ({"clip_low": 1}, r"--clip-low=1\.0: use a value in \[0, 1\)"),
         ({"clip_high": -0.1}, "--clip-high=-0.1: use a value >= 0"),
+        (
+            {"advantage": "grpo", "group_size": 4, "group_score": "rtg"},
+            "--group-score='rtg': use one of return, return-to-go",
+        ),
+        (
+            {"group_score": "return-to-go"},
+            "--group-score=return-to-go is read by the group advantages only; add --advantage grpo .* or drop --group-score",
+        ),
     ],
 )
 def test_bad_values_name_the_option(overrides, match) -> None:

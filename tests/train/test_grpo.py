@@ -76,6 +76,84 @@ def test_episode_advantages_broadcast_over_mixed_lengths_and_cut_episodes() -> N
     assert flat.tolist() == [False, True]
 
 
+# 6 envs in 2 groups of 3, a window of 4 rows; 9 marks a row after the env's episode ended (not counted).
+# group A: env 0 plays 3 steps, env 1 plays 2, env 2 plays 4 (the window cut it).
+# group B: three episodes of return 1 (env 3: 0 then 1, env 4: 1 in one step, env 5: 1 then 0).
+RTG_REWARDS = np.array(
+    [
+        [0.1, 0.1, 0.0, 0.0, 1.0, 1.0],
+        [0.2, -1.0, 0.2, 1.0, 9.0, 0.0],
+        [1.0, 9.0, 0.2, 9.0, 9.0, 9.0],
+        [9.0, 9.0, 0.5, 9.0, 9.0, 9.0],
+    ]
+)
+RTG_VALID = np.arange(4)[:, None] < np.array([3, 2, 4, 2, 1, 2])[None, :]
+
+
+def test_return_to_go_advantages_match_hand_computation() -> None:
+    # returns-to-go: env 0 [1.3, 1.2, 1.0], env 1 [-0.9, -1.0], env 2 [0.9, 0.9, 0.7, 0.5];
+    # env 3 [1.0, 1.0], env 4 [1.0], env 5 [1.0, 0.0]
+    # A, t=0: all three run, mean 1.3 / 3;  t=1: mean 1.1 / 3;  t=2: env 1 ended and is left out: envs 0 and 2,
+    # mean 0.85;  t=3: env 2 alone, no baseline: 0.
+    # B, t=0: all equal (1.0): 0;  t=1: env 4 ended: envs 3 and 5, mean 0.5.
+    m0, m1 = 1.3 / 3, 1.1 / 3
+    c = np.array(
+        [
+            [1.3 - m0, -0.9 - m0, 0.9 - m0, 0.0, 0.0, 0.0],
+            [1.2 - m1, -1.0 - m1, 0.9 - m1, 0.5, 0.0, -0.5],
+            [0.15, 0.0, -0.15, 0.0, 0.0, 0.0],
+            [0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+        ]
+    )
+    adv, flat = ppo.return_to_go_group_advantages(RTG_REWARDS, RTG_VALID, 3, "dr_grpo")
+    assert adv == pytest.approx(c)
+    assert flat.tolist() == [False, False]  # B's returns are all equal, its returns-to-go are not
+    adv, _ = ppo.return_to_go_group_advantages(RTG_REWARDS, RTG_VALID, 3, "rloo")
+    n = np.array([[3, 3, 3, 3, 3, 3], [3, 3, 3, 2, 2, 2], [2, 2, 2, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    assert adv == pytest.approx(np.where(n > 1, c * n / np.maximum(n - 1, 1), 0.0))
+    adv, _ = ppo.return_to_go_group_advantages(RTG_REWARDS, RTG_VALID, 3, "grpo")
+    s0 = math.sqrt(((c[0, :3] ** 2).sum()) / 2) + 1e-4
+    s1 = math.sqrt(((c[1, :3] ** 2).sum()) / 2) + 1e-4
+    s2 = math.sqrt(2 * 0.15**2) + 1e-4  # two running episodes: ddof 1 divides by 1
+    sb = math.sqrt(2 * 0.5**2) + 1e-4
+    want = np.array(
+        [
+            [*(c[0, :3] / s0), 0.0, 0.0, 0.0],
+            [*(c[1, :3] / s1), 0.5 / sb, 0.0, -0.5 / sb],
+            [0.15 / s2, 0.0, -0.15 / s2, 0.0, 0.0, 0.0],
+            [0.0] * 6,
+        ]
+    )
+    assert adv == pytest.approx(want)
+    # every episode runs at t = 0: the first row is the episode-return advantage
+    returns = np.where(RTG_VALID, RTG_REWARDS, 0.0).sum(axis=0)
+    for kind in ("grpo", "dr_grpo", "rloo"):
+        adv, _ = ppo.return_to_go_group_advantages(RTG_REWARDS, RTG_VALID, 3, kind)
+        assert adv[0] == pytest.approx(ppo.group_advantages(returns, 3, kind)[0])
+
+
+@pytest.mark.parametrize("kind", ["grpo", "dr_grpo", "rloo"])
+def test_return_to_go_a_group_equal_at_every_step_gets_zero_and_is_counted(kind: str) -> None:
+    # group 1: [0.5, 0.5], [1.0], [0.5, 0.5]: equal at t=0 (1.0 each) and among the two still running at t=1
+    # (0.5 each; 0.1 + 0.4 is 0.5 up to float rounding). group 2: returns-to-go 2, 2, 2 at t=0, then env 5
+    # runs on alone (no baseline). group 3: equal returns (1.0), unequal returns-to-go at t=1: a signal.
+    rewards = np.array([[0.5, 1.0, 0.1 + 0.4, 2.0, 2.0, 0.0, 1.0, 0.0], [0.5, 9.0, 0.5, 9.0, 9.0, 2.0, 0.0, 1.0]])
+    valid = np.array([[True] * 8, [True, False, True, False, False, True, True, True]])
+    adv, flat = ppo.return_to_go_group_advantages(rewards[:, :6], valid[:, :6], 3, kind)
+    assert flat.tolist() == [True, True]
+    assert adv.tolist() == [[0.0] * 6, [0.0] * 6]
+    adv, flat = ppo.return_to_go_group_advantages(rewards[:, 6:], valid[:, 6:], 2, kind)
+    assert flat.tolist() == [False] and adv[0].tolist() == [0.0, 0.0] and adv[1, 0] < 0 < adv[1, 1]
+
+
+@pytest.mark.parametrize("size", [0, 1, 4])
+def test_return_to_go_refuses_a_bad_group_size_or_kind(size: int) -> None:
+    with pytest.raises(ValueError, match=f"group_size={size}: use at least 2, a divisor of the 6 episodes"):
+        ppo.return_to_go_group_advantages(RTG_REWARDS, RTG_VALID, size, "grpo")
+    with pytest.raises(ValueError, match="use grpo, dr_grpo or rloo"):
+        ppo.return_to_go_group_advantages(RTG_REWARDS, RTG_VALID, 3, "hierarchical")
+
+
 def test_policy_loss_clips_asymmetrically() -> None:
     logp = torch.log(torch.tensor([2.0, 0.5, 1.25]))
     old = torch.zeros(3)
@@ -265,6 +343,19 @@ def test_a_grpo_run_resumes_exactly(tmp_path: Path) -> None:
     assert [r["env_steps"] for r in _rows(tmp_path / "a" / "run") if r["kind"] == "update"] == [
         r["env_steps"] for r in _rows(tmp_path / "b" / "run") if r["kind"] == "update"
     ]
+
+
+def test_a_return_to_go_run_scores_steps_by_their_return_to_go(tmp_path: Path) -> None:
+    opts = dict(advantage="rloo", group_size=2, num_envs=4, rollout_steps=4, env_kwargs={"max_steps": 4}, record=False)
+    summary = train(
+        small_config(tmp_path, **opts, group_score="return-to-go", updates=1, final_eval_splits=[]), log=lambda *a, **k: None
+    )
+    assert summary["finished"]
+    (row,) = [r for r in _rows(tmp_path / "run") if r["kind"] == "update"]
+    assert row["groups"] == 2 and math.isfinite(row["pg"])
+    from agentrl_train.evaluate import load_run
+
+    assert load_run(tmp_path / "run")[1].ppo.group_score == "return-to-go"
 
 
 def test_dr_grpo_in_generate_mode(tmp_path: Path) -> None:
