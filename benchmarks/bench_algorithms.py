@@ -23,6 +23,7 @@ its checkpoint, so an interrupted matrix continues where it stopped::
 
     python benchmarks/bench_algorithms.py --budget 512                  # the matrix: 6 algorithms x 3 seeds
     python benchmarks/bench_algorithms.py --algos ppo-hierarchical --seeds 0 --budget 256   # one run
+    python benchmarks/bench_algorithms.py --budget 512 --table-only     # tabulate the runs finished so far
 
 Outputs: ``--md`` (the Markdown tables), ``--png`` (success vs env steps) and ``OUT/budgetB/results.json``.
 """
@@ -113,10 +114,15 @@ def _call(args: list[str], log: Path) -> float:
     return time.perf_counter() - t0
 
 
+def _stamp(algo: str, seed: int, budget: int, episodes: int) -> dict[str, Any]:
+    """What a run's results depend on: a saved result with another stamp is not reused."""
+    return {"algo": ALGOS[algo][1], "seed": seed, "budget": budget, "episodes": episodes}
+
+
 def run_one(algo: str, seed: int, budget: int, root: Path, episodes: int) -> dict[str, Any]:
     """Train one run to the budget (resuming a folder left unfinished), evaluate it; reuse a finished one."""
     folder = root / f"{algo}-seed{seed}"
-    stamp = {"algo": ALGOS[algo][1], "seed": seed, "budget": budget, "episodes": episodes}
+    stamp = _stamp(algo, seed, budget, episodes)
     cache = folder / "bench-result.json"
     saved = _saved_results(cache, stamp)
     if saved is not None:
@@ -253,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="runs/bench-algorithms", help="run folders, reused (default: runs/bench-algorithms)")
     ap.add_argument("--md", default="docs/results/algorithms-table.md", help="Markdown tables ('' for none)")
     ap.add_argument("--png", default="docs/img/algorithms.png", help="the plot ('' for none)")
+    ap.add_argument("--table-only", action="store_true", help="tabulate the finished runs in --out; train nothing")
     ap.add_argument("--evaluate", default="", help=argparse.SUPPRESS)  # the evaluation subprocess of one run folder
     args = ap.parse_args(argv)
     if args.evaluate:
@@ -269,6 +276,14 @@ def main(argv: list[str] | None = None) -> int:
     for seed in args.seeds:  # seed-major: an interrupted matrix has every algorithm at the first seeds
         for algo in algos:
             t0 = time.perf_counter()
+            if args.table_only:
+                stamp = _stamp(algo, seed, args.budget, args.episodes)
+                saved = _saved_results(root / f"{algo}-seed{seed}" / "bench-result.json", stamp)
+                if saved is not None:
+                    results[algo].append(saved["rows"])
+                else:
+                    failed.append(f"{algo}-seed{seed}")
+                continue
             try:
                 r = run_one(algo, seed, args.budget, root, args.episodes)
             except RuntimeError as exc:
@@ -295,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     table = tables(results, args.budget, args.episodes, command, commit)
     if failed:
-        table += f"\nRuns that failed (not in the table): {', '.join(failed)}.\n"
+        table += f"\nRuns not in the table ({'not run yet' if args.table_only else 'failed'}): {', '.join(failed)}.\n"
     (root / "results.json").write_text(json.dumps(results, indent=1))
     if args.md:
         Path(args.md).parent.mkdir(parents=True, exist_ok=True)
