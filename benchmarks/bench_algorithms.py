@@ -17,7 +17,8 @@ table gives the mean reached.
 Each run then evaluates its last checkpoint greedily on ``--episodes`` fixed episodes (the seeds of
 ``agentrl-train eval``) on train, test, heldout and test with ``error_profile="realistic"``. Nothing is
 evaluated during training: the PNG plots each update's rollout success (the sampled policy on the
-train split, the ``success`` of ``metrics.jsonl``) against env steps. Runs go one at a time, each a subprocess under ``nice -n 10`` with ``OMP_NUM_THREADS=1``; a finished run's results are
+train split, the ``success`` of ``metrics.jsonl``) against env steps. Runs go one at a time, in two rounds (PPO (hierarchical), GRPO and GRPO on returns-to-go for every seed,
+then the others; each round seed-major, so an interrupted matrix holds whole comparisons), each a subprocess under ``nice -n 10`` with ``OMP_NUM_THREADS=1``; a finished run's results are
 kept in ``OUT/budgetB/ALGO-seedS/bench-result.json`` and reused, and an unfinished run resumes from
 its checkpoint, so an interrupted matrix continues where it stopped::
 
@@ -53,12 +54,14 @@ STEPS_PER_UPDATE_MAX = NUM_ENVS * WINDOW  #: a PPO update's steps, and the most 
 #: name -> (label, the options that make the algorithm); the reference for the difference table comes first
 ALGOS: dict[str, tuple[str, list[str]]] = {
     "ppo-hierarchical": ("PPO (hierarchical)", ["--advantage", "hierarchical"]),
-    "ppo-gae": ("PPO (gae)", ["--advantage", "gae"]),
     "grpo": ("GRPO", ["--advantage", "grpo", "--group-size", str(GROUP)]),
+    "grpo-rtg": ("GRPO, return-to-go", ["--advantage", "grpo", "--group-size", str(GROUP), "--group-score", "return-to-go"]),
     "dr_grpo": ("Dr. GRPO", ["--advantage", "dr_grpo", "--group-size", str(GROUP)]),
     "rloo": ("RLOO", ["--advantage", "rloo", "--group-size", str(GROUP)]),
-    "grpo-rtg": ("GRPO, return-to-go", ["--advantage", "grpo", "--group-size", str(GROUP), "--group-score", "return-to-go"]),
+    "ppo-gae": ("PPO (gae)", ["--advantage", "gae"]),
 }
+#: the first round of runs: the reference, GRPO and its return-to-go variant (the docs' first two questions)
+FIRST_ROUND = ("ppo-hierarchical", "grpo", "grpo-rtg")
 REFERENCE = "ppo-hierarchical"
 CELLS = [("train", "none"), ("test", "none"), ("heldout", "none"), ("test", "realistic")]
 
@@ -273,30 +276,31 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(args.out).resolve() / f"budget{args.budget}"
     results: dict[str, list[dict[str, Any]]] = {a: [] for a in algos}
     failed = []
-    for seed in args.seeds:  # seed-major: an interrupted matrix has every algorithm at the first seeds
-        for algo in algos:
-            t0 = time.perf_counter()
-            if args.table_only:
-                stamp = _stamp(algo, seed, args.budget, args.episodes)
-                saved = _saved_results(root / f"{algo}-seed{seed}" / "bench-result.json", stamp)
-                if saved is not None:
-                    results[algo].append(saved["rows"])
-                else:
-                    failed.append(f"{algo}-seed{seed}")
-                continue
-            try:
-                r = run_one(algo, seed, args.budget, root, args.episodes)
-            except RuntimeError as exc:
-                print(f"bench_algorithms: {algo} seed {seed} failed: {exc}", flush=True)
+    # two rounds (FIRST_ROUND, then the rest), each seed-major: an interrupted matrix holds whole comparisons
+    rounds = [[a for a in algos if a in FIRST_ROUND], [a for a in algos if a not in FIRST_ROUND]]
+    for algo, seed in [(a, s) for part in rounds for s in args.seeds for a in part]:
+        t0 = time.perf_counter()
+        if args.table_only:
+            stamp = _stamp(algo, seed, args.budget, args.episodes)
+            saved = _saved_results(root / f"{algo}-seed{seed}" / "bench-result.json", stamp)
+            if saved is not None:
+                results[algo].append(saved["rows"])
+            else:
                 failed.append(f"{algo}-seed{seed}")
-                continue
-            results[algo].append(r)
-            cells = ", ".join(f"{n} {c['success_rate']:.2f}" for n, c in r["cells"].items())
-            print(
-                f"bench_algorithms: {algo} seed {seed}: {r['env_steps']} env steps in {r['updates']} updates, {cells}; "
-                f"{time.perf_counter() - t0:.0f} s (run {r['wall_s']:.0f} s wall, {r['cpu_s']:.0f} s CPU)",
-                flush=True,
-            )
+            continue
+        try:
+            r = run_one(algo, seed, args.budget, root, args.episodes)
+        except RuntimeError as exc:
+            print(f"bench_algorithms: {algo} seed {seed} failed: {exc}", flush=True)
+            failed.append(f"{algo}-seed{seed}")
+            continue
+        results[algo].append(r)
+        cells = ", ".join(f"{n} {c['success_rate']:.2f}" for n, c in r["cells"].items())
+        print(
+            f"bench_algorithms: {algo} seed {seed}: {r['env_steps']} env steps in {r['updates']} updates, {cells}; "
+            f"{time.perf_counter() - t0:.0f} s (run {r['wall_s']:.0f} s wall, {r['cpu_s']:.0f} s CPU)",
+            flush=True,
+        )
     results = {a: rs for a, rs in results.items() if rs}
     if not results:
         print("bench_algorithms: no run finished", flush=True)
