@@ -215,12 +215,16 @@ def tables(results: dict[str, list[dict[str, Any]]], budget: int, episodes: int,
             for n in names:
                 a, b = [r["cells"][n]["success_rate"] for r in runs], [r["cells"][n]["success_rate"] for r in ref]
                 diff = f"{np.mean(a) - np.mean(b):+.2f}"
-                row.append(f"**{diff}**" if min(a) > max(b) or max(a) < min(b) else diff)
+                if min(len(a), len(b)) < 2:  # one seed has no spread to compare with
+                    row.append(f"{diff} (1 seed)")
+                else:
+                    row.append(f"**{diff}**" if min(a) > max(b) or max(a) < min(b) else diff)
             out.append(f"| {ALGOS[algo][0]} | " + " | ".join(row) + " |")
     caption = (
         f"Greedy success on `{ENV}`, candidates mode (K=4), the tiny model; {episodes} fixed episodes per cell "
         f"(the seeds of `agentrl-train eval`); mean (min-max) over seeds; every run trained to {budget} env steps "
-        f"(stopping after the update that reaches it). Command: `{command}` at commit `{commit}`."
+        f"(stopping after the update that reaches it). Wall times are those of the machine that ran it, "
+        f"under whatever else ran there; CPU s counts the run's own processes. Command: `{command}` at commit `{commit}`."
     )
     return "\n".join(out) + "\n\n" + caption + "\n"
 
