@@ -229,7 +229,7 @@ def tables(results: dict[str, list[dict[str, Any]]], budget: int, episodes: int,
     return "\n".join(out) + "\n\n" + caption + "\n"
 
 
-def plot(results: dict[str, list[dict[str, Any]]], budget: int, path: Path, seeds: list[int]) -> None:
+def plot(results: dict[str, list[dict[str, Any]]], budget: int, path: Path) -> None:
     """Rollout success vs env steps: the mean over seeds (interpolated between updates) and the min-max band."""
     import matplotlib
 
@@ -238,10 +238,11 @@ def plot(results: dict[str, list[dict[str, Any]]], budget: int, path: Path, seed
 
     first = max(r["curve"][0][0] for runs in results.values() for r in runs)  # every run has a point at or before it
     grid = np.linspace(first, budget, 33)
+    seeds = sorted({r["seed"] for runs in results.values() for r in runs})
     fig, ax = plt.subplots(figsize=(8, 4.4))
     for algo, runs in results.items():
         ys = np.array([np.interp(grid, *zip(*r["curve"])) for r in runs])
-        line = ax.plot(grid, ys.mean(axis=0), label=f"{ALGOS[algo][0]} ({len(runs)} seeds)")
+        line = ax.plot(grid, ys.mean(axis=0), label=f"{ALGOS[algo][0]} ({len(runs)} seed{'s' if len(runs) > 1 else ''})")
         ax.fill_between(grid, ys.min(axis=0), ys.max(axis=0), color=line[0].get_color(), alpha=0.15)
     ax.set(xlabel="env steps", ylabel="rollout success (sampled policy, train split)", ylim=(-0.02, 1.02), xlim=(0, budget))
     ax.grid(alpha=0.3)
@@ -324,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.md).parent.mkdir(parents=True, exist_ok=True)
         Path(args.md).write_text(table, encoding="utf-8")
     if args.png:
-        plot(results, args.budget, Path(args.png), args.seeds)
+        plot(results, args.budget, Path(args.png))
     print(table, end="")
     return 0
 
