@@ -104,6 +104,11 @@ class ModelConfig:
         "stretch a rotary-position model's context: {type: linear|dynamic|yarn|ntk, factor: F} (ntk also takes "
         "exponent; original_context: the length the model was trained at); {}: off (agentrl_train.rope)",
     )
+    add_tool_tokens: bool = _f(
+        False,
+        "add <tool_call> and </tool_call> as special tokens where the tokenizer splits them (a no-op where they are "
+        "single tokens), their embedding rows started at the sub-words' mean and trained and saved with the adapter",
+    )
     device: str = _f("auto", "auto (CUDA when present, else CPU), cpu or cuda")
     threads: int = _f(0, "torch CPU threads (0: 1 per process on CPU; env workers use the other cores)")
     tiny_pretrain_steps: int = _f(600, "tiny only: causal-LM pretraining steps on env text (no oracle actions)")
