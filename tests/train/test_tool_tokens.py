@@ -280,3 +280,38 @@ def test_fuse_and_remap_refuse_added_tokens_by_name(twin: Path, tmp_path: Path) 
     with pytest.raises(AgentRLError, match="added tool-call tokens"):
         remap_adapter(str(tmp_path / "saved" / "exec"), str(twin), tmp_path / "remapped")
     assert not (tmp_path / "fused").exists() and not (tmp_path / "remapped").exists()
+
+
+def test_serve_resizes_its_base_for_an_adapter_with_added_tokens_and_refuses_mixing(twin: Path, tmp_path: Path) -> None:
+    from agentrl_train.serve.engine import AdapterMismatchError, Engine
+
+    policy = build_policy(_cfg(tmp_path / "a", twin), log=lambda *a: None)
+    ids = _seq(policy)
+    _step(policy, ids)
+    policy.save(tmp_path / "tokens")
+    plain = build_policy(_cfg(tmp_path / "b", twin, add_tool_tokens=False), log=lambda *a: None)
+    plain.save(tmp_path / "plain")
+
+    engine = Engine(str(twin), log=lambda *a: None)
+    try:
+        slot = engine.add_family("tool", engine.prepare(None, tmp_path / "tokens"))
+        assert engine.tool_tokens == policy.tool_tokens
+        assert engine.tokenizer.convert_tokens_to_ids("</tool_call>") in engine.stop_ids
+        trained = {n.removesuffix(".exec"): p for n, p in policy.lm.named_parameters() if "trainable_tokens_delta" in n}
+        rows = {n: p for n, p in engine._params[slot].items() if "trainable_tokens_delta" in n}
+        assert rows.keys() == trained.keys() and all(torch.equal(rows[n], trained[n]) for n in rows)
+        prompt = ids[:-20]
+        served, _ = engine.generate(slot, prompt, 12, 0.0, 0).result()
+        assert served == policy.generate(prompt, 12, greedy=True)[0]  # the trained rows are served
+        with pytest.raises(AdapterMismatchError, match="no added tool-call tokens, and this server's base has added"):
+            engine.prepare(None, tmp_path / "plain")
+        engine.install(slot, engine.prepare("tool", tmp_path / "tokens")).result()  # a new version of the same kind
+    finally:
+        engine.close()
+    engine = Engine(str(twin), log=lambda *a: None)
+    try:
+        engine.add_family("plain", engine.prepare(None, tmp_path / "plain"))
+        with pytest.raises(AdapterMismatchError, match="cannot be served beside adapters without them"):
+            engine.prepare(None, tmp_path / "tokens")
+    finally:
+        engine.close()
