@@ -57,7 +57,12 @@ class ToolTokens:
     base_vocab: int  #: ``len(tokenizer)`` before the additions
 
     def to_json(self) -> dict[str, Any]:
-        return {"tokens": list(self.tokens), "ids": list(self.ids), "pieces": [list(p) for p in self.pieces], "base_vocab": self.base_vocab}
+        return {
+            "tokens": list(self.tokens),
+            "ids": list(self.ids),
+            "pieces": [list(p) for p in self.pieces],
+            "base_vocab": self.base_vocab,
+        }
 
 
 def split_markers(tokenizer: Any) -> dict[str, list[int]]:
@@ -97,7 +102,9 @@ def add_tool_tokens(lm: Any, tokenizer: Any, model: str = "the model", log: Any 
             "use a Hugging Face tokenizer (tokenizer.json) or train without --add-tool-tokens"
         ) from None
     ids = [tokenizer.convert_tokens_to_ids(m) for m in split]
-    if any(not isinstance(i, int) or i < 0 for i in ids) or any(len(tokenizer(m, add_special_tokens=False)["input_ids"]) != 1 for m in split):
+    if any(not isinstance(i, int) or i < 0 for i in ids) or any(
+        len(tokenizer(m, add_special_tokens=False)["input_ids"]) != 1 for m in split
+    ):
         raise ConfigError(f"--add-tool-tokens: {model}'s tokenizer did not make {', '.join(split)} single tokens")
     if max(ids) >= emb.weight.shape[0]:
         lm.resize_token_embeddings(max(ids) + 1, mean_resizing=False)
@@ -147,7 +154,10 @@ def read_tool_tokens(folder: str | Path) -> ToolTokens | None:
         data = None
     if not isinstance(data, dict):
         raise ConfigError(f"{f} is not a JSON object of at most {_MAX_FILE} bytes; {hint}")
-    tokens, ids, pieces, base = (data.get(k) for k in ("tokens", "ids", "pieces", "base_vocab"))
+    tokens: Any = data.get("tokens")
+    ids: Any = data.get("ids")
+    pieces: Any = data.get("pieces")
+    base: Any = data.get("base_vocab")
 
     def ints(x: Any) -> bool:
         return isinstance(x, list) and all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < 1 << 31 for i in x)

@@ -66,7 +66,9 @@ def twin(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
 
 
 def _cfg(tmp_path: Path, model: Path | str, **kw: Any) -> Any:
-    opts: dict[str, Any] = dict(model=str(model), lora_preset="small", add_tool_tokens=True, mode="generate", final_eval_splits=[])
+    opts: dict[str, Any] = dict(
+        model=str(model), lora_preset="small", add_tool_tokens=True, mode="generate", final_eval_splits=[]
+    )
     opts.update(kw)
     return small_config(tmp_path, **opts)
 
@@ -97,7 +99,9 @@ def _rows(policy: Any) -> dict[str, torch.Tensor]:
     active = [policy.adapter]
     return {
         "input": emb.token_adapter.get_merged_weights(active).detach().clone(),
-        "output": (out.token_adapter.get_merged_weights(active) if hasattr(out, "token_adapter") else out.weight).detach().clone(),
+        "output": (out.token_adapter.get_merged_weights(active) if hasattr(out, "token_adapter") else out.weight)
+        .detach()
+        .clone(),
     }
 
 
@@ -163,7 +167,7 @@ def test_save_and_load_give_identical_logits(twin: Path, tmp_path: Path) -> None
     from safetensors import safe_open
 
     with safe_open(str(folder / "adapter_model.safetensors"), "pt") as f:
-        shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
+        shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
     # the added rows only, never the full embedding matrices
     rows = {k: s for k, s in shapes.items() if "trainable_tokens" in k}
     assert rows and all(s == (2, 64) for s in rows.values())
@@ -262,7 +266,7 @@ def test_a_tokenizer_that_cannot_add_tokens_or_a_model_without_embeddings(twin: 
             raise NotImplementedError("this tokenizer's vocabulary is fixed")
 
     lm = AutoModelForCausalLM.from_pretrained(twin)
-    with pytest.raises(ConfigError, match="tokenizer cannot add tokens .*NotImplementedError"):
+    with pytest.raises(ConfigError, match=r"tokenizer cannot add tokens .*NotImplementedError"):
         add_tool_tokens(lm, Frozen(AutoTokenizer.from_pretrained(twin)), "twin")
     no_embedding = copy.deepcopy(lm)
     no_embedding.model.embed_tokens = torch.nn.Identity()
