@@ -16,6 +16,7 @@ and ``sft_loss.png``.
     python benchmarks/bench_real_model.py                      # the full story (hours on 2 CPU cores)
     python benchmarks/bench_real_model.py --quick              # a small version: minutes, to check the path
     python benchmarks/bench_real_model.py --phases zero-shot sft --seeds 0 --eval-episodes 16
+    python benchmarks/bench_real_model.py --phases zero-shot sft ppo --add-tool-tokens   # against the same without
 """
 
 from __future__ import annotations
@@ -180,6 +181,7 @@ def _options(args: argparse.Namespace, env: str, seed: int, out: Path, phase: st
         "max_prompt_tokens": args.max_prompt_tokens,
         "threads": args.threads,
         "num_envs": args.num_envs,
+        "add_tool_tokens": args.add_tool_tokens,
     }
     if phase == "sft":
         opts.update(episodes=args.sft_episodes, sft_epochs=args.sft_epochs, sft_batch=args.sft_batch)
@@ -265,6 +267,11 @@ def main() -> None:
         default=[],
         metavar="KEY=VALUE",
         help="a training option for the ppo and control phases (repeatable), e.g. --ppo-set lr=5e-5",
+    )
+    ap.add_argument(
+        "--add-tool-tokens",
+        action="store_true",
+        help="every phase with <tool_call> and </tool_call> as added tokens (agentrl_train.tool_tokens); compare with a run without",
     )
     ap.add_argument("--threads", type=int, default=2, help="torch threads per phase (default 2)")
     ap.add_argument("--quick", action="store_true", help="a small version (8 eval episodes, 8 SFT episodes, 1 update of 4 envs)")
