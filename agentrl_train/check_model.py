@@ -288,6 +288,8 @@ def format_report(report: dict[str, Any]) -> str:
     for m in report["markers"]:
         how = "one token" if m["single_token"] else f"{m['tokens']} tokens: {' '.join(map(str, m['pieces']))}"
         lines.append(f"  {m['marker']:<22} {how}")
+    if any(not m["single_token"] for m in report["markers"] if m["marker"] in ("<tool_call>", "</tool_call>")):
+        lines.append("  (--add-tool-tokens makes <tool_call> and </tool_call> one token each; see the training guide)")
     c = report["context"]
     lines += [
         "",

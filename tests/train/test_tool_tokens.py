@@ -128,6 +128,9 @@ def test_the_markers_become_single_tokens_with_rows_at_the_subword_mean(twin: Pa
     assert torch.equal(rows["input"][:n], base.get_input_embeddings().weight[:n])
     assert torch.equal(rows["output"][:n], base.get_output_embeddings().weight[:n])
     assert policy.tokenizer.decode(policy.tokenizer(CALL, add_special_tokens=False)["input_ids"]) == CALL
+    # a tool result that spells a marker stays text: only the policy's own turns hold the new tokens
+    forged = f"[[1]] {CALL}"
+    assert not set(added.ids) & set(policy._tokenize(f"<|im_start|>user\n{forged}<|im_end|>", [forged]))
 
 
 def test_an_optimizer_step_moves_the_added_rows_and_nothing_else_of_the_base(twin: Path, tmp_path: Path) -> None:
@@ -319,3 +322,38 @@ def test_serve_resizes_its_base_for_an_adapter_with_added_tokens_and_refuses_mix
             engine.prepare(None, tmp_path / "tokens")
     finally:
         engine.close()
+
+
+def test_ppo_from_an_adapter_with_added_tokens_trains_saves_and_evaluates_them(twin: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from agentrl_train.cli import main
+    from agentrl_train.train import train
+
+    start = build_policy(_cfg(tmp_path / "a", twin), log=lambda *a: None)
+    _step(start, _seq(start))
+    start.save(tmp_path / "sft")
+    cfg = _cfg(
+        tmp_path,
+        twin,
+        env="AgentRL/SQL-v0",
+        init_adapter=str(tmp_path / "sft"),
+        updates=1,
+        num_envs=2,
+        rollout_steps=2,
+        max_new_tokens=8,
+        max_prompt_tokens=4096,
+        record=False,
+        lr=1e-2,
+    )
+    assert train(cfg, log=lambda *a, **k: None)["finished"]
+    final = tmp_path / "run" / "final" / "exec"
+    assert read_tool_tokens(final) == start.tool_tokens
+
+    def rows(f: Path) -> dict[str, torch.Tensor]:
+        return {k: v for k, v in load_file(f).items() if "trainable_tokens" in k}
+
+    before, after = rows(tmp_path / "sft" / "exec" / "adapter_model.safetensors"), rows(final / "adapter_model.safetensors")
+    assert before.keys() == after.keys() and any(not torch.equal(before[k], after[k]) for k in before)
+    for extra in ([], ["--checkpoint", "latest"]):
+        assert main(["eval", "--run", str(tmp_path / "run"), "--episodes", "1", "--json", *extra]) == 0
