@@ -403,7 +403,11 @@ PATHS: dict[str, tuple[str, str, Path_]] = {
     "TRL": ("`environment_factory` class, tool methods", "agentrl_envs.integrations.trl", trl_path),
     "SB3": (f"`CandidatesDiscrete`, `candidates={SB3_CANDIDATES}`", "stable_baselines3", sb3_path),
     "OpenEnv": ("`agentrl-envs openenv`, `GenericEnvClient` over /ws", "openenv.core", openenv_path),
-    "verifiers": ("`load_environment` + `run_eval`", "verifiers.v1", verifiers_path),
+    "verifiers": (
+        "`load_environment` tasks through the harness's env call, then `run_eval` (each episode twice)",
+        "verifiers.v1",
+        verifiers_path,
+    ),
     "MCP http": ("`agentrl-envs mcp --transport http`, SDK client", "mcp", mcp_http_path),
     "MCP stdio": ("`agentrl-envs mcp`, SDK client over a pipe", "mcp", mcp_stdio_path),
     "SkyRL-Gym": ("`skyrl_gym.make`, `BaseTextEnv.step`", "skyrl_gym", skyrl_path),
