@@ -7,8 +7,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from agentrl_envs.testing import start_cli_server, stop_process
-
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -37,8 +35,3 @@ def require(module: str) -> None:
         if os.environ.get("AGENTRL_REQUIRE_INTEGRATION") == "1":
             pytest.fail(f"AGENTRL_REQUIRE_INTEGRATION=1: {reason}")
         pytest.skip(reason)
-
-
-# Shared with the benchmarks (benchmarks/bench_parity.py): one helper, in agentrl_envs.testing.
-start_server = start_cli_server
-stop_server = stop_process

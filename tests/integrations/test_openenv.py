@@ -19,8 +19,9 @@ import pytest
 import agentrl_envs
 from agentrl_envs.actions import parse_action
 from agentrl_envs.agents import OracleAgent
+from agentrl_envs.testing import start_cli_server, stop_process
 
-from .conftest import require, run_example, start_server, stop_server
+from .conftest import require, run_example
 
 require("openenv.core.env_server")
 
@@ -29,11 +30,11 @@ from openenv.core import GenericEnvClient  # noqa: E402
 
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
-    proc, root = start_server(["openenv", "AgentRL/SQL-v0", "--max-sessions", "4"], "stdout")
+    proc, root = start_cli_server(["openenv", "AgentRL/SQL-v0", "--max-sessions", "4"], "stdout")
     try:
         yield root
     finally:
-        stop_server(proc)
+        stop_process(proc)
 
 
 def _play(remote: object, env_id: str, seed: int, profile: str) -> None:
@@ -136,7 +137,7 @@ SESSION_ATTEMPTS = 10_000
 
 def test_ten_thousand_session_attempts_are_refused_and_a_live_session_keeps_playing() -> None:
     """OpenEnv's HTTP ``openenv/session/create`` (the cheapest session it opens) 10,000 times through one connection."""
-    proc, root = start_server(["openenv", "AgentRL/SQL-v0", "--max-sessions", "2"], "stdout")
+    proc, root = start_cli_server(["openenv", "AgentRL/SQL-v0", "--max-sessions", "2"], "stdout")
     conn = http.client.HTTPConnection(root.removeprefix("http://"), timeout=60)  # keep-alive, and lighter than httpx
 
     def rpc(method: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -162,4 +163,4 @@ def test_ten_thousand_session_attempts_are_refused_and_a_live_session_keeps_play
                 _play(again, "AgentRL/SQL-v0", 4, "none")
     finally:
         conn.close()
-        stop_server(proc)
+        stop_process(proc)
