@@ -164,6 +164,7 @@ def check_model(
     micro_batch: int = 16,
     max_prompt_tokens: int = 1536,
     max_new_tokens: int = 160,
+    rope_scaling: dict[str, Any] | None = None,
     tiny_spec: Any = None,
     log: Any = print,
 ) -> dict[str, Any]:
@@ -171,16 +172,19 @@ def check_model(
 
     Raises:
         ConfigError: the model cannot be found, has no tokenizer or chat template, or its template
-            cannot show tools and the tokenizer has no ChatML markers for the trainer's own.
+            cannot show tools and the tokenizer has no ChatML markers for the trainer's own, or the
+            model refuses ``rope_scaling`` (checked on the config and the model's rotary module).
     """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from agentrl_train.chat_template import ensure_tools_template, tools_problem
     from agentrl_train.models import resolve_model
+    from agentrl_train.rope import apply_rope_scaling, check_rope_applied, parse_rope_scaling
 
     if not isinstance(episodes, int) or isinstance(episodes, bool) or not 1 <= episodes <= 1000:
         raise ConfigError(f"--episodes {episodes!r}: use a whole number from 1 to 1000")
+    scaling = parse_rope_scaling(rope_scaling)
     path = resolve_model(model, tiny_spec=tiny_spec, log=log)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
@@ -208,10 +212,12 @@ def check_model(
         {"role": "tool", "content": "t"},
     ]
     rendering = str(tokenizer.apply_chat_template(probe, tools=[], tokenize=False, add_generation_prompt=True))
+    original_context = int(getattr(config, "max_position_embeddings", 0) or 0)
+    context = apply_rope_scaling(config, scaling, model)
     with torch.device("meta"):
         lm = AutoModelForCausalLM.from_config(config)
+    check_rope_applied(lm, scaling, model)
     total = sum(p.numel() for p in lm.parameters())
-    context = int(getattr(config, "max_position_embeddings", 0) or 0)
     prompts = longest_prompts(tokenizer, list(envs), episodes, long_horizon=long_horizon)
     for row in prompts.values():
         row["fits"] = not context or row["longest_prompt_tokens"] <= context
@@ -233,9 +239,11 @@ def check_model(
         "chat_template": template,
         "markers": markers(tokenizer, rendering),
         "context": {
-            "max_position_embeddings": context or None,
+            "max_position_embeddings": original_context or None,
             "rope_theta": _rope_theta(config),
             "rope_scaling": getattr(config, "rope_scaling", None),
+            "scaling": scaling,
+            "context": context or None,
         },
         "prompts": prompts,
         "lora": lora,
@@ -285,6 +293,8 @@ def format_report(report: dict[str, Any]) -> str:
         "",
         f"context: {c['max_position_embeddings']} positions, rope_theta {c['rope_theta']}, rope_scaling {c['rope_scaling']}",
     ]
+    if c.get("scaling"):
+        lines.append(f"with --rope-scaling {c['scaling']}: {c['context']} positions")
     lines.append("longest prompt per env (oracle episodes, rendered as in generate mode):")
     for env_id, row in report["prompts"].items():
         flag = "" if row["fits"] else "   EXCEEDS THE CONTEXT: raise it (--rope-scaling) or cut prompts (--max-prompt-tokens)"

@@ -173,6 +173,7 @@ def _cmd_check_model(args: argparse.Namespace) -> int:
         micro_batch=args.micro_batch,
         max_prompt_tokens=args.max_prompt_tokens,
         max_new_tokens=args.max_new_tokens,
+        rope_scaling=args.rope_scaling,
         log=lambda *a: print(*a, file=sys.stderr),
     )
     print(json.dumps(report, indent=2) if args.json else format_report(report))
@@ -214,6 +215,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         upstream=args.upstream,
         device=args.device,
         threads=args.threads,
+        rope_scaling=args.rope_scaling,
         token=token,
         admin_token=admin_token,
         adapters_root=args.adapters_root,
@@ -262,6 +264,21 @@ def _seconds(text: str) -> float:
     if not 0 < value < 1e6:  # also false for nan
         raise argparse.ArgumentTypeError(f"expected a number of seconds > 0 and below 1e6, e.g. 2, got {text[:40]!r}")
     return value
+
+
+def _rope_scaling(text: str) -> dict[str, Any]:
+    """An argparse type: a ``--rope-scaling`` mapping in YAML (agentrl_train.rope)."""
+    from agentrl_envs.errors import ConfigError
+    from agentrl_envs.yamlsafe import load_yaml
+    from agentrl_train.rope import parse_rope_scaling
+
+    try:
+        return parse_rope_scaling(load_yaml(text, "--rope-scaling", max_bytes=4096)) or {}
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--rope-scaling").lstrip(": ")) from None
+
+
+_ROPE_HELP = "{type: linear|dynamic|yarn|ntk, factor: F}: stretch the context of a rotary-position model (default: off)"
 
 
 def _add_serve_parser(sub: Any) -> None:
@@ -323,6 +340,7 @@ def _add_serve_parser(sub: Any) -> None:
     )
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"], help="where the model runs (default: cpu)")
     p.add_argument("--threads", type=_int_in(1, 1024), default=1, metavar="N", help="torch threads on CPU (default: 1)")
+    p.add_argument("--rope-scaling", type=_rope_scaling, default={}, metavar="YAML", help=_ROPE_HELP)
     p.add_argument(
         "--max-new-tokens",
         type=_int_in(1, 32768),
@@ -412,6 +430,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-prompt-tokens", type=_int_in(1, 1 << 20), default=1536, metavar="N", help="as for ppo (default: 1536)")
     p.add_argument("--max-new-tokens", type=_int_in(1, 1 << 16), default=160, metavar="N", help="as for ppo (default: 160)")
+    p.add_argument("--rope-scaling", type=_rope_scaling, default={}, metavar="YAML", help=_ROPE_HELP)
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.set_defaults(func=_cmd_check_model)
 

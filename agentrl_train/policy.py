@@ -864,7 +864,7 @@ def build_policy(cfg: TrainConfig, log: Any = print) -> Policy:
     m = cfg.model
     device = pick_device(m.device)
     spec = TinySpec(pretrain_steps=m.tiny_pretrain_steps, corpus_episodes=m.tiny_corpus_episodes)
-    lm, tok = load_base(m.model, device, tiny_spec=spec, log=log, threads=m.threads or 1)
+    lm, tok = load_base(m.model, device, tiny_spec=spec, log=log, threads=m.threads or 1, rope_scaling=m.rope_scaling)
     torch.manual_seed(cfg.run.seed)
     policy = Policy(
         lm,

@@ -101,16 +101,24 @@ class Engine:
         device: ``cpu``, ``cuda`` or ``auto``.
         threads: torch intra-op threads on CPU.
         tiny_spec: the :class:`~agentrl_train.tiny.TinySpec` for ``model="tiny"``.
+        rope_scaling: a ``--rope-scaling`` setting (:mod:`agentrl_train.rope`), as the adapters were trained with.
         log: where swap times and loads are reported.
     """
 
     def __init__(
-        self, model: str, device: str = "cpu", *, threads: int = 1, tiny_spec: Any = None, log: Callable[[str], None] = print
+        self,
+        model: str,
+        device: str = "cpu",
+        *,
+        threads: int = 1,
+        tiny_spec: Any = None,
+        rope_scaling: dict[str, Any] | None = None,
+        log: Callable[[str], None] = print,
     ) -> None:
         from agentrl_train.models import load_base, pick_device
 
         dev = pick_device(device)
-        self.lm, self.tokenizer = load_base(model, dev, tiny_spec=tiny_spec, log=log, threads=threads)
+        self.lm, self.tokenizer = load_base(model, dev, tiny_spec=tiny_spec, log=log, threads=threads, rope_scaling=rope_scaling)
         self.device = dev
         self.base_path = str(getattr(self.lm.config, "_name_or_path", "") or model)
         self.model_name = model
