@@ -112,9 +112,11 @@ def evaluate(
     done = [results[j] for j in sorted(results)]
     if transcripts is not None:
         for j in sorted(results):
-            r = results[j]
-            t = r.pop("transcript")
-            transcripts.append({"episode": j, **{k: t[k] for k in ("seed", "task_id", "instruction")}, "steps": t["steps"], **r})
+            outcome = results[j]
+            t = outcome.pop("transcript")
+            transcripts.append(
+                {"episode": j, **{k: t[k] for k in ("seed", "task_id", "instruction")}, "steps": t["steps"], **outcome}
+            )
     faulted = [r for r in done if r["faults"] > 0]
     return {
         "split": split,
