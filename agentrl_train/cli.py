@@ -141,7 +141,13 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from agentrl_train.evaluate import evaluate_run
 
     result = evaluate_run(
-        args.run, args.split, args.episodes, error_profile=args.error_profile, checkpoint=args.checkpoint, sample=args.sample
+        args.run,
+        args.split,
+        args.episodes,
+        error_profile=args.error_profile,
+        checkpoint=args.checkpoint,
+        sample=args.sample,
+        transcripts=args.transcripts,
     )
     if args.json:
         print(json.dumps(result))
@@ -402,6 +408,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="draw each action from the policy (seeded per episode) instead of taking the greedy one",
     )
     p.add_argument("--error-profile", default=None, metavar="P", help="fault profile by name or YAML path (default: the run's)")
+    p.add_argument(
+        "--transcripts",
+        default=None,
+        metavar="FILE",
+        help="also write every episode (instruction, each action, observation and reward, the outcome) to FILE as JSON lines",
+    )
     p.add_argument(
         "--checkpoint", default=None, metavar="NAME", help="evaluate checkpoints/NAME instead of final/ ('latest' for the newest)"
     )
