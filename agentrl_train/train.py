@@ -23,6 +23,7 @@ from agentrl_envs.errors import AgentRLError, ConfigError
 from agentrl_train import checkpoint, distributed, evaluate, ppo, resources, runlog
 from agentrl_train.config import GROUP_ADVANTAGES, TrainConfig, dump_config, make_run_dir
 from agentrl_train.distributed import Dist, Trainable
+from agentrl_train.env_checks import check_env_config
 from agentrl_train.group_rollout import collect_groups
 from agentrl_train.policy import Policy, build_policy
 from agentrl_train.rollout import EnvPool, Transition, candidate_logprobs, collect
@@ -30,9 +31,6 @@ from agentrl_train.rollout import EnvPool, Transition, candidate_logprobs, colle
 __all__ = [
     "PPOLoss",
     "accumulate",
-    "check_env_id",
-    "check_env_kwargs",
-    "check_error_profile",
     "episode_micro_batches",
     "train",
     "unit_terms",
@@ -171,58 +169,6 @@ def accumulate(
             trainable.backward(loss)  # summed across ranks on the last micro-batch
 
 
-def check_env_id(env_id: str) -> None:
-    """Raise :class:`ConfigError` unless ``env_id`` is a registered Gymnasium id."""
-    import gymnasium as gym
-
-    if env_id not in gym.registry:
-        known = ", ".join(sorted(k for k in gym.registry if k.startswith("AgentRL/")))
-        raise ConfigError(f"--env {env_id!r}: no such env id; use one of {known}")
-
-
-def check_error_profile(profile: str) -> None:
-    """Raise :class:`ConfigError` naming ``--error-profile`` when it is no fault profile (read before any model is built)."""
-    from agentrl_envs.faults import load_profile
-
-    try:
-        load_profile(profile)
-    except ConfigError as exc:  # the env's words name its keyword: error_profile='nosuch'
-        text = str(exc)
-        raise ConfigError(
-            "--error-profile=" + text.removeprefix("error_profile=")
-            if text.startswith("error_profile=")
-            else f"--error-profile={profile[:200]!r}: {text}"
-        ) from None
-
-
-def check_env_kwargs(env_id: str, env_kwargs: dict[str, Any]) -> None:
-    """Raise :class:`ConfigError` naming ``--env-kwargs`` when a key is no keyword of ``env_id``'s constructor or gym.make.
-
-    An env whose constructor takes ``**kwargs`` accepts any key; its own checks then apply.
-    """
-    import inspect
-
-    import gymnasium as gym
-    from gymnasium.envs.registration import load_env_creator
-
-    spec = gym.spec(env_id)
-    creator: Any = load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str) else spec.entry_point
-    try:
-        params = inspect.signature(creator).parameters
-    except (TypeError, ValueError):  # a builtin or C callable: nothing to check against
-        return
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return
-    known = (set(params) | set(inspect.signature(gym.make).parameters)) - {"id", "kwargs"}
-    for key in env_kwargs:
-        if key not in known:
-            import difflib
-
-            near = difflib.get_close_matches(str(key), sorted(known), n=1)
-            hint = f"did you mean {near[0]!r}?" if near else f"it takes {', '.join(sorted(known))}"
-            raise ConfigError(f"--env-kwargs: {env_id} takes no keyword {key!r}; {hint}")
-
-
 def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, Any]:
     """Run PPO; returns the final summary (also written to ``summary.json``)."""
     dist = dist or Dist()  # one process: every collective is a no-op
@@ -234,9 +180,7 @@ def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, 
     torch.manual_seed(cfg.run.seed)
     sgd_rng = np.random.default_rng(cfg.run.seed)
 
-    check_env_id(cfg.env.env)  # before building a model: a typo should fail in a second
-    check_env_kwargs(cfg.env.env, cfg.env.env_kwargs)
-    check_error_profile(cfg.env.error_profile)
+    check_env_config(cfg.env)  # before building a model: a typo should fail in a second
     per_step = micro_batches_per_step(cfg, dist.world)
     policy = build_policy(cfg, log=log)
     dist.check_same_weights(policy)
