@@ -26,51 +26,14 @@ from agentrl_train.distributed import Dist, Trainable
 from agentrl_train.env_checks import check_env_config
 from agentrl_train.group_rollout import collect_groups
 from agentrl_train.policy import Policy, build_policy
-from agentrl_train.rollout import EnvPool, Transition, candidate_logprobs, collect
+from agentrl_train.rollout import EnvPool, Transition, collect
 
 __all__ = [
-    "PPOLoss",
     "accumulate",
     "episode_micro_batches",
     "train",
-    "unit_terms",
-    "unit_terms_many",
     "wrap_trainable",
 ]
-
-
-def unit_terms(
-    policy: Policy, tr: Transition, cfg: TrainConfig
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Recompute (with grad) one transition's per-unit log-probs and entropies, and its value.
-
-    A unit is the chosen candidate (candidates mode) or a sampled token (generate mode). Returns
-    ``(logp_U, entropy_U, value, old_logp_U, drift)``; ``drift`` is the mean squared distance of the
-    K candidates' scores from the reference model's (candidates mode with reference scores; else 0).
-    """
-    return unit_terms_many(policy, [tr], cfg)[0]
-
-
-def unit_terms_many(
-    policy: Policy, trs: list[Transition], cfg: TrainConfig
-) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """:func:`unit_terms` of many transitions; an episode's transitions share one encoding of their prompts."""
-    dev = policy.device
-    if cfg.env.mode != "candidates":
-        outs = policy.sequence_logprobs_many([(tr.prompt_ids, tr.new_ids) for tr in trs])
-        zero = torch.zeros((), device=dev)
-        return [(lp, ent, v, torch.tensor(tr.token_logprobs, device=dev), zero) for (lp, ent, v), tr in zip(outs, trs)]
-    terms = []
-    for out, tr in zip(policy.score_candidates_many([(tr.prompt_ids, tr.cand_ids) for tr in trs], cfg.ppo.scoring), trs):
-        logp_K = candidate_logprobs(out.scores_K, tr.baseline_scores or None, cfg.ppo)
-        entropy = -(logp_K.exp() * logp_K).sum().reshape(1)
-        drift = torch.zeros((), device=dev)
-        if tr.baseline_scores:
-            base_K = torch.tensor(tr.baseline_scores, device=out.scores_K.device, dtype=out.scores_K.dtype)
-            drift = ((out.scores_K - base_K) ** 2).mean()
-        old = torch.tensor([tr.logprob], device=dev)
-        terms.append((logp_K[tr.action : tr.action + 1], entropy, out.value, old, drift))
-    return terms
 
 
 def episode_micro_batches(indices: list[int], samples: list[tuple[Transition, float, float]], size: int) -> list[list[int]]:
@@ -78,53 +41,10 @@ def episode_micro_batches(indices: list[int], samples: list[tuple[Transition, fl
 
     The step's gradient is the sum over its micro-batches, so how they are cut changes nothing but
     float rounding; keeping an env's successive transitions together lets them share one encoding
-    of their prompts (:func:`unit_terms_many`).
+    of their prompts (:func:`ppo.unit_terms_many`).
     """
     ordered = sorted(indices, key=lambda j: (samples[j][0].env_index, j))
     return [ordered[j : j + size] for j in range(0, len(ordered), size)]
-
-
-class PPOLoss(torch.nn.Module):
-    """A micro-batch's PPO loss as a module's forward, so DDP can wrap it; its parameters are the policy's."""
-
-    def __init__(self, policy: Policy, cfg: TrainConfig) -> None:
-        super().__init__()
-        self.policy, self.cfg = policy, cfg
-
-    def forward(
-        self,
-        batch: list[tuple[Transition, float, float]],
-        ent_coef: float,
-        critic_w: float,
-        unit_norms: list[float],
-        n_samples: float,
-        stats: dict[str, list[float]],
-    ) -> torch.Tensor:
-        """The summed loss of ``batch``: each sample's unit losses over its ``unit_norms`` entry
-        (:func:`ppo.unit_norms`), the value loss (when the policy has a value head) over ``n_samples``."""
-        cfg, policy = self.cfg, self.policy
-        clip_low, clip_high = ppo.clip_range(cfg.ppo.clip, cfg.ppo.clip_low, cfg.ppo.clip_high)
-        loss = torch.zeros((), device=policy.device)
-        terms = unit_terms_many(policy, [b[0] for b in batch], cfg)
-        for (tr, adv, ret), (logp, ent, value, old, drift), norm in zip(batch, terms, unit_norms):
-            pg, ratio, clipped = ppo.policy_loss(logp, old, torch.full_like(logp, adv), clip_low, clip_high)
-            kl = ppo.k3_kl(logp, torch.tensor(tr.ref_logprobs, device=logp.device), cfg.ppo.kl_clamp)
-            unit_loss = pg + cfg.ppo.kl_coef * kl - ent_coef * ent + cfg.ppo.anchor_coef * drift
-            loss = loss + unit_loss.sum() / norm
-            vl = None
-            if policy.value_head is not None:  # no critic under a group advantage
-                vl = ppo.value_loss(value, torch.tensor(tr.value), torch.tensor(ret), cfg.ppo.value_clip)
-                loss = loss + cfg.ppo.vf_coef * critic_w * vl / n_samples
-            with torch.no_grad():
-                if vl is not None:
-                    stats["vf"].append(float(vl))
-                stats["pg"].append(float(pg.mean()))
-                stats["entropy"].append(float(ent.mean()))
-                stats["kl_ref"].append(float(kl.mean()))
-                stats["approx_kl"].append(float(((ratio - 1) - torch.log(ratio)).mean()))
-                stats["clipfrac"].append(float(clipped.mean()))
-                stats.setdefault("drift", []).append(float(drift))
-        return loss
 
 
 def wrap_trainable(policy: Policy, cfg: TrainConfig, dist: Any, current: Trainable | None = None) -> Trainable:
@@ -135,7 +55,7 @@ def wrap_trainable(policy: Policy, cfg: TrainConfig, dist: Any, current: Trainab
     """
     if current is not None and current.module.policy is policy:
         return distributed.wrap_trainable(current.module, dist, current)
-    return distributed.wrap_trainable(PPOLoss(policy, cfg), dist)
+    return distributed.wrap_trainable(ppo.PPOLoss(policy, cfg), dist)
 
 
 def accumulate(
@@ -158,10 +78,7 @@ def accumulate(
     """
     trainable = wrap_trainable(policy, cfg, dist, trainable)
     flat = [j for mb in group for j in mb]
-    loss_agg = ppo.resolve_loss_agg(cfg.ppo.loss_agg, cfg.ppo.advantage)
-    budget = cfg.ppo.rollout_steps * (1 if cfg.env.mode == "candidates" else cfg.ppo.max_new_tokens)
-    units = [_units(samples[j][0], cfg) for j in flat]
-    norms = dict(zip(flat, ppo.unit_norms(units, [samples[j][0].env_index for j in flat], loss_agg, budget, dist.sum)))
+    norms = dict(zip(flat, ppo.step_unit_norms([samples[j][0] for j in flat], cfg, dist.sum)))
     n_samples = dist.sum(len(flat))
     for m_i, mb in enumerate(group):
         with trainable.no_sync(last=m_i == len(group) - 1):
@@ -453,10 +370,6 @@ def _group_metrics(flat_G: np.ndarray, cut_N: np.ndarray | None, dist: Any) -> d
         "zero_adv_share": flat / groups if groups else math.nan,
         "cut_share": cut / episodes if episodes else math.nan,
     }
-
-
-def _units(tr: Transition, cfg: TrainConfig) -> int:
-    return 1 if cfg.env.mode == "candidates" else max(len(tr.new_ids), 1)
 
 
 def _mean(xs: list[float]) -> float:
