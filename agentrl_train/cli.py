@@ -93,11 +93,9 @@ def _cmd_ppo(args: argparse.Namespace) -> int:
 
     if args.nproc > 1:
         from agentrl_train.config import make_run_dir
-        from agentrl_train.train import check_env_id, check_env_kwargs, check_error_profile
+        from agentrl_train.env_checks import check_env_config
 
-        check_env_id(cfg.env.env)
-        check_env_kwargs(cfg.env.env, cfg.env.env_kwargs)
-        check_error_profile(cfg.env.error_profile)
+        check_env_config(cfg.env)
         make_run_dir(cfg)
         # torchrun's per-rank logs go into the run folder (without --log-dir it leaves a torchelastic_* folder in /tmp)
         return distributed.exec_torchrun(args.nproc, args.argv, log_dir=os.path.join(cfg.run.out, "torchrun"))
