@@ -5,6 +5,8 @@ or torch; ``import agentrl_envs`` does not import this module.
 
 - :func:`free_port`, :func:`wait_http`: a loopback port, and waiting for ``GET /health`` to answer;
 - :func:`simulator_server`: ``agentrl-envs serve`` in a subprocess on a free loopback port;
+- :func:`start_cli_server`, :func:`stop_process`: any ``agentrl-envs`` server command (``openenv``,
+  ``mcp --transport http``) on a free loopback port, its URL read from the banner it prints;
 - :func:`serve_in_thread`: any ASGI app under uvicorn in a daemon thread;
 - :func:`alive`, :func:`descendants`, :func:`with_marker`: process inspection through ``/proc``.
   Pids printed inside a sandboxed run belong to its own pid namespace, so callers find the processes
@@ -16,12 +18,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 import httpx
@@ -35,6 +39,8 @@ __all__ = [
     "sandbox_zygotes",
     "serve_in_thread",
     "simulator_server",
+    "start_cli_server",
+    "stop_process",
     "wait_http",
     "with_marker",
 ]
@@ -93,6 +99,45 @@ def simulator_server(profile: str = "none") -> Iterator[tuple[str, subprocess.Po
             proc.wait()
         if proc.stderr is not None:
             proc.stderr.close()
+
+
+def start_cli_server(command: Sequence[str], stream: Literal["stdout", "stderr"]) -> tuple[subprocess.Popen[str], str]:
+    """``python -m agentrl_envs COMMAND... --port 0`` on 127.0.0.1: (the process, its URL from the banner).
+
+    Args:
+        command: the ``agentrl-envs`` arguments, e.g. ``["openenv", "AgentRL/SQL-v0"]``.
+        stream: where the server prints its ``http://127.0.0.1:PORT`` banner (``openenv``: stdout,
+            ``mcp``: stderr). The stream is drained afterwards, so the server never blocks on a full pipe.
+
+    Raises:
+        RuntimeError: the first line on ``stream`` names no loopback URL (the server did not start).
+    """
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentrl_envs", *command, "--port", "0"],
+        stdout=subprocess.PIPE if stream == "stdout" else subprocess.DEVNULL,
+        stderr=subprocess.PIPE if stream == "stderr" else None,
+        text=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    pipe = proc.stdout if stream == "stdout" else proc.stderr
+    assert pipe is not None
+    line = pipe.readline()
+    found = re.search(r"(http://127\.0\.0\.1:\d+)", line)
+    if found is None:
+        stop_process(proc)
+        raise RuntimeError(f"agentrl-envs {' '.join(command)} did not start: {line!r}")
+    threading.Thread(target=pipe.read, daemon=True).start()
+    return proc, found.group(1)
+
+
+def stop_process(proc: subprocess.Popen[Any]) -> None:
+    """Terminate ``proc`` and wait for it (kill after 30 s)."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 @contextlib.contextmanager

@@ -12,6 +12,9 @@ without loading the weights (the modules are built on the ``meta`` device from t
   prompt each env produces with this tokenizer, measured by playing the oracle for a number of
   episodes and rendering each prompt the way generate mode does (system, instruction, then the
   agent's calls and the tools' answers); a prompt longer than the context is flagged;
+- the action budget: the longest oracle call of each env in this tokenizer's tokens (with the
+  end-of-turn token), flagged when it exceeds ``--max-new-tokens`` (generate mode would cut the
+  right call, and no training can repair that);
 - the size: parameters, and the trainable LoRA parameters of each preset (``--lora-preset``);
 - memory: a rough estimate, per phase, of what the tensors take (weights, adapter with its gradients
   and AdamW state, the KV cache of a rollout, the activations of an update micro-batch). It counts
@@ -59,10 +62,19 @@ def _render_len(tokenizer: Any, messages: list[dict[str, str]], tools: Any) -> i
     return len(tokenizer.encode(text, add_special_tokens=False))
 
 
+def _action_len(tokenizer: Any, action: str) -> int:
+    """Tokens the policy samples for ``action``: its text and the end-of-turn token that ends it."""
+    ids = tokenizer(action, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    return len(ids) + 1
+
+
 def longest_prompts(
     tokenizer: Any, env_ids: tuple[str, ...] | list[str], episodes: int, *, long_horizon: bool = True, seed: int = 0
 ) -> dict[str, dict[str, Any]]:
-    """Per env: the longest prompt (tokens) over ``episodes`` oracle episodes, rendered as in generate mode.
+    """Per env: the longest prompt and the longest oracle action (tokens) over ``episodes`` oracle episodes.
+
+    Prompts are rendered as in generate mode; an action counts its end-of-turn token, as the policy
+    samples it (``--max-new-tokens`` below it cuts the right call).
 
     Each step's prompt is the system prompt and the instruction, then every earlier call and tool
     answer; the longest is usually the last step's. ``long_horizon`` adds the
@@ -78,7 +90,7 @@ def longest_prompts(
     out: dict[str, dict[str, Any]] = {}
     for label, env_id, kwargs in runs:
         env = gym.make(env_id, **kwargs)
-        longest, steps = 0, 0
+        longest, steps, longest_action = 0, 0, 0
         try:
             for ep in range(episodes):
                 obs, info = env.reset(seed=seed + ep)
@@ -87,13 +99,19 @@ def longest_prompts(
                 while not done:
                     longest = max(longest, _render_len(tokenizer, messages, tools))
                     action = env.unwrapped.oracle_action()  # type: ignore[attr-defined]
+                    longest_action = max(longest_action, _action_len(tokenizer, action))
                     obs, _, terminated, truncated, _ = env.step(action)
                     steps += 1
                     messages += [{"role": "assistant", "content": action}, {"role": "tool", "content": str(obs)}]
                     done = terminated or truncated
         finally:
             env.close()
-        out[label] = {"episodes": episodes, "steps": steps, "longest_prompt_tokens": longest}
+        out[label] = {
+            "episodes": episodes,
+            "steps": steps,
+            "longest_prompt_tokens": longest,
+            "longest_action_tokens": longest_action,
+        }
     return out
 
 
@@ -164,6 +182,7 @@ def check_model(
     micro_batch: int = 16,
     max_prompt_tokens: int = 1536,
     max_new_tokens: int = 160,
+    rope_scaling: dict[str, Any] | None = None,
     tiny_spec: Any = None,
     log: Any = print,
 ) -> dict[str, Any]:
@@ -171,16 +190,19 @@ def check_model(
 
     Raises:
         ConfigError: the model cannot be found, has no tokenizer or chat template, or its template
-            cannot show tools and the tokenizer has no ChatML markers for the trainer's own.
+            cannot show tools and the tokenizer has no ChatML markers for the trainer's own, or the
+            model refuses ``rope_scaling`` (checked on the config and the model's rotary module).
     """
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     from agentrl_train.chat_template import ensure_tools_template, tools_problem
     from agentrl_train.models import resolve_model
+    from agentrl_train.rope import apply_rope_scaling, check_rope_applied, parse_rope_scaling
 
     if not isinstance(episodes, int) or isinstance(episodes, bool) or not 1 <= episodes <= 1000:
         raise ConfigError(f"--episodes {episodes!r}: use a whole number from 1 to 1000")
+    scaling = parse_rope_scaling(rope_scaling)
     path = resolve_model(model, tiny_spec=tiny_spec, log=log)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
@@ -208,13 +230,16 @@ def check_model(
         {"role": "tool", "content": "t"},
     ]
     rendering = str(tokenizer.apply_chat_template(probe, tools=[], tokenize=False, add_generation_prompt=True))
+    original_context = int(getattr(config, "max_position_embeddings", 0) or 0)
+    context = apply_rope_scaling(config, scaling, model)
     with torch.device("meta"):
         lm = AutoModelForCausalLM.from_config(config)
+    check_rope_applied(lm, scaling, model)
     total = sum(p.numel() for p in lm.parameters())
-    context = int(getattr(config, "max_position_embeddings", 0) or 0)
     prompts = longest_prompts(tokenizer, list(envs), episodes, long_horizon=long_horizon)
     for row in prompts.values():
         row["fits"] = not context or row["longest_prompt_tokens"] <= context
+        row["action_fits"] = row["longest_action_tokens"] <= max_new_tokens
     lora = lora_trainable(lm)
     longest = max((r["longest_prompt_tokens"] for r in prompts.values()), default=0)
     kept = min(longest, max_prompt_tokens)  # the trainer drops the oldest turns past --max-prompt-tokens
@@ -233,9 +258,11 @@ def check_model(
         "chat_template": template,
         "markers": markers(tokenizer, rendering),
         "context": {
-            "max_position_embeddings": context or None,
+            "max_position_embeddings": original_context or None,
             "rope_theta": _rope_theta(config),
             "rope_scaling": getattr(config, "rope_scaling", None),
+            "scaling": scaling,
+            "context": context or None,
         },
         "prompts": prompts,
         "lora": lora,
@@ -280,15 +307,24 @@ def format_report(report: dict[str, Any]) -> str:
     for m in report["markers"]:
         how = "one token" if m["single_token"] else f"{m['tokens']} tokens: {' '.join(map(str, m['pieces']))}"
         lines.append(f"  {m['marker']:<22} {how}")
+    if any(not m["single_token"] for m in report["markers"] if m["marker"] in ("<tool_call>", "</tool_call>")):
+        lines.append("  (--add-tool-tokens makes <tool_call> and </tool_call> one token each; see the training guide)")
     c = report["context"]
     lines += [
         "",
         f"context: {c['max_position_embeddings']} positions, rope_theta {c['rope_theta']}, rope_scaling {c['rope_scaling']}",
     ]
+    if c.get("scaling"):
+        lines.append(f"with --rope-scaling {c['scaling']}: {c['context']} positions")
     lines.append("longest prompt per env (oracle episodes, rendered as in generate mode):")
     for env_id, row in report["prompts"].items():
         flag = "" if row["fits"] else "   EXCEEDS THE CONTEXT: raise it (--rope-scaling) or cut prompts (--max-prompt-tokens)"
         lines.append(f"  {env_id:<40} {row['longest_prompt_tokens']:>6} tokens over {row['episodes']} episodes{flag}")
+    budget = report["memory_estimate"]["new_tokens"]
+    lines.append(f"longest oracle action per env (tokens, with the end of turn) against --max-new-tokens {budget}:")
+    for env_id, row in report["prompts"].items():
+        flag = "" if row["action_fits"] else f"   LONGER THAN --max-new-tokens {budget}: generate mode cuts the right call"
+        lines.append(f"  {env_id:<40} {row['longest_action_tokens']:>6} tokens{flag}")
     lines += ["", "LoRA presets (--lora-preset): trainable parameters"]
     for preset, row in report["lora"].items():
         lines.append(f"  {preset:<10} {row['trainable']:>12,}  ({100 * row['share_of_base']:.2f}% of the base)")

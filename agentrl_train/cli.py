@@ -93,11 +93,9 @@ def _cmd_ppo(args: argparse.Namespace) -> int:
 
     if args.nproc > 1:
         from agentrl_train.config import make_run_dir
-        from agentrl_train.train import check_env_id, check_env_kwargs, check_error_profile
+        from agentrl_train.env_checks import check_env_config
 
-        check_env_id(cfg.env.env)
-        check_env_kwargs(cfg.env.env, cfg.env.env_kwargs)
-        check_error_profile(cfg.env.error_profile)
+        check_env_config(cfg.env)
         make_run_dir(cfg)
         # torchrun's per-rank logs go into the run folder (without --log-dir it leaves a torchelastic_* folder in /tmp)
         return distributed.exec_torchrun(args.nproc, args.argv, log_dir=os.path.join(cfg.run.out, "torchrun"))
@@ -141,7 +139,13 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from agentrl_train.evaluate import evaluate_run
 
     result = evaluate_run(
-        args.run, args.split, args.episodes, error_profile=args.error_profile, checkpoint=args.checkpoint, sample=args.sample
+        args.run,
+        args.split,
+        args.episodes,
+        error_profile=args.error_profile,
+        checkpoint=args.checkpoint,
+        sample=args.sample,
+        transcripts=args.transcripts,
     )
     if args.json:
         print(json.dumps(result))
@@ -173,6 +177,7 @@ def _cmd_check_model(args: argparse.Namespace) -> int:
         micro_batch=args.micro_batch,
         max_prompt_tokens=args.max_prompt_tokens,
         max_new_tokens=args.max_new_tokens,
+        rope_scaling=args.rope_scaling,
         log=lambda *a: print(*a, file=sys.stderr),
     )
     print(json.dumps(report, indent=2) if args.json else format_report(report))
@@ -214,6 +219,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         upstream=args.upstream,
         device=args.device,
         threads=args.threads,
+        rope_scaling=args.rope_scaling,
         token=token,
         admin_token=admin_token,
         adapters_root=args.adapters_root,
@@ -262,6 +268,21 @@ def _seconds(text: str) -> float:
     if not 0 < value < 1e6:  # also false for nan
         raise argparse.ArgumentTypeError(f"expected a number of seconds > 0 and below 1e6, e.g. 2, got {text[:40]!r}")
     return value
+
+
+def _rope_scaling(text: str) -> dict[str, Any]:
+    """An argparse type: a ``--rope-scaling`` mapping in YAML (agentrl_train.rope)."""
+    from agentrl_envs.errors import ConfigError
+    from agentrl_envs.yamlsafe import load_yaml
+    from agentrl_train.rope import parse_rope_scaling
+
+    try:
+        return parse_rope_scaling(load_yaml(text, "--rope-scaling", max_bytes=4096)) or {}
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--rope-scaling").lstrip(": ")) from None
+
+
+_ROPE_HELP = "{type: linear|dynamic|yarn|ntk, factor: F}: stretch the context of a rotary-position model (default: off)"
 
 
 def _add_serve_parser(sub: Any) -> None:
@@ -323,6 +344,7 @@ def _add_serve_parser(sub: Any) -> None:
     )
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"], help="where the model runs (default: cpu)")
     p.add_argument("--threads", type=_int_in(1, 1024), default=1, metavar="N", help="torch threads on CPU (default: 1)")
+    p.add_argument("--rope-scaling", type=_rope_scaling, default={}, metavar="YAML", help=_ROPE_HELP)
     p.add_argument(
         "--max-new-tokens",
         type=_int_in(1, 32768),
@@ -385,6 +407,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--error-profile", default=None, metavar="P", help="fault profile by name or YAML path (default: the run's)")
     p.add_argument(
+        "--transcripts",
+        default=None,
+        metavar="FILE",
+        help="also write every episode (instruction, each action, observation and reward, the outcome) to FILE as JSON lines",
+    )
+    p.add_argument(
         "--checkpoint", default=None, metavar="NAME", help="evaluate checkpoints/NAME instead of final/ ('latest' for the newest)"
     )
     p.add_argument("--json", action="store_true", help="print one JSON object (success_rate, mean_return, ...)")
@@ -412,6 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-prompt-tokens", type=_int_in(1, 1 << 20), default=1536, metavar="N", help="as for ppo (default: 1536)")
     p.add_argument("--max-new-tokens", type=_int_in(1, 1 << 16), default=160, metavar="N", help="as for ppo (default: 160)")
+    p.add_argument("--rope-scaling", type=_rope_scaling, default={}, metavar="YAML", help=_ROPE_HELP)
     p.add_argument("--json", action="store_true", help="print the report as one JSON object")
     p.set_defaults(func=_cmd_check_model)
 

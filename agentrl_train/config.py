@@ -21,6 +21,7 @@ import yaml
 
 from agentrl_envs.errors import ConfigError
 from agentrl_envs.yamlsafe import load_yaml, read_yaml_file, short_repr
+from agentrl_train.rope import parse_rope_scaling
 
 __all__ = [
     "ADVANTAGES",
@@ -100,6 +101,16 @@ class ModelConfig:
     )
     frozen_adapters: list = _f(
         [], "earlier stages' adapters as NAME=DIR (a run's final/), loaded active and frozen beside the trained one"
+    )
+    rope_scaling: dict = _f(
+        {},
+        "stretch a rotary-position model's context: {type: linear|dynamic|yarn|ntk, factor: F} (ntk also takes "
+        "exponent; original_context: the length the model was trained at); {}: off (agentrl_train.rope)",
+    )
+    add_tool_tokens: bool = _f(
+        False,
+        "add <tool_call> and </tool_call> as special tokens where the tokenizer splits them (a no-op where they are "
+        "single tokens), their embedding rows started at the sub-words' mean and trained and saved with the adapter",
     )
     device: str = _f("auto", "auto (CUDA when present, else CPU), cpu or cuda")
     threads: int = _f(0, "torch CPU threads (0: 1 per process on CPU; env workers use the other cores)")
@@ -267,6 +278,7 @@ class TrainConfig:
         _choice("lora_preset", m.lora_preset, ("seed", "mlp-heavy", "uniform", "small"))
         _choice("device", m.device, ("auto", "cpu", "cuda"))
         _choice("reference", m.reference, ("initial", "base"))
+        parse_rope_scaling(m.rope_scaling)
         _choice("mode", e.mode, ("candidates", "generate"))
         _choice("vectorization", e.vectorization, ("async", "sync"))
         _choice("split", e.split, ("train", "test", "heldout"))

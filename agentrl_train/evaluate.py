@@ -20,7 +20,14 @@ EVAL_SEED = 1_000_003  #: evaluation episodes use seeds disjoint from any traini
 
 @torch.no_grad()
 def evaluate(
-    policy: Any, cfg: Any, split: str, episodes: int, *, error_profile: str | None = None, sample: bool = False
+    policy: Any,
+    cfg: Any,
+    split: str,
+    episodes: int,
+    *,
+    error_profile: str | None = None,
+    sample: bool = False,
+    transcripts: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Greedy episodes ``0..episodes-1`` of ``split``; the same episodes for every policy and run.
 
@@ -36,6 +43,9 @@ def evaluate(
 
     Returns ``success_rate``, ``mean_return``, ``mean_length``, ``policy`` (``greedy`` or ``sampled``)
     and, when any fault happened, the fault ``recovery_rate`` (episodes with a fault that still succeeded).
+    ``transcripts``, when given, receives one record per episode in episode order: ``episode``,
+    ``seed``, ``task_id``, ``instruction``, ``steps`` (each ``action``, ``observation``, ``reward``,
+    ``tool``, ``call_format``), ``success``, ``return``, ``length``, ``faults``.
     """
     kwargs: dict[str, Any] = {"split": split, "error_profile": error_profile or cfg.env.error_profile, **cfg.env.env_kwargs}
     if cfg.env.mode == "candidates":
@@ -52,10 +62,13 @@ def evaluate(
         nonlocal next_episode
         j = next_episode
         next_episode += 1
-        obs, info = envs[k].reset(seed=episode_seed(EVAL_SEED, j, 0))
+        seed = episode_seed(EVAL_SEED, j, 0)
+        obs, info = envs[k].reset(seed=seed)
         slots.generators[k].manual_seed(episode_seed(EVAL_SEED, j, 1))
         slots.start(k, obs, info)
-        running[k] = {"episode": j, "return": 0.0, "length": 0}
+        running[k] = {"episode": j, "return": 0.0, "length": 0, "seed": seed, "task_id": info.get("task_id"), "instruction": obs}
+        if transcripts is not None:
+            running[k]["steps"] = []
 
     try:
         for k in range(width):
@@ -67,6 +80,16 @@ def evaluate(
                 ep = running[k]
                 ep["return"] += float(r)
                 ep["length"] += 1
+                if "steps" in ep:
+                    ep["steps"].append(
+                        {
+                            "action": tr.action_text,
+                            "observation": obs,
+                            "reward": float(r),
+                            "tool": info.get("tool"),
+                            "call_format": info.get("call_format"),
+                        }
+                    )
                 if term or trunc:
                     fs = info.get("fault_stats") or {}
                     results[ep["episode"]] = {
@@ -75,6 +98,9 @@ def evaluate(
                         "length": ep["length"],
                         "faults": int(fs.get("faults", 0) or 0),
                     }
+                    if "steps" in ep:
+                        keep = ("seed", "task_id", "instruction", "steps")
+                        results[ep["episode"]]["transcript"] = {k: ep[k] for k in keep}
                     del running[k]
                     if next_episode < episodes:
                         begin(k)
@@ -84,6 +110,13 @@ def evaluate(
         for env in envs:
             env.close()
     done = [results[j] for j in sorted(results)]
+    if transcripts is not None:
+        for j in sorted(results):
+            outcome = results[j]
+            t = outcome.pop("transcript")
+            transcripts.append(
+                {"episode": j, **{k: t[k] for k in ("seed", "task_id", "instruction")}, "steps": t["steps"], **outcome}
+            )
     faulted = [r for r in done if r["faults"] > 0]
     return {
         "split": split,
@@ -144,11 +177,14 @@ def evaluate_run(
     error_profile: str | None = None,
     checkpoint: str | None = None,
     sample: bool = False,
+    transcripts: str | None = None,
 ) -> dict[str, Any]:
     """Evaluate a run folder's policy (``final/``, or ``checkpoints/NAME``) on ``split``.
 
+    ``transcripts``: a file to write every episode to, one JSON object per line (see :func:`evaluate`).
+
     Raises:
-        ConfigError: not a run folder, or no saved policy in it.
+        ConfigError: not a run folder, or no saved policy in it, or the transcripts file cannot be written.
     """
     from agentrl_envs.errors import ConfigError
 
@@ -161,8 +197,31 @@ def evaluate_run(
             f"--error-profile {error_profile!r}: name a fault profile (e.g. none or realistic, or a .yaml path), "
             "or drop the option for the run's own"
         )
+    sink = _transcript_file(transcripts) if transcripts is not None else None
     policy, cfg = load_run(run, checkpoint)
-    return evaluate(policy, cfg, split, episodes, error_profile=error_profile, sample=sample)
+    records: list[dict[str, Any]] | None = [] if sink is not None else None
+    result = evaluate(policy, cfg, split, episodes, error_profile=error_profile, sample=sample, transcripts=records)
+    if sink is not None and records is not None:
+        sink.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return result
+
+
+def _transcript_file(path: str) -> Any:
+    """The ``--transcripts`` path, checked before the evaluation runs (a bad path fails in seconds, not after it)."""
+    from pathlib import Path
+
+    from agentrl_envs.errors import ConfigError
+
+    if not str(path).strip():
+        raise ConfigError("--transcripts '': name a file to write (JSON lines)")
+    f = Path(path)
+    if f.is_dir():
+        raise ConfigError(f"--transcripts {path}: that is a folder; name a file, e.g. {f / 'transcripts.jsonl'}")
+    if not f.parent.is_dir():
+        raise ConfigError(f"--transcripts {path}: no folder {f.parent}; create it first")
+    if f.exists() and not f.is_file():
+        raise ConfigError(f"--transcripts {path}: not a regular file")
+    return f
 
 
 def load_run(run: str, checkpoint: str | None = None) -> tuple[Any, Any]:

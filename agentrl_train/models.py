@@ -54,7 +54,13 @@ def pick_device(name: str) -> torch.device:
 
 
 def load_base(
-    model: str, device: torch.device, *, tiny_spec: Any = None, log: Any = print, threads: int | None = None
+    model: str,
+    device: torch.device,
+    *,
+    tiny_spec: Any = None,
+    log: Any = print,
+    threads: int | None = None,
+    rope_scaling: dict[str, Any] | None = None,
 ) -> tuple[nn.Module, Any]:
     """The base causal LM (frozen, eval mode, on ``device``) and its tokenizer, for any ``--model``.
 
@@ -63,12 +69,17 @@ def load_base(
     tiny model gains little from more, and spinning OpenMP threads stall whenever anything else takes
     a core (seen: the default stage plan's reward model, 150 steps, had not finished after 31 minutes
     beside other jobs on 2 cores with one thread per core; under 5 minutes on one thread).
+    ``rope_scaling``: a setting from :func:`agentrl_train.rope.parse_rope_scaling`, applied to the
+    config before the weights load (``--rope-scaling``).
 
     Raises:
         ConfigError: the model cannot be found or loaded, its tokenizer is missing or has no chat
-            template, or its template cannot show tools and has no ChatML markers to fall back on.
+            template, or its template cannot show tools and has no ChatML markers to fall back on, or
+            the model refuses ``rope_scaling``.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from agentrl_train.rope import apply_rope_scaling, check_rope_applied, parse_rope_scaling
 
     if threads is not None and device.type == "cpu":
         torch.set_num_threads(max(1, threads))
@@ -87,10 +98,19 @@ def load_base(
         )
     ensure_tools_template(tokenizer, model, log)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    scaling = parse_rope_scaling(rope_scaling)
     try:
-        lm: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa", local_files_only=True)
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except Exception as exc:
+        raise ConfigError(f"--model {model}: cannot read its config.json ({type(exc).__name__}: {str(exc)[:200]})") from None
+    apply_rope_scaling(config, scaling, model)
+    try:
+        lm: Any = AutoModelForCausalLM.from_pretrained(
+            path, config=config, dtype=dtype, attn_implementation="sdpa", local_files_only=True
+        )
     except Exception as exc:
         raise ConfigError(f"--model {model}: cannot load a causal LM from it ({type(exc).__name__}: {exc})") from None
+    check_rope_applied(lm, scaling, model)
     lm.to(device)
     lm.eval()
     for p in lm.parameters():

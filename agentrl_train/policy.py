@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from agentrl_envs.errors import ConfigError
+from agentrl_train.tool_tokens import ToolTokens, check_same, peft_token_indices, read_tool_tokens, write_tool_tokens
 
 if TYPE_CHECKING:
     from agentrl_train.config import TrainConfig
@@ -197,6 +198,9 @@ class Policy(nn.Module):
         dropout: LoRA dropout.
         value_head: create the value head (False for the critic-free group advantages: no parameters,
             nothing saved, every value 0).
+        tool_tokens: the tool-call markers :func:`agentrl_train.tool_tokens.add_tool_tokens` added to
+            ``lm`` and ``tokenizer``: their embedding (and untied output) rows are trained with the
+            adapter (peft ``trainable_token_indices``) and saved with it.
     """
 
     def __init__(
@@ -208,12 +212,14 @@ class Policy(nn.Module):
         dropout: float = 0.0,
         *,
         value_head: bool = True,
+        tool_tokens: ToolTokens | None = None,
     ) -> None:
         super().__init__()
         from peft import LoraConfig, get_peft_model
 
         self.tokenizer = tokenizer
         self.lora = lora
+        self.tool_tokens = tool_tokens
         cfg = LoraConfig(
             r=max(lora["rank_pattern"].values()),
             lora_alpha=max(lora["alpha_pattern"].values()),
@@ -223,6 +229,7 @@ class Policy(nn.Module):
             lora_dropout=dropout,
             bias="none",
             task_type="CAUSAL_LM",
+            trainable_token_indices=peft_token_indices(lm, tool_tokens) if tool_tokens is not None else None,
         )
         self.lm = get_peft_model(lm, cfg, adapter_name=adapter)
         self.adapter = adapter
@@ -262,9 +269,13 @@ class Policy(nn.Module):
     def load_adapter_weights(self, folder: str | Path, option: str = "--init-adapter") -> None:
         """Load saved weights of this adapter (a ``save`` folder or a peft adapter folder).
 
+        An adapter saved with added tool-call tokens (:data:`~agentrl_train.tool_tokens.TOKENS_FILE`)
+        loads onto a policy that added the same ones; an adapter without them onto a policy with them
+        leaves the new rows at their start (the sub-words' mean).
+
         Raises:
-            ConfigError: naming ``option`` and the file: no adapter there, a damaged file, or weights
-                that do not fit this model.
+            ConfigError: naming ``option`` and the file: no adapter there, a damaged file, weights
+                that do not fit this model, or added tool-call tokens that are not this policy's.
         """
         from peft.utils import set_peft_model_state_dict
 
@@ -272,14 +283,21 @@ class Policy(nn.Module):
         f = find_adapter_weights(folder, self.adapter)
         if f is None:
             raise ConfigError(f"{option} {folder}: no adapter_model.safetensors there; point at a run's final/ folder")
+        saved = read_tool_tokens(f.parent)
+        if saved is not None or self.tool_tokens is None:
+            check_same(saved, self.tool_tokens, f"{option} {folder}")
         weights = self._read_safetensors(f, option, folder)
+        if saved is None and self.tool_tokens is not None:  # the added rows stay at their start
+            for n, p in self.lm.named_parameters():
+                if n.endswith(f".trainable_tokens_delta.{self.adapter}"):
+                    weights[n.removesuffix(f".{self.adapter}")] = p.detach().clone()
         try:
             result = set_peft_model_state_dict(self.lm, weights, adapter_name=self.adapter)
         except Exception as exc:
             raise ConfigError(
                 f"{option} {folder}: {f} does not fit this model ({type(exc).__name__}: {str(exc).splitlines()[0]})"
             ) from None
-        bad = [k for k in getattr(result, "unexpected_keys", []) if "lora" in k]
+        bad = [k for k in getattr(result, "unexpected_keys", []) if "lora" in k or "trainable_tokens" in k]
         if bad:
             raise ConfigError(f"{option} {folder}: weights do not fit this model ({bad[0]} ...)")
         vh = folder / "value_head.safetensors"
@@ -317,6 +335,12 @@ class Policy(nn.Module):
             raise ConfigError(
                 f"frozen adapter {name}={folder}: no adapter_config.json in {root / name} or {root}; point at a run's final/"
             )
+        if read_tool_tokens(path) is not None:
+            raise ConfigError(
+                f"frozen adapter {name}={folder}: it trains added tool-call tokens, and two active adapters cannot both "
+                "set those rows; a frozen stage with --add-tool-tokens is not supported: train the stages without "
+                "--add-tool-tokens, or start the next stage from it with --init-adapter"
+            )
         try:
             self.lm.load_adapter(str(path), adapter_name=name, is_trainable=False)
         except Exception as exc:
@@ -337,7 +361,10 @@ class Policy(nn.Module):
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        self.lm.save_pretrained(str(folder), selected_adapters=[self.adapter])
+        # the added tokens' rows are saved as trainable_token_indices; never the full embedding matrices
+        self.lm.save_pretrained(str(folder), selected_adapters=[self.adapter], save_embedding_layers=False)
+        if self.tool_tokens is not None:
+            write_tool_tokens(folder / self.adapter, self.tool_tokens)
         if self.value_head is None:
             return
         save_file(
@@ -359,14 +386,14 @@ class Policy(nn.Module):
         if kind != "initial":
             raise ConfigError(f"--reference={kind!r}: use initial or base")
         names = list(self.frozen_adapters)
-        trained = {n: p for n, p in self.lm.named_parameters() if f".{self.adapter}." in n}
+        trained = {n: p for n, p in self.lm.named_parameters() if _of_adapter(n, self.adapter)}
         if any(bool(p.detach().abs().sum() > 0) for n, p in trained.items() if "lora_B" in n):
             if REFERENCE not in self.lm.peft_config:
                 self.lm.add_adapter(REFERENCE, self.lm.peft_config[self.adapter])
             own = dict(self.lm.named_parameters())
             with torch.no_grad():
                 for n, p in trained.items():
-                    own[n.replace(f".{self.adapter}.", f".{REFERENCE}.")].copy_(p)
+                    own[_rename_adapter(n, self.adapter, REFERENCE)].copy_(p)
             names.append(REFERENCE)
         self.reference_adapters = names or None
         self._activate([*self.frozen_adapters, self.adapter])
@@ -378,8 +405,8 @@ class Policy(nn.Module):
         """
         self._lora_model.set_adapter(names)
         for pname, p in self.lm.named_parameters():
-            if "lora_" in pname:
-                p.requires_grad_(f".{self.adapter}." in pname)
+            if "lora_" in pname or ".trainable_tokens_delta." in pname:
+                p.requires_grad_(_of_adapter(pname, self.adapter))
 
     @contextlib.contextmanager
     def reference(self) -> Iterator[None]:
@@ -809,6 +836,18 @@ class Policy(nn.Module):
         return self.sequence_logprobs_many([(prompt_ids, new_ids)])[0]
 
 
+def _of_adapter(name: str, adapter: str) -> bool:
+    """Whether a peft parameter name is adapter ``adapter``'s: ``...lora_A.<adapter>.weight`` or
+    ``...token_adapter.trainable_tokens_delta.<adapter>`` (the added tokens' rows)."""
+    return f".{adapter}." in name or name.endswith(f".trainable_tokens_delta.{adapter}")
+
+
+def _rename_adapter(name: str, old: str, new: str) -> str:
+    if name.endswith(f".trainable_tokens_delta.{old}"):
+        return name[: -len(old)] + new
+    return name.replace(f".{old}.", f".{new}.")
+
+
 def _untrusted(messages: Sequence[dict[str, str]]) -> list[str]:
     """The contents whose special-token text must stay text: what users and tools wrote."""
     return [str(m.get("content") or "") for m in messages if m.get("role") in ("user", "tool")]
@@ -860,11 +899,13 @@ def build_policy(cfg: TrainConfig, log: Any = print) -> Policy:
     from agentrl_train.config import GROUP_ADVANTAGES
     from agentrl_train.models import load_base, pick_device
     from agentrl_train.tiny import TinySpec
+    from agentrl_train.tool_tokens import add_tool_tokens
 
     m = cfg.model
     device = pick_device(m.device)
     spec = TinySpec(pretrain_steps=m.tiny_pretrain_steps, corpus_episodes=m.tiny_corpus_episodes)
-    lm, tok = load_base(m.model, device, tiny_spec=spec, log=log, threads=m.threads or 1)
+    lm, tok = load_base(m.model, device, tiny_spec=spec, log=log, threads=m.threads or 1, rope_scaling=m.rope_scaling)
+    added = add_tool_tokens(lm, tok, m.model, log) if m.add_tool_tokens else None
     torch.manual_seed(cfg.run.seed)
     policy = Policy(
         lm,
@@ -873,6 +914,7 @@ def build_policy(cfg: TrainConfig, log: Any = print) -> Policy:
         lora_targets(lm, m.lora_preset, m.lora_ranks, m.lora_alpha_ratio),
         m.lora_dropout,
         value_head=cfg.ppo.advantage not in GROUP_ADVANTAGES,
+        tool_tokens=added,
     )
     policy.critic_detach = cfg.ppo.critic_grad == "head"
     if m.init_adapter:

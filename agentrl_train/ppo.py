@@ -1,4 +1,5 @@
-"""PPO pieces as small pure functions: schedules, advantages, the losses and per-layer clipping.
+"""PPO maths: schedules, advantages, the losses and per-layer clipping as small pure functions, and
+:class:`PPOLoss`, a micro-batch's loss built from them.
 
 Everything here is called from :mod:`agentrl_train.train`'s loop and tested on its own.
 """
@@ -8,14 +9,20 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from agentrl_envs.rewards.advantages import gae, hierarchical_gae
+from agentrl_train.config import TrainConfig
+from agentrl_train.rollout import Transition, candidate_logprobs
+
+if TYPE_CHECKING:
+    from agentrl_train.policy import Policy
 
 __all__ = [
+    "PPOLoss",
     "advantages",
     "clip_gradients",
     "clip_range",
@@ -32,7 +39,10 @@ __all__ = [
     "resolve_loss_agg",
     "return_to_go_group_advantages",
     "should_stop_early",
+    "step_unit_norms",
     "unit_norms",
+    "unit_terms",
+    "unit_terms_many",
     "value_loss",
     "whiten",
 ]
@@ -331,6 +341,98 @@ def k3_kl(logp: torch.Tensor, ref_logp: torch.Tensor, clamp: float = 10.0) -> to
     """k3 estimator of KL(pi || ref) per unit: ``exp(d) - 1 - d`` with ``d = ref - logp`` clamped."""
     d = torch.clamp(ref_logp - logp, -clamp, clamp)
     return torch.exp(d) - 1 - d
+
+
+# -- the loss of a micro-batch: the policy's terms recomputed with grad, then the functions above ---------
+
+
+def step_unit_norms(trs: list[Transition], cfg: TrainConfig, dist_sum: Any = None) -> list[float]:
+    """:func:`unit_norms` of one optimizer step's transitions under ``--loss-agg``.
+
+    A transition's units are 1 in candidates mode and its sampled tokens (at least 1) in generate
+    mode; the budget of a sequence is ``rollout_steps`` of them (``max_new_tokens`` per step).
+    """
+    loss_agg = resolve_loss_agg(cfg.ppo.loss_agg, cfg.ppo.advantage)
+    budget = cfg.ppo.rollout_steps * (1 if cfg.env.mode == "candidates" else cfg.ppo.max_new_tokens)
+    units = [1 if cfg.env.mode == "candidates" else max(len(tr.new_ids), 1) for tr in trs]
+    return unit_norms(units, [tr.env_index for tr in trs], loss_agg, budget, dist_sum)
+
+
+def unit_terms(
+    policy: Policy, tr: Transition, cfg: TrainConfig
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Recompute (with grad) one transition's per-unit log-probs and entropies, and its value.
+
+    A unit is the chosen candidate (candidates mode) or a sampled token (generate mode). Returns
+    ``(logp_U, entropy_U, value, old_logp_U, drift)``; ``drift`` is the mean squared distance of the
+    K candidates' scores from the reference model's (candidates mode with reference scores; else 0).
+    """
+    return unit_terms_many(policy, [tr], cfg)[0]
+
+
+def unit_terms_many(
+    policy: Policy, trs: list[Transition], cfg: TrainConfig
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """:func:`unit_terms` of many transitions; an episode's transitions share one encoding of their prompts."""
+    dev = policy.device
+    if cfg.env.mode != "candidates":
+        outs = policy.sequence_logprobs_many([(tr.prompt_ids, tr.new_ids) for tr in trs])
+        zero = torch.zeros((), device=dev)
+        return [(lp, ent, v, torch.tensor(tr.token_logprobs, device=dev), zero) for (lp, ent, v), tr in zip(outs, trs)]
+    terms = []
+    for out, tr in zip(policy.score_candidates_many([(tr.prompt_ids, tr.cand_ids) for tr in trs], cfg.ppo.scoring), trs):
+        logp_K = candidate_logprobs(out.scores_K, tr.baseline_scores or None, cfg.ppo)
+        entropy = -(logp_K.exp() * logp_K).sum().reshape(1)
+        drift = torch.zeros((), device=dev)
+        if tr.baseline_scores:
+            base_K = torch.tensor(tr.baseline_scores, device=out.scores_K.device, dtype=out.scores_K.dtype)
+            drift = ((out.scores_K - base_K) ** 2).mean()
+        old = torch.tensor([tr.logprob], device=dev)
+        terms.append((logp_K[tr.action : tr.action + 1], entropy, out.value, old, drift))
+    return terms
+
+
+class PPOLoss(torch.nn.Module):
+    """A micro-batch's PPO loss as a module's forward, so DDP can wrap it; its parameters are the policy's."""
+
+    def __init__(self, policy: Policy, cfg: TrainConfig) -> None:
+        super().__init__()
+        self.policy, self.cfg = policy, cfg
+
+    def forward(
+        self,
+        batch: list[tuple[Transition, float, float]],
+        ent_coef: float,
+        critic_w: float,
+        unit_norms: list[float],
+        n_samples: float,
+        stats: dict[str, list[float]],
+    ) -> torch.Tensor:
+        """The summed loss of ``batch``: each sample's unit losses over its ``unit_norms`` entry
+        (:func:`unit_norms`), the value loss (when the policy has a value head) over ``n_samples``."""
+        cfg, policy = self.cfg, self.policy
+        clip_low, clip_high = clip_range(cfg.ppo.clip, cfg.ppo.clip_low, cfg.ppo.clip_high)
+        loss = torch.zeros((), device=policy.device)
+        terms = unit_terms_many(policy, [b[0] for b in batch], cfg)
+        for (tr, adv, ret), (logp, ent, value, old, drift), norm in zip(batch, terms, unit_norms):
+            pg, ratio, clipped = policy_loss(logp, old, torch.full_like(logp, adv), clip_low, clip_high)
+            kl = k3_kl(logp, torch.tensor(tr.ref_logprobs, device=logp.device), cfg.ppo.kl_clamp)
+            unit_loss = pg + cfg.ppo.kl_coef * kl - ent_coef * ent + cfg.ppo.anchor_coef * drift
+            loss = loss + unit_loss.sum() / norm
+            vl = None
+            if policy.value_head is not None:  # no critic under a group advantage
+                vl = value_loss(value, torch.tensor(tr.value), torch.tensor(ret), cfg.ppo.value_clip)
+                loss = loss + cfg.ppo.vf_coef * critic_w * vl / n_samples
+            with torch.no_grad():
+                if vl is not None:
+                    stats["vf"].append(float(vl))
+                stats["pg"].append(float(pg.mean()))
+                stats["entropy"].append(float(ent.mean()))
+                stats["kl_ref"].append(float(kl.mean()))
+                stats["approx_kl"].append(float(((ratio - 1) - torch.log(ratio)).mean()))
+                stats["clipfrac"].append(float(clipped.mean()))
+                stats.setdefault("drift", []).append(float(drift))
+        return loss
 
 
 _LAYER = re.compile(r"\.layers\.(\d+)\.")

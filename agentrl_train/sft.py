@@ -128,12 +128,10 @@ def encode_transcript(
 
 def sft(cfg: TrainConfig, log: Any = print) -> dict[str, Any]:
     """Train ``cfg.model.adapter`` on oracle transcripts of ``cfg.env.env``; writes ``final/`` and an eval table."""
+    from agentrl_train.env_checks import check_env_config
     from agentrl_train.policy import build_policy
-    from agentrl_train.train import check_env_id, check_env_kwargs, check_error_profile
 
-    check_env_id(cfg.env.env)  # before building a model: a typo should fail in a second
-    check_env_kwargs(cfg.env.env, cfg.env.env_kwargs)
-    check_error_profile(cfg.env.error_profile)  # it failed after the model was built and the run folder made
+    check_env_config(cfg.env)  # before building a model or the run folder: a typo should fail in a second
     out = make_run_dir(cfg)
     dump_config(cfg, out / "config.yaml")
     random.seed(cfg.run.seed)

@@ -98,9 +98,9 @@ def load_plan(path: str | None) -> dict[str, Any]:
 
 def _check_values(plan: dict[str, Any], where: str) -> None:
     """Every value a run would use, checked before the first minute of work (the reward model trains first)."""
+    from agentrl_train.env_checks import check_env_id
     from agentrl_train.preference_env import register
     from agentrl_train.rm_train import RMConfig
-    from agentrl_train.train import check_env_id
 
     register()
     if not isinstance(plan["model"], str) or not plan["model"]:

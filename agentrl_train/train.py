@@ -3,9 +3,14 @@
 ``agentrl-train ppo`` calls :func:`train` with a :class:`~agentrl_train.config.TrainConfig`. One
 update = one rollout of ``rollout_steps x num_envs`` transitions with the sampling policy (with a
 group advantage: one episode per env, at most that long; :mod:`agentrl_train.group_rollout`), then
-``epochs`` passes of minibatch SGD on the clipped PPO objective. The run folder gets the resolved
-config, ``metrics.jsonl``, TensorBoard events, checkpoints (exact resume), ``final/``, the eval
-table and the learning curve.
+``epochs`` passes of minibatch SGD on the clipped PPO objective (:class:`~agentrl_train.ppo.PPOLoss`).
+The run folder gets the resolved config, ``metrics.jsonl``, TensorBoard events, checkpoints (exact
+resume), ``final/``, the eval table and the learning curve.
+
+:func:`train` is the loop; its phases follow it in the order they run: set-up (:func:`_setup`,
+:func:`_resume_or_reset`), then per update :func:`_collect`, :func:`_advantages`, :func:`_update`
+(epochs of :func:`_epoch`, micro-batches through :func:`accumulate`), :func:`_metrics_row`, the
+evaluation and :func:`_save_checkpoint`, and last :func:`_finish`.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from __future__ import annotations
 import math
 import random
 import time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -23,56 +30,386 @@ from agentrl_envs.errors import AgentRLError, ConfigError
 from agentrl_train import checkpoint, distributed, evaluate, ppo, resources, runlog
 from agentrl_train.config import GROUP_ADVANTAGES, TrainConfig, dump_config, make_run_dir
 from agentrl_train.distributed import Dist, Trainable
+from agentrl_train.env_checks import check_env_config
 from agentrl_train.group_rollout import collect_groups
 from agentrl_train.policy import Policy, build_policy
-from agentrl_train.rollout import EnvPool, Transition, candidate_logprobs, collect
+from agentrl_train.rollout import EnvPool, Rollout, Transition, collect
 
 __all__ = [
-    "PPOLoss",
     "accumulate",
-    "check_env_id",
-    "check_env_kwargs",
-    "check_error_profile",
     "episode_micro_batches",
+    "micro_batches_per_step",
     "train",
-    "unit_terms",
-    "unit_terms_many",
     "wrap_trainable",
 ]
 
+#: one sample of an update: a transition, its advantage and its return
+Sample = tuple[Transition, float, float]
+#: the loss terms an update logs, one value per sample each (no ``vf`` without a critic)
+STAT_KEYS = ("pg", "vf", "entropy", "kl_ref", "approx_kl", "clipfrac", "drift")
 
-def unit_terms(
-    policy: Policy, tr: Transition, cfg: TrainConfig
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Recompute (with grad) one transition's per-unit log-probs and entropies, and its value.
 
-    A unit is the chosen candidate (candidates mode) or a sampled token (generate mode). Returns
-    ``(logp_U, entropy_U, value, old_logp_U, drift)``; ``drift`` is the mean squared distance of the
-    K candidates' scores from the reference model's (candidates mode with reference scores; else 0).
+@dataclass(frozen=True)
+class Plan:
+    """The run's counts, fixed before the first update so that a resumed run follows its schedules exactly."""
+
+    grouped: bool  #: a group advantage: one episode per env per rollout, no critic
+    per_step: int  #: micro-batches per optimizer step on each rank (0: the whole rollout)
+    steps_per_update: int  #: env steps of one update over all ranks (critic advantages: a full window)
+    steps_per_epoch: int  #: optimizer steps of one epoch, as planned
+    total_steps: int  #: optimizer steps of the whole run, as planned (the learning-rate schedule's length)
+    warmup: int  #: optimizer steps over which the value-loss weight rises to 1
+
+
+@dataclass
+class Run:
+    """What the set-up builds once and the phases share: the policy, its optimizer, the envs."""
+
+    out: Path  #: the run folder
+    plan: Plan
+    policy: Policy
+    named: list[tuple[str, torch.nn.Parameter]]  #: the trainable parameters (LoRA and value head)
+    optimizer: torch.optim.Optimizer
+    base_lrs: list[float]  #: each parameter group's learning rate before the schedule's factor
+    clip_groups: dict[str, list[torch.nn.Parameter]]  #: the trainable parameters by block, clipped apart
+    pool: EnvPool
+    sink: resources.CountingSink | None  #: where rollouts are recorded (replay buffer, shards); None: nowhere
+    sgd_rng: np.random.Generator  #: the minibatch order (and the control's reward permutation)
+
+    def close(self) -> None:
+        """Close the envs and the recording sink."""
+        self.pool.close()
+        if self.sink is not None:
+            self.sink.close()
+
+
+@dataclass
+class UpdateResult:
+    """What one update's epochs of SGD report for its metrics row."""
+
+    stats: dict[str, list[float]]  #: per-sample loss terms by name (:data:`STAT_KEYS`)
+    critic_ws: list[float]  #: the value-loss weight of each optimizer step
+    grad_norms: dict[str, float]  #: the last optimizer step's gradient norms before clipping, by block
+    ent_coef: float  #: the entropy coefficient of this update
+    last_step: int  #: the last optimizer step's number in the run, as planned
+    early_stop: bool  #: ``--target-kl`` ended the epochs early
+    tokens: int  #: tokens through the model (every epoch encodes every sample again)
+    seconds: float  #: wall time of the epochs
+
+
+def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, Any]:
+    """Run PPO; returns the final summary (also written to ``summary.json``)."""
+    dist = dist or Dist()  # one process: every collective is a no-op
+    out = make_run_dir(cfg)
+    run = _setup(cfg, dist, out, log)
+    start, global_steps, history = _resume_or_reset(run, cfg, dist, log)
+    if dist.is_main:  # written once the run has started: a failed resume leaves config.yaml and metrics.jsonl as they were
+        dump_config(cfg, out / "config.yaml")
+    logger = runlog.RunLogger(out, cfg, enabled=dist.is_main, history=history)
+    trainable = wrap_trainable(run.policy, cfg, dist)
+    meter = resources.ResourceMeter(dist, run.policy.device, run.sink)
+    bar = runlog.progress(cfg, start, enabled=dist.is_main)
+    stop_at = min(cfg.ppo.updates, start + cfg.run.max_updates_this_call) if cfg.run.max_updates_this_call else cfg.ppo.updates
+    try:
+        if start == 0 and dist.is_main and cfg.run.eval_every:
+            logger.log_eval(0, 0, evaluate.evaluate_splits(run.policy, cfg, cfg.run.eval_splits, cfg.run.eval_episodes))
+        for update in range(start, stop_at):
+            t_update = time.perf_counter()
+            # -- rollout ----------------------------------------------------------------------------
+            with meter.phase("rollout") as counts:
+                roll = _collect(run, cfg, global_steps)
+                counts.update(tokens=roll.tokens, env_steps=int(roll.valid_TN.sum()))
+            # a group rollout's envs idle once their episode ended: count the steps taken (on every rank)
+            global_steps += int(dist.sum(int(roll.valid_TN.sum()))) if run.plan.grouped else run.plan.steps_per_update
+            # -- advantages, then epochs of minibatch SGD ------------------------------------------
+            with meter.phase("update") as counts:
+                samples, group_row = _advantages(roll, cfg, run.plan.grouped, run.sgd_rng, dist)
+                trainable = wrap_trainable(run.policy, cfg, dist, trainable)  # a new DDP wrapper if the adapter changed
+                result = _update(run, cfg, dist, trainable, samples, update)
+                counts["tokens"] = result.tokens
+            # -- logging, evaluation, checkpoints (rank 0) -----------------------------------------
+            row = _metrics_row(update + 1, global_steps, roll, result, group_row, cfg, run.plan, t_update)
+            logger.log(row)
+            bar.update(row)
+            _check_finite(run.named, update + 1, cfg)  # every rank: DDP shares the NaN gradients
+            if dist.is_main and cfg.run.eval_every and ((update + 1) % cfg.run.eval_every == 0 or update + 1 == cfg.ppo.updates):
+                evals = evaluate.evaluate_splits(run.policy, cfg, cfg.run.eval_splits, cfg.run.eval_episodes)
+                logger.log_eval(update + 1, global_steps, evals)
+            if (cfg.run.checkpoint_every and (update + 1) % cfg.run.checkpoint_every == 0) or update + 1 == stop_at:
+                with meter.phase("checkpoint"):
+                    _save_checkpoint(run, cfg, dist, update + 1, global_steps, logger.history)
+    finally:
+        bar.close()
+        run.close()
+    return _finish(run, cfg, dist, stop_at, global_steps, meter, logger, log)
+
+
+# -- set-up ------------------------------------------------------------------------------------------
+
+
+def _setup(cfg: TrainConfig, dist: Any, out: Path, log: Any) -> Run:
+    """Seed, check the env options, build the policy, its optimizer and the envs; nothing is trained or reset yet."""
+    # the model seed is shared by every rank; env k's seeds depend on k only
+    random.seed(cfg.run.seed)
+    np.random.seed(cfg.run.seed)
+    torch.manual_seed(cfg.run.seed)
+    sgd_rng = np.random.default_rng(cfg.run.seed)
+
+    check_env_config(cfg.env)  # before building a model: a typo should fail in a second
+    plan = _plan(cfg, dist)
+    policy = build_policy(cfg, log=log)
+    dist.check_same_weights(policy)
+    named = policy.trainable_parameters()
+    lora_params = [p for n, p in named if not n.startswith("value_head")]
+    param_groups, base_lrs = [{"params": lora_params, "lr": cfg.ppo.lr}], [cfg.ppo.lr]
+    if policy.value_head is not None:  # none for a group advantage: no critic
+        param_groups.append({"params": list(policy.value_head.parameters()), "lr": cfg.ppo.value_lr})
+        base_lrs.append(cfg.ppo.value_lr)
+    optimizer = torch.optim.AdamW(param_groups, weight_decay=0.0)
+    sink = None
+    if cfg.run.record or cfg.run.shards:
+        sink = resources.CountingSink(
+            runlog.open_replay(out, cfg, dist) if cfg.run.record else None,
+            runlog.open_shards(out, cfg, dist) if cfg.run.shards else None,
+        )
+    pool = _make_pool(cfg, dist, sink, plan.grouped)
+    return Run(out, plan, policy, named, optimizer, base_lrs, ppo.clip_groups(named), pool, sink, sgd_rng)
+
+
+def _plan(cfg: TrainConfig, dist: Any) -> Plan:
+    """The run's counts; a ``--sync-batch`` that does not split over the ranks fails here, before a model is built."""
+    per_step = micro_batches_per_step(cfg, dist.world)
+    steps_per_epoch = ppo.optimizer_steps_per_epoch(cfg.ppo.rollout_steps * cfg.env.num_envs, cfg.ppo.micro_batch, per_step)
+    total_steps = cfg.ppo.updates * cfg.ppo.epochs * steps_per_epoch
+    return Plan(
+        grouped=cfg.ppo.advantage in GROUP_ADVANTAGES,
+        per_step=per_step,
+        steps_per_update=cfg.ppo.rollout_steps * cfg.env.num_envs * dist.world,
+        steps_per_epoch=steps_per_epoch,
+        total_steps=total_steps,
+        warmup=ppo.critic_warmup_steps(cfg.ppo.critic_warmup, total_steps),
+    )
+
+
+def _make_pool(cfg: TrainConfig, dist: Any, sink: resources.CountingSink | None, grouped: bool) -> EnvPool:
+    """This rank's envs (global indices ``rank x num_envs`` on), each episode recorded into ``sink`` when there is one."""
+    make_kwargs = {"split": cfg.env.split, "error_profile": cfg.env.error_profile, **cfg.env.env_kwargs}
+    if cfg.env.mode == "candidates":
+        make_kwargs["candidates"] = cfg.env.candidates
+    wrap = None
+    if sink is not None:
+        from agentrl_envs.data import RecordVectorTrajectories
+
+        def wrap(vec: Any) -> Any:
+            return RecordVectorTrajectories(vec, sink, policy_id=f"{cfg.model.adapter}")
+
+    return EnvPool(
+        cfg.env.env,
+        cfg.env.num_envs,
+        first_index=dist.rank * cfg.env.num_envs,
+        run_seed=cfg.run.seed,
+        vectorization=cfg.env.vectorization,
+        make_kwargs=make_kwargs,
+        wrap=wrap,
+        group_size=cfg.ppo.group_size if grouped else 0,
+    )
+
+
+def _resume_or_reset(run: Run, cfg: TrainConfig, dist: Any, log: Any) -> tuple[int, int, list[dict[str, Any]]]:
+    """``(updates done, env steps taken, metrics rows)``: from the latest checkpoint with ``--resume``, else a reset."""
+    if not cfg.run.resume:
+        run.pool.reset()
+        return 0, 0, []
+    try:
+        state = checkpoint.load_latest(
+            run.out, run.policy, run.optimizer, run.pool, run.sgd_rng, rank=dist.rank, world=dist.world
+        )
+    except BaseException:
+        run.close()
+        raise
+    log(f"resumed from update {state['update']} ({state['global_steps']} env steps)")
+    return state["update"], state["global_steps"], state.get("history", [])
+
+
+# -- one update --------------------------------------------------------------------------------------
+
+
+def _collect(run: Run, cfg: TrainConfig, global_steps: int) -> Rollout:
+    """One rollout with the sampling policy: ``rollout_steps`` per env, or one episode per env under a group advantage."""
+    run.pool.set_training_step(global_steps)  # the aux reward schedule runs on global env steps
+    rollout = collect_groups if run.plan.grouped else collect
+    return rollout(run.policy, run.pool, cfg, recorder=run.pool.envs if run.sink is not None else None)
+
+
+def _advantages(
+    roll: Rollout, cfg: TrainConfig, grouped: bool, sgd_rng: np.random.Generator, dist: Any
+) -> tuple[list[Sample], dict[str, float]]:
+    """Rewards -> advantages and returns (statistics are global under DDP); the update's samples and group counts."""
+    valid = roll.valid_TN
+    rewards = roll.rewards_TN.copy()
+    if cfg.ppo.shuffle_rewards:  # control: rewards carry no information about the actions
+        rewards[valid] = sgd_rng.permutation(rewards[valid])
+        # ... nor about episode length: permuted rewards with a positive mean would pay for every
+        # extra step, so the control centres them (a per-step reward of 0 in expectation).
+        rewards = np.where(valid, rewards - rewards[valid].mean(), 0.0)
+    group_row: dict[str, float] = {}
+    if grouped:
+        # each env's one episode, scored by its (undiscounted) return on every step, or per step by its return-to-go
+        score = ppo.episode_group_advantages if cfg.ppo.group_score == "return" else ppo.return_to_go_group_advantages
+        adv_TN, flat_G = score(rewards, valid, cfg.ppo.group_size, cfg.ppo.advantage)
+        ret_TN = np.zeros_like(rewards)  # no value head to train
+        group_row = _group_metrics(flat_G, roll.cut_N, dist)
+    else:
+        rewards = ppo.normalize_rewards(rewards, valid, cfg.ppo.reward_norm, cfg.ppo.min_sigma, dist.moments(rewards[valid]))
+        adv_TN, ret_TN = ppo.advantages(roll, rewards, cfg.ppo.advantage, cfg.ppo.gamma, cfg.ppo.lam)
+        if cfg.ppo.whiten_advantages:
+            adv_TN = ppo.whiten(adv_TN, dist.moments(adv_TN[valid]))
+    samples = [(roll.transitions[t][i], float(adv_TN[t, i]), float(ret_TN[t, i])) for t, i in zip(*np.nonzero(valid))]
+    return samples, group_row
+
+
+def _update(run: Run, cfg: TrainConfig, dist: Any, trainable: Trainable, samples: list[Sample], update: int) -> UpdateResult:
+    """``epochs`` passes of minibatch SGD over ``samples``; stops after an epoch whose mean KL passed ``--target-kl``."""
+    t0 = time.perf_counter()
+    run.policy.train()
+    ent_coef = ppo.entropy_coef(update, cfg.ppo.updates, cfg.ppo.ent_start, cfg.ppo.ent_end)
+    stats: dict[str, list[float]] = {k: [] for k in STAT_KEYS if k != "vf" or not run.plan.grouped}
+    critic_ws: list[float] = []
+    grad_norms: dict[str, float] = {}
+    last_step, early_stop, epochs_run = -1, False, 0
+    for epoch in range(cfg.ppo.epochs):
+        epochs_run += 1
+        kl_from = len(stats["approx_kl"])
+        first_step = (update * cfg.ppo.epochs + epoch) * run.plan.steps_per_epoch
+        last_step, grad_norms = _epoch(run, cfg, dist, trainable, samples, first_step, ent_coef, stats, critic_ws, grad_norms)
+        epoch_kls = np.asarray(stats["approx_kl"][kl_from:])
+        if cfg.ppo.target_kl and ppo.should_stop_early(epoch_kls, cfg.ppo.target_kl, dist.moments(epoch_kls)):
+            early_stop = True  # decided once for all ranks, on this epoch's global mean
+            break
+    run.policy.eval()
+    tokens = epochs_run * sum(len(tr.prompt_ids) + sum(len(c) for c in tr.cand_ids) + len(tr.new_ids) for tr, _, _ in samples)
+    return UpdateResult(stats, critic_ws, grad_norms, ent_coef, last_step, early_stop, tokens, time.perf_counter() - t0)
+
+
+def _epoch(
+    run: Run,
+    cfg: TrainConfig,
+    dist: Any,
+    trainable: Trainable,
+    samples: list[Sample],
+    first_step: int,
+    ent_coef: float,
+    stats: dict[str, list[float]],
+    critic_ws: list[float],
+    grad_norms: dict[str, float],
+) -> tuple[int, dict[str, float]]:
+    """One pass over ``samples`` in a fresh order, an optimizer step per ``per_step`` micro-batches.
+
+    The schedules (learning rate, critic weight) run on the optimizer step as planned, ``first_step``
+    on, so a resumed run follows them exactly. Appends to ``stats`` and ``critic_ws``; returns the
+    last step's number and gradient norms (``(first_step - 1, grad_norms)`` when there was no step).
     """
-    return unit_terms_many(policy, [tr], cfg)[0]
+    order = run.sgd_rng.permutation(len(samples))
+    mbs = [order[j : j + cfg.ppo.micro_batch] for j in range(0, len(order), cfg.ppo.micro_batch)]
+    step = run.plan.per_step or len(mbs)
+    opt_step = first_step - 1
+    for s_i, g in enumerate(range(0, len(mbs), step)):
+        opt_step = first_step + s_i
+        for param_group, base_lr in zip(run.optimizer.param_groups, run.base_lrs, strict=True):
+            param_group["lr"] = base_lr * ppo.lr_factor(opt_step, run.plan.total_steps, cfg.ppo.lr_schedule)
+        critic_ws.append(ppo.critic_weight(opt_step, run.plan.warmup))
+        group = episode_micro_batches([j for mb in mbs[g : g + step] for j in mb], samples, cfg.ppo.micro_batch)
+        accumulate(run.policy, samples, group, cfg, ent_coef, critic_ws[-1], dist, stats, trainable)
+        grad_norms = ppo.clip_gradients(run.clip_groups, cfg.ppo.grad_clip, cfg.ppo.clip_mode)
+        run.optimizer.step()
+        run.optimizer.zero_grad(set_to_none=True)
+    return opt_step, grad_norms
 
 
-def unit_terms_many(
-    policy: Policy, trs: list[Transition], cfg: TrainConfig
-) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """:func:`unit_terms` of many transitions; an episode's transitions share one encoding of their prompts."""
-    dev = policy.device
-    if cfg.env.mode != "candidates":
-        outs = policy.sequence_logprobs_many([(tr.prompt_ids, tr.new_ids) for tr in trs])
-        zero = torch.zeros((), device=dev)
-        return [(lp, ent, v, torch.tensor(tr.token_logprobs, device=dev), zero) for (lp, ent, v), tr in zip(outs, trs)]
-    terms = []
-    for out, tr in zip(policy.score_candidates_many([(tr.prompt_ids, tr.cand_ids) for tr in trs], cfg.ppo.scoring), trs):
-        logp_K = candidate_logprobs(out.scores_K, tr.baseline_scores or None, cfg.ppo)
-        entropy = -(logp_K.exp() * logp_K).sum().reshape(1)
-        drift = torch.zeros((), device=dev)
-        if tr.baseline_scores:
-            base_K = torch.tensor(tr.baseline_scores, device=out.scores_K.device, dtype=out.scores_K.dtype)
-            drift = ((out.scores_K - base_K) ** 2).mean()
-        old = torch.tensor([tr.logprob], device=dev)
-        terms.append((logp_K[tr.action : tr.action + 1], entropy, out.value, old, drift))
-    return terms
+def _metrics_row(
+    done: int,
+    global_steps: int,
+    roll: Rollout,
+    result: UpdateResult,
+    group_row: dict[str, float],
+    cfg: TrainConfig,
+    plan: Plan,
+    t_update: float,
+) -> dict[str, Any]:
+    """Update ``done``'s row of ``metrics.jsonl``: its episodes, loss terms, schedules, gradient norms and times."""
+    return {
+        "update": done,
+        "env_steps": global_steps,
+        "episodes": len(roll.episodes),
+        "return": _mean([e["return"] for e in roll.episodes]),
+        "success": _mean([float(e["success"]) for e in roll.episodes]),
+        "reward_raw": float(roll.rewards_TN[roll.valid_TN].mean()),
+        **{k: _mean(v) for k, v in result.stats.items()},
+        **group_row,
+        "ent_coef": result.ent_coef,
+        **({} if plan.grouped else {"critic_weight": _mean(result.critic_ws)}),  # the mean over this update's optimizer steps
+        "lr_factor": ppo.lr_factor(result.last_step, plan.total_steps, cfg.ppo.lr_schedule),  # at its last step
+        "early_stop": result.early_stop,
+        **{f"grad_norm/{k}": v for k, v in result.grad_norms.items()},
+        "time/rollout_model_s": roll.model_seconds,
+        "time/rollout_env_s": roll.env_seconds,
+        "time/update_s": result.seconds,
+        "time/total_s": time.perf_counter() - t_update,
+        "rollout_tokens": roll.tokens,
+    }
+
+
+def _check_finite(named: list[tuple[str, torch.nn.Parameter]], done: int, cfg: TrainConfig) -> None:
+    """Stop a run whose trainable weights left the finite numbers, before they are saved."""
+    if not all(bool(torch.isfinite(p).all()) for _, p in named):
+        raise ConfigError(
+            f"ppo diverged at update {done}: the adapter's or value head's weights are not finite; lower "
+            f"--lr (now {cfg.ppo.lr:g}), --value-lr (now {cfg.ppo.value_lr:g}) or --lora-alpha-ratio (now "
+            f"{cfg.model.lora_alpha_ratio:g}); no checkpoint or final/ of these weights was written"
+        )
+
+
+def _save_checkpoint(run: Run, cfg: TrainConfig, dist: Any, done: int, global_steps: int, history: list[dict[str, Any]]) -> None:
+    """A checkpoint after update ``done``: the weights (rank 0), every rank's envs and generators; the ranks must agree."""
+    _check_in_sync(run.policy, dist, done)
+    checkpoint.save(
+        run.out, done, global_steps, run.policy, run.optimizer, run.pool, run.sgd_rng, history, dist, cfg.run.keep_checkpoints
+    )
+
+
+# -- finish ------------------------------------------------------------------------------------------
+
+
+def _finish(
+    run: Run,
+    cfg: TrainConfig,
+    dist: Any,
+    updates: int,
+    global_steps: int,
+    meter: resources.ResourceMeter,
+    logger: runlog.RunLogger,
+    log: Any,
+) -> dict[str, Any]:
+    """The summary; at the last update also ``final/`` (the adapter and its config), the final evaluation and the curve."""
+    summary: dict[str, Any] = {"updates": updates, "env_steps": global_steps, "finished": updates >= cfg.ppo.updates}
+    summary["world"] = dist.world
+    summary["rank_weight_max_abs_diff"] = dist.max_weight_diff(run.policy)
+    summary["resources"] = meter.write(run.out, cfg.model.adapter)["phases"]
+    if dist.is_main:
+        summary["resources_table"] = resources.table(resources.load(run.out))
+        log(summary["resources_table"])
+    if updates >= cfg.ppo.updates and dist.is_main:
+        run.policy.save(run.out / "final")
+        dump_config(cfg, run.out / "final" / "config.yaml")
+        table = evaluate.final_eval(run.policy, cfg, run.out, log)
+        if table:
+            summary["eval"] = table
+        logger.plot_curve(run.out / "learning_curve.png")
+    logger.close(summary)
+    return summary
+
+
+# -- the pieces the phases share (and tests and stages call) -----------------------------------------
 
 
 def episode_micro_batches(indices: list[int], samples: list[tuple[Transition, float, float]], size: int) -> list[list[int]]:
@@ -80,53 +417,10 @@ def episode_micro_batches(indices: list[int], samples: list[tuple[Transition, fl
 
     The step's gradient is the sum over its micro-batches, so how they are cut changes nothing but
     float rounding; keeping an env's successive transitions together lets them share one encoding
-    of their prompts (:func:`unit_terms_many`).
+    of their prompts (:func:`ppo.unit_terms_many`).
     """
     ordered = sorted(indices, key=lambda j: (samples[j][0].env_index, j))
     return [ordered[j : j + size] for j in range(0, len(ordered), size)]
-
-
-class PPOLoss(torch.nn.Module):
-    """A micro-batch's PPO loss as a module's forward, so DDP can wrap it; its parameters are the policy's."""
-
-    def __init__(self, policy: Policy, cfg: TrainConfig) -> None:
-        super().__init__()
-        self.policy, self.cfg = policy, cfg
-
-    def forward(
-        self,
-        batch: list[tuple[Transition, float, float]],
-        ent_coef: float,
-        critic_w: float,
-        unit_norms: list[float],
-        n_samples: float,
-        stats: dict[str, list[float]],
-    ) -> torch.Tensor:
-        """The summed loss of ``batch``: each sample's unit losses over its ``unit_norms`` entry
-        (:func:`ppo.unit_norms`), the value loss (when the policy has a value head) over ``n_samples``."""
-        cfg, policy = self.cfg, self.policy
-        clip_low, clip_high = ppo.clip_range(cfg.ppo.clip, cfg.ppo.clip_low, cfg.ppo.clip_high)
-        loss = torch.zeros((), device=policy.device)
-        terms = unit_terms_many(policy, [b[0] for b in batch], cfg)
-        for (tr, adv, ret), (logp, ent, value, old, drift), norm in zip(batch, terms, unit_norms):
-            pg, ratio, clipped = ppo.policy_loss(logp, old, torch.full_like(logp, adv), clip_low, clip_high)
-            kl = ppo.k3_kl(logp, torch.tensor(tr.ref_logprobs, device=logp.device), cfg.ppo.kl_clamp)
-            unit_loss = pg + cfg.ppo.kl_coef * kl - ent_coef * ent + cfg.ppo.anchor_coef * drift
-            loss = loss + unit_loss.sum() / norm
-            vl = None
-            if policy.value_head is not None:  # no critic under a group advantage
-                vl = ppo.value_loss(value, torch.tensor(tr.value), torch.tensor(ret), cfg.ppo.value_clip)
-                loss = loss + cfg.ppo.vf_coef * critic_w * vl / n_samples
-            with torch.no_grad():
-                if vl is not None:
-                    stats["vf"].append(float(vl))
-                stats["pg"].append(float(pg.mean()))
-                stats["entropy"].append(float(ent.mean()))
-                stats["kl_ref"].append(float(kl.mean()))
-                stats["approx_kl"].append(float(((ratio - 1) - torch.log(ratio)).mean()))
-                stats["clipfrac"].append(float(clipped.mean()))
-                stats.setdefault("drift", []).append(float(drift))
-        return loss
 
 
 def wrap_trainable(policy: Policy, cfg: TrainConfig, dist: Any, current: Trainable | None = None) -> Trainable:
@@ -137,7 +431,7 @@ def wrap_trainable(policy: Policy, cfg: TrainConfig, dist: Any, current: Trainab
     """
     if current is not None and current.module.policy is policy:
         return distributed.wrap_trainable(current.module, dist, current)
-    return distributed.wrap_trainable(PPOLoss(policy, cfg), dist)
+    return distributed.wrap_trainable(ppo.PPOLoss(policy, cfg), dist)
 
 
 def accumulate(
@@ -160,304 +454,12 @@ def accumulate(
     """
     trainable = wrap_trainable(policy, cfg, dist, trainable)
     flat = [j for mb in group for j in mb]
-    loss_agg = ppo.resolve_loss_agg(cfg.ppo.loss_agg, cfg.ppo.advantage)
-    budget = cfg.ppo.rollout_steps * (1 if cfg.env.mode == "candidates" else cfg.ppo.max_new_tokens)
-    units = [_units(samples[j][0], cfg) for j in flat]
-    norms = dict(zip(flat, ppo.unit_norms(units, [samples[j][0].env_index for j in flat], loss_agg, budget, dist.sum)))
+    norms = dict(zip(flat, ppo.step_unit_norms([samples[j][0] for j in flat], cfg, dist.sum)))
     n_samples = dist.sum(len(flat))
     for m_i, mb in enumerate(group):
         with trainable.no_sync(last=m_i == len(group) - 1):
             loss = trainable([samples[j] for j in mb], ent_coef, critic_w, [norms[j] for j in mb], n_samples, stats)
             trainable.backward(loss)  # summed across ranks on the last micro-batch
-
-
-def check_env_id(env_id: str) -> None:
-    """Raise :class:`ConfigError` unless ``env_id`` is a registered Gymnasium id."""
-    import gymnasium as gym
-
-    if env_id not in gym.registry:
-        known = ", ".join(sorted(k for k in gym.registry if k.startswith("AgentRL/")))
-        raise ConfigError(f"--env {env_id!r}: no such env id; use one of {known}")
-
-
-def check_error_profile(profile: str) -> None:
-    """Raise :class:`ConfigError` naming ``--error-profile`` when it is no fault profile (read before any model is built)."""
-    from agentrl_envs.faults import load_profile
-
-    try:
-        load_profile(profile)
-    except ConfigError as exc:  # the env's words name its keyword: error_profile='nosuch'
-        text = str(exc)
-        raise ConfigError(
-            "--error-profile=" + text.removeprefix("error_profile=")
-            if text.startswith("error_profile=")
-            else f"--error-profile={profile[:200]!r}: {text}"
-        ) from None
-
-
-def check_env_kwargs(env_id: str, env_kwargs: dict[str, Any]) -> None:
-    """Raise :class:`ConfigError` naming ``--env-kwargs`` when a key is no keyword of ``env_id``'s constructor or gym.make.
-
-    An env whose constructor takes ``**kwargs`` accepts any key; its own checks then apply.
-    """
-    import inspect
-
-    import gymnasium as gym
-    from gymnasium.envs.registration import load_env_creator
-
-    spec = gym.spec(env_id)
-    creator: Any = load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str) else spec.entry_point
-    try:
-        params = inspect.signature(creator).parameters
-    except (TypeError, ValueError):  # a builtin or C callable: nothing to check against
-        return
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return
-    known = (set(params) | set(inspect.signature(gym.make).parameters)) - {"id", "kwargs"}
-    for key in env_kwargs:
-        if key not in known:
-            import difflib
-
-            near = difflib.get_close_matches(str(key), sorted(known), n=1)
-            hint = f"did you mean {near[0]!r}?" if near else f"it takes {', '.join(sorted(known))}"
-            raise ConfigError(f"--env-kwargs: {env_id} takes no keyword {key!r}; {hint}")
-
-
-def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, Any]:
-    """Run PPO; returns the final summary (also written to ``summary.json``)."""
-    dist = dist or Dist()  # one process: every collective is a no-op
-    out = make_run_dir(cfg)
-
-    # -- seeding: the model seed is shared by every rank; env k's seeds depend on k only -----------
-    random.seed(cfg.run.seed)
-    np.random.seed(cfg.run.seed)
-    torch.manual_seed(cfg.run.seed)
-    sgd_rng = np.random.default_rng(cfg.run.seed)
-
-    check_env_id(cfg.env.env)  # before building a model: a typo should fail in a second
-    check_env_kwargs(cfg.env.env, cfg.env.env_kwargs)
-    check_error_profile(cfg.env.error_profile)
-    per_step = micro_batches_per_step(cfg, dist.world)
-    policy = build_policy(cfg, log=log)
-    dist.check_same_weights(policy)
-    named = policy.trainable_parameters()
-    lora_params = [p for n, p in named if not n.startswith("value_head")]
-    param_groups, base_lrs = [{"params": lora_params, "lr": cfg.ppo.lr}], [cfg.ppo.lr]
-    if policy.value_head is not None:  # none for a group advantage: no critic
-        param_groups.append({"params": list(policy.value_head.parameters()), "lr": cfg.ppo.value_lr})
-        base_lrs.append(cfg.ppo.value_lr)
-    optimizer = torch.optim.AdamW(param_groups, weight_decay=0.0)
-    grouped = cfg.ppo.advantage in GROUP_ADVANTAGES
-    groups = ppo.clip_groups(named)
-
-    make_kwargs = {"split": cfg.env.split, "error_profile": cfg.env.error_profile, **cfg.env.env_kwargs}
-    if cfg.env.mode == "candidates":
-        make_kwargs["candidates"] = cfg.env.candidates
-    sink = None
-    if cfg.run.record or cfg.run.shards:
-        sink = resources.CountingSink(
-            runlog.open_replay(out, cfg, dist) if cfg.run.record else None,
-            runlog.open_shards(out, cfg, dist) if cfg.run.shards else None,
-        )
-    wrap = None
-    if sink is not None:
-        from agentrl_envs.data import RecordVectorTrajectories
-
-        def wrap(vec: Any) -> Any:
-            return RecordVectorTrajectories(vec, sink, policy_id=f"{cfg.model.adapter}")
-
-    pool = EnvPool(
-        cfg.env.env,
-        cfg.env.num_envs,
-        first_index=dist.rank * cfg.env.num_envs,
-        run_seed=cfg.run.seed,
-        vectorization=cfg.env.vectorization,
-        make_kwargs=make_kwargs,
-        wrap=wrap,
-        group_size=cfg.ppo.group_size if grouped else 0,
-    )
-    start_update, global_steps, history = 0, 0, []
-    if cfg.run.resume:
-        try:
-            state = checkpoint.load_latest(out, policy, optimizer, pool, sgd_rng, rank=dist.rank, world=dist.world)
-        except BaseException:
-            pool.close()
-            if sink is not None:
-                sink.close()
-            raise
-        start_update, global_steps, history = state["update"], state["global_steps"], state.get("history", [])
-        log(f"resumed from update {start_update} ({global_steps} env steps)")
-    else:
-        pool.reset()
-    # written once the run has started: a failed resume leaves the run's config.yaml and metrics.jsonl as they were
-    if dist.is_main:
-        dump_config(cfg, out / "config.yaml")
-    logger = runlog.RunLogger(out, cfg, enabled=dist.is_main, history=history)
-
-    steps_per_update = cfg.ppo.rollout_steps * cfg.env.num_envs * dist.world
-    trainable = wrap_trainable(policy, cfg, dist)
-    meter = resources.ResourceMeter(dist, policy.device, sink)
-    # schedules run on the optimizer step as planned (update, epoch, step), so a resumed run follows them exactly
-    steps_per_epoch = ppo.optimizer_steps_per_epoch(cfg.ppo.rollout_steps * cfg.env.num_envs, cfg.ppo.micro_batch, per_step)
-    total_steps = cfg.ppo.updates * cfg.ppo.epochs * steps_per_epoch
-    warmup = ppo.critic_warmup_steps(cfg.ppo.critic_warmup, total_steps)
-    bar = runlog.progress(cfg, start_update, enabled=dist.is_main)
-    update = start_update
-    stop_at = (
-        cfg.ppo.updates
-        if not cfg.run.max_updates_this_call
-        else min(cfg.ppo.updates, start_update + cfg.run.max_updates_this_call)
-    )
-    try:
-        if start_update == 0 and dist.is_main and cfg.run.eval_every:
-            logger.log_eval(0, 0, evaluate.evaluate_splits(policy, cfg, cfg.run.eval_splits, cfg.run.eval_episodes))
-        for update in range(start_update, stop_at):
-            t_update = time.perf_counter()
-            # -- rollout ----------------------------------------------------------------------------
-            with meter.phase("rollout") as counts:
-                pool.set_training_step(global_steps)  # the aux reward schedule runs on global env steps
-                roll = (collect_groups if grouped else collect)(
-                    policy, pool, cfg, recorder=pool.envs if sink is not None else None
-                )
-                valid = roll.valid_TN
-                counts.update(tokens=roll.tokens, env_steps=int(valid.sum()))
-            # a group rollout's envs idle once their episode ended: count the steps taken (on every rank)
-            global_steps += int(dist.sum(int(valid.sum()))) if grouped else steps_per_update
-
-            with meter.phase("update") as counts:
-                # -- rewards -> advantages (statistics are global under DDP) --------------------------
-                rewards = roll.rewards_TN.copy()
-                if cfg.ppo.shuffle_rewards:  # control: rewards carry no information about the actions
-                    rewards[valid] = sgd_rng.permutation(rewards[valid])
-                    # ... nor about episode length: permuted rewards with a positive mean would pay for every
-                    # extra step, so the control centres them (a per-step reward of 0 in expectation).
-                    rewards = np.where(valid, rewards - rewards[valid].mean(), 0.0)
-                group_row: dict[str, float] = {}
-                if grouped:
-                    # each env's one episode, scored by its (undiscounted) return on every step, or per step by its return-to-go
-                    score = ppo.episode_group_advantages if cfg.ppo.group_score == "return" else ppo.return_to_go_group_advantages
-                    adv_TN, flat_G = score(rewards, valid, cfg.ppo.group_size, cfg.ppo.advantage)
-                    ret_TN = np.zeros_like(rewards)  # no value head to train
-                    group_row = _group_metrics(flat_G, roll.cut_N, dist)
-                else:
-                    rewards = ppo.normalize_rewards(
-                        rewards, valid, cfg.ppo.reward_norm, cfg.ppo.min_sigma, dist.moments(rewards[valid])
-                    )
-                    adv_TN, ret_TN = ppo.advantages(roll, rewards, cfg.ppo.advantage, cfg.ppo.gamma, cfg.ppo.lam)
-                    if cfg.ppo.whiten_advantages:
-                        adv_TN = ppo.whiten(adv_TN, dist.moments(adv_TN[valid]))
-
-                # -- PPO update ---------------------------------------------------------------------
-                policy.train()
-                trainable = wrap_trainable(policy, cfg, dist, trainable)  # a new DDP wrapper if the adapter changed
-                samples = [(roll.transitions[t][i], float(adv_TN[t, i]), float(ret_TN[t, i])) for t, i in zip(*np.nonzero(valid))]
-                ent_coef = ppo.entropy_coef(update, cfg.ppo.updates, cfg.ppo.ent_start, cfg.ppo.ent_end)
-                critic_ws: list[float] = []
-                stats: dict[str, list[float]] = {
-                    k: [] for k in ("pg", "vf", "entropy", "kl_ref", "approx_kl", "clipfrac", "drift") if k != "vf" or not grouped
-                }
-                grad_norms: dict[str, float] = {}
-                t_sgd = time.perf_counter()
-                stop_early = False
-                epochs_run = 0
-                for epoch in range(cfg.ppo.epochs):
-                    epochs_run += 1
-                    epoch_kl_from = len(stats["approx_kl"])
-                    order = sgd_rng.permutation(len(samples))
-                    mbs = [order[j : j + cfg.ppo.micro_batch] for j in range(0, len(order), cfg.ppo.micro_batch)]
-                    step = per_step or len(mbs)
-                    for s_i, g in enumerate(range(0, len(mbs), step)):
-                        opt_step = (update * cfg.ppo.epochs + epoch) * steps_per_epoch + s_i
-                        for param_group, base_lr in zip(optimizer.param_groups, base_lrs, strict=True):
-                            param_group["lr"] = base_lr * ppo.lr_factor(opt_step, total_steps, cfg.ppo.lr_schedule)
-                        critic_ws.append(ppo.critic_weight(opt_step, warmup))
-                        group = episode_micro_batches([j for mb in mbs[g : g + step] for j in mb], samples, cfg.ppo.micro_batch)
-                        accumulate(policy, samples, group, cfg, ent_coef, critic_ws[-1], dist, stats, trainable)
-                        grad_norms = ppo.clip_gradients(groups, cfg.ppo.grad_clip, cfg.ppo.clip_mode)
-                        optimizer.step()
-                        optimizer.zero_grad(set_to_none=True)
-                    epoch_kls = np.asarray(stats["approx_kl"][epoch_kl_from:])
-                    if cfg.ppo.target_kl and ppo.should_stop_early(epoch_kls, cfg.ppo.target_kl, dist.moments(epoch_kls)):
-                        stop_early = True  # decided once for all ranks, on this epoch's global mean
-                        break
-                policy.eval()
-                counts["tokens"] = epochs_run * sum(
-                    len(tr.prompt_ids) + sum(len(c) for c in tr.cand_ids) + len(tr.new_ids) for tr, _, _ in samples
-                )
-            sgd_s = time.perf_counter() - t_sgd
-
-            # -- logging, evaluation, checkpoints (rank 0) ---------------------------------------
-            row = {
-                "update": update + 1,
-                "env_steps": global_steps,
-                "episodes": len(roll.episodes),
-                "return": _mean([e["return"] for e in roll.episodes]),
-                "success": _mean([float(e["success"]) for e in roll.episodes]),
-                "reward_raw": float(roll.rewards_TN[valid].mean()),
-                **{k: _mean(v) for k, v in stats.items()},
-                **group_row,
-                "ent_coef": ent_coef,
-                **({} if grouped else {"critic_weight": _mean(critic_ws)}),  # the mean over this update's optimizer steps
-                "lr_factor": ppo.lr_factor(opt_step, total_steps, cfg.ppo.lr_schedule),  # at its last step
-                "early_stop": stop_early,
-                **{f"grad_norm/{k}": v for k, v in grad_norms.items()},
-                "time/rollout_model_s": roll.model_seconds,
-                "time/rollout_env_s": roll.env_seconds,
-                "time/update_s": sgd_s,
-                "time/total_s": time.perf_counter() - t_update,
-                "rollout_tokens": roll.tokens,
-            }
-            logger.log(row)
-            bar.update(row)
-            if not all(bool(torch.isfinite(p).all()) for _, p in named):  # every rank: DDP shares the NaN gradients
-                raise ConfigError(
-                    f"ppo diverged at update {update + 1}: the adapter's or value head's weights are not finite; lower "
-                    f"--lr (now {cfg.ppo.lr:g}), --value-lr (now {cfg.ppo.value_lr:g}) or --lora-alpha-ratio (now "
-                    f"{cfg.model.lora_alpha_ratio:g}); no checkpoint or final/ of these weights was written"
-                )
-            is_last = update + 1 == cfg.ppo.updates
-            if dist.is_main and cfg.run.eval_every and ((update + 1) % cfg.run.eval_every == 0 or is_last):
-                logger.log_eval(
-                    update + 1, global_steps, evaluate.evaluate_splits(policy, cfg, cfg.run.eval_splits, cfg.run.eval_episodes)
-                )
-            if (cfg.run.checkpoint_every and (update + 1) % cfg.run.checkpoint_every == 0) or update + 1 == stop_at:
-                with meter.phase("checkpoint"):
-                    _check_in_sync(policy, dist, update + 1)
-                    checkpoint.save(
-                        out,
-                        update + 1,
-                        global_steps,
-                        policy,
-                        optimizer,
-                        pool,
-                        sgd_rng,
-                        logger.history,
-                        dist,
-                        cfg.run.keep_checkpoints,
-                    )
-        update = stop_at
-    finally:
-        bar.close()
-        pool.close()
-        if sink is not None:
-            sink.close()
-
-    summary: dict[str, Any] = {"updates": update, "env_steps": global_steps, "finished": update >= cfg.ppo.updates}
-    summary["world"] = dist.world
-    summary["rank_weight_max_abs_diff"] = dist.max_weight_diff(policy)
-    summary["resources"] = meter.write(out, cfg.model.adapter)["phases"]
-    if dist.is_main:
-        summary["resources_table"] = resources.table(resources.load(out))
-        log(summary["resources_table"])
-    if update >= cfg.ppo.updates and dist.is_main:
-        policy.save(out / "final")
-        dump_config(cfg, out / "final" / "config.yaml")
-        table = evaluate.final_eval(policy, cfg, out, log)
-        if table:
-            summary["eval"] = table
-        logger.plot_curve(out / "learning_curve.png")
-    logger.close(summary)
-    return summary
 
 
 def micro_batches_per_step(cfg: TrainConfig, world: int) -> int:
@@ -510,10 +512,6 @@ def _group_metrics(flat_G: np.ndarray, cut_N: np.ndarray | None, dist: Any) -> d
         "zero_adv_share": flat / groups if groups else math.nan,
         "cut_share": cut / episodes if episodes else math.nan,
     }
-
-
-def _units(tr: Transition, cfg: TrainConfig) -> int:
-    return 1 if cfg.env.mode == "candidates" else max(len(tr.new_ids), 1)
 
 
 def _mean(xs: list[float]) -> float:

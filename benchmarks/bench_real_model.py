@@ -16,6 +16,7 @@ and ``sft_loss.png``.
     python benchmarks/bench_real_model.py                      # the full story (hours on 2 CPU cores)
     python benchmarks/bench_real_model.py --quick              # a small version: minutes, to check the path
     python benchmarks/bench_real_model.py --phases zero-shot sft --seeds 0 --eval-episodes 16
+    python benchmarks/bench_real_model.py --phases zero-shot sft ppo --add-tool-tokens   # against the same without
 """
 
 from __future__ import annotations
@@ -66,7 +67,10 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
         policy = build_policy(cfg, log=lambda *a, **k: None)
         with torch.no_grad():
             return {"eval": _evals(policy, cfg, spec)}
-    if phase == "sft":
+    if phase == "sft" and spec.get("reuse_sft") and (Path(cfg.run.out) / "final").is_dir():
+        print(f"reusing the SFT adapter in {cfg.run.out}/final (--reuse-sft)", flush=True)
+        summary = {"reused": True}
+    elif phase == "sft":
         from agentrl_train.sft import sft
 
         summary = sft(cfg, log=lambda *a, **k: print(*a, flush=True))
@@ -78,6 +82,8 @@ def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     from agentrl_train.evaluate import load_run
 
     policy, run_cfg = load_run(cfg.run.out)
+    # evaluation budgets are this benchmark's, also for a reused run
+    run_cfg.ppo.max_new_tokens, run_cfg.ppo.max_prompt_tokens = cfg.ppo.max_new_tokens, cfg.ppo.max_prompt_tokens
     with torch.no_grad():
         evals = _evals(policy, run_cfg, spec)
     rows = [json.loads(x) for x in (Path(cfg.run.out) / "metrics.jsonl").read_text().splitlines() if x.strip()]
@@ -180,6 +186,7 @@ def _options(args: argparse.Namespace, env: str, seed: int, out: Path, phase: st
         "max_prompt_tokens": args.max_prompt_tokens,
         "threads": args.threads,
         "num_envs": args.num_envs,
+        "add_tool_tokens": args.add_tool_tokens,
     }
     if phase == "sft":
         opts.update(episodes=args.sft_episodes, sft_epochs=args.sft_epochs, sft_batch=args.sft_batch)
@@ -256,7 +263,13 @@ def main() -> None:
     ap.add_argument("--updates", type=int, default=6, help="PPO updates after SFT (default 6)")
     ap.add_argument("--num-envs", type=int, default=16)
     ap.add_argument("--rollout-steps", type=int, default=8)
-    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=160,
+        help="token budget of one action (default 160; the longest oracle call of SQL-v0 and SQLPythonSMTP-v0 is 144 "
+        "SmolLM2 tokens, so a smaller budget cuts the right call: `agentrl-train check-model` reports it)",
+    )
     ap.add_argument("--max-prompt-tokens", type=int, default=1536)
     ap.add_argument(
         "--ppo-set",
@@ -266,7 +279,17 @@ def main() -> None:
         metavar="KEY=VALUE",
         help="a training option for the ppo and control phases (repeatable), e.g. --ppo-set lr=5e-5",
     )
+    ap.add_argument(
+        "--add-tool-tokens",
+        action="store_true",
+        help="every phase with <tool_call> and </tool_call> as added tokens (agentrl_train.tool_tokens); compare with a run without",
+    )
     ap.add_argument("--threads", type=int, default=2, help="torch threads per phase (default 2)")
+    ap.add_argument(
+        "--reuse-sft",
+        action="store_true",
+        help="an sft phase whose run folder (in --out) holds final/ is evaluated again, not trained again",
+    )
     ap.add_argument("--quick", action="store_true", help="a small version (8 eval episodes, 8 SFT episodes, 1 update of 4 envs)")
     ap.add_argument("--out", default=None, help="folder for runs and logs (default: a temporary one)")
     ap.add_argument("--results", default=None, help="results page (default docs/results/real-model-DATE.md)")
@@ -293,6 +316,7 @@ def main() -> None:
                     continue
                 out = root / f"{short}-s{seed}-{phase}"
                 spec = {
+                    "reuse_sft": args.reuse_sft,
                     "phase": phase,
                     "options": _options(args, env, seed, out, phase, sft_dir / "final"),
                     "eval_episodes": args.eval_episodes,

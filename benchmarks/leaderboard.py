@@ -70,7 +70,9 @@ class Budget:
     sft_episodes: int = 32  #: oracle episodes behind agentrl's generate-mode warm start
     gen_updates: int = 1  #: agentrl generate-mode PPO updates (4 envs x 4 steps each) after sft
     trl_steps: int = 4  #: TRL GRPO optimizer steps (4 prompts x 2 generations each)
-    max_new_tokens: int = 96  #: token budget of one generated action (agentrl generate and TRL)
+    #: token budget of one generated action (agentrl generate and TRL): the trainer's default, which holds
+    #: the longest oracle call of every env (tiny tokens: 111 on SQLPythonSMTP-v0; `agentrl-train check-model tiny`)
+    max_new_tokens: int = 160
     seed: int = 0  #: seed of every training run
 
 

@@ -27,6 +27,7 @@ import argparse
 import importlib.util
 import json
 import sys
+import textwrap
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -153,7 +154,8 @@ def check_rewards(
     domain = {a: {s: _summary([e for e in runs if e.agent == a and e.split == s]) for s in SPLITS} for a in names}
     checks = _checks(terms, credit, domain, limits)
     passed = all(c["passed"] for c in checks)
-    images = _plots(out, terms, corr, credit, domain, gamma, lam)
+    title = f"{env_id}, faults {error_profile}, {episodes} episodes per agent and split from seed {seed}"
+    images = _plots(out, terms, corr, credit, domain, gamma, lam, title)
     params = {"env_id": env_id, "episodes": episodes, "agents": names, "seed": seed, "gamma": gamma, "lam": lam}
     params["error_profile"] = error_profile
     summary = {"passed": passed, "params": params, "thresholds": asdict(limits), "checks": checks}
@@ -399,12 +401,15 @@ def _plots(
     domain: dict[str, Any],
     gamma: float,
     lam: float,
+    title: str,
 ) -> dict[str, str]:
     from matplotlib.figure import Figure  # the Agg canvas, no pyplot state: headless and thread-safe
 
     images: dict[str, str] = {}
 
-    def save(fig: Any, name: str) -> None:
+    def save(fig: Any, name: str, what: str = "") -> None:
+        # every image names the run that drew it, wrapped to the figure's width
+        fig.suptitle(textwrap.fill(f"{title}{what}", width=int(fig.get_figwidth() * 13)), fontsize=8)
         fig.tight_layout()
         fig.savefig(out / name, dpi=80)
         images[name.split(".")[0]] = name
@@ -450,7 +455,7 @@ def _plots(
         ax.set_ylim(0, 1.05)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-        save(fig, "credit_assignment.png")
+        save(fig, "credit_assignment.png", f"; credit: long horizon, oracle, {credit['episodes']} episodes")
 
     fig = Figure(figsize=(7.0, 2.8))
     axes = fig.subplots(1, 2)

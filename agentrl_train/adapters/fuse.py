@@ -212,7 +212,11 @@ def _read_config(path: Path) -> dict[str, Any]:
         "lora_bias": "it trains a bias on lora_B; retrain with lora_bias=False",
         "fan_in_fan_out": "it targets transposed (Conv1D) weights; only nn.Linear layers are supported",
         "modules_to_save": "it trains full copies of some modules, which cannot be added up; retrain without modules_to_save",
-        "trainable_token_indices": "it trains embedding rows; retrain without trainable_token_indices",
+        "trainable_token_indices": (
+            "it trains embedding rows (the added tool-call tokens of --add-tool-tokens, or other trainable tokens), "
+            "which fusion and remapping do not carry: use the adapter as it is, on its base with the same added tokens "
+            "(agentrl-train eval and serve load it), or retrain without --add-tool-tokens"
+        ),
         "target_parameters": "it adapts raw parameters, not Linear layers",
     }
     for key, why in refusals.items():

@@ -11,6 +11,12 @@ is kept for the next canary after a promotion or a rollback.
 Adapters are read in peft's layout (``adapter_config.json`` + ``adapter_model.safetensors``, or a
 run's ``final/`` folder with one such subfolder) or from a trainer checkpoint
 (``checkpoints/update-N/trainable.safetensors``).
+
+An adapter trained with added tool-call tokens (``--add-tool-tokens``: ``tool_tokens.json`` beside
+its weights) needs the base with the same tokens added (a larger vocabulary): the first adapter
+loaded decides, and the base is resized for it. Adapters with and without added tokens cannot be
+served by one server (the prompts of one would hold token ids the other never saw), nor can
+adapters that added other tokens: such an adapter is refused by name; serve it from its own server.
 """
 
 from __future__ import annotations
@@ -29,11 +35,14 @@ from typing import Any, TypeVar
 import torch
 
 from agentrl_envs.errors import ConfigError
+from agentrl_train.tool_tokens import ToolTokens, add_tool_tokens, read_tool_tokens
 
 __all__ = ["AdapterMismatchError", "Engine", "Markup", "Prepared", "PromptTooLargeError", "find_adapter_files"]
 
 T = TypeVar("T")
 _TRAINABLE = re.compile(r"^lm\.(.+)\.lora_([AB])\.[^.]+\.weight$")
+_TRAINABLE_ROWS = re.compile(r"^lm\.(.+\.token_adapter\.trainable_tokens_delta)\.[^.]+$")
+_ROWS = ".token_adapter.trainable_tokens_delta"  #: peft's key of an adapter's added-token rows
 _WORD = re.compile(r"\w{0,64}", re.ASCII)
 
 
@@ -58,6 +67,7 @@ class Prepared:
     path: str  #: the folder they came from
     tensors: dict[str, torch.Tensor]  #: peft-saved keys (no adapter name) -> weights on the model's device
     config: dict[str, Any]  #: its adapter_config.json (empty for a trainer checkpoint)
+    tool_tokens: ToolTokens | None = None  #: the tool-call tokens it was trained with (tool_tokens.json)
 
 
 @dataclass
@@ -101,16 +111,24 @@ class Engine:
         device: ``cpu``, ``cuda`` or ``auto``.
         threads: torch intra-op threads on CPU.
         tiny_spec: the :class:`~agentrl_train.tiny.TinySpec` for ``model="tiny"``.
+        rope_scaling: a ``--rope-scaling`` setting (:mod:`agentrl_train.rope`), as the adapters were trained with.
         log: where swap times and loads are reported.
     """
 
     def __init__(
-        self, model: str, device: str = "cpu", *, threads: int = 1, tiny_spec: Any = None, log: Callable[[str], None] = print
+        self,
+        model: str,
+        device: str = "cpu",
+        *,
+        threads: int = 1,
+        tiny_spec: Any = None,
+        rope_scaling: dict[str, Any] | None = None,
+        log: Callable[[str], None] = print,
     ) -> None:
         from agentrl_train.models import load_base, pick_device
 
         dev = pick_device(device)
-        self.lm, self.tokenizer = load_base(model, dev, tiny_spec=tiny_spec, log=log, threads=threads)
+        self.lm, self.tokenizer = load_base(model, dev, tiny_spec=tiny_spec, log=log, threads=threads, rope_scaling=rope_scaling)
         self.device = dev
         self.base_path = str(getattr(self.lm.config, "_name_or_path", "") or model)
         self.model_name = model
@@ -121,9 +139,17 @@ class Engine:
         self.swaps = 0
         self.swap_seconds: list[float] = []
         self._params: dict[str, dict[str, torch.nn.Parameter]] = {}
+        self.tool_tokens: ToolTokens | None = None  #: the tool-call tokens added to the base (by the first adapter)
         self._active: str | None = None
         self._slot_count = 0
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentrl-serve-model")
+        self._read_tokenizer()
+        # A fast tokenizer keeps split_special_tokens as one flag of its backend, set by each call: two
+        # threads encoding at once (--max-concurrent-encodings) would tokenize with each other's setting.
+        self._tokenizer_lock = threading.Lock()
+
+    def _read_tokenizer(self) -> None:
+        """The stop ids and the special spellings, from the tokenizer (again after tokens are added)."""
         from agentrl_train.policy import stop_token_ids
 
         self.stop_ids = stop_token_ids(self.tokenizer)
@@ -133,9 +159,6 @@ class Engine:
         specials |= {str(t) for t in getattr(self.tokenizer, "get_added_vocab", dict)() if t}
         self._specials = sorted(specials, key=len, reverse=True)
         self._specials_re = re.compile("|".join(map(re.escape, self._specials))) if self._specials else None
-        # A fast tokenizer keeps split_special_tokens as one flag of its backend, set by each call: two
-        # threads encoding at once (--max-concurrent-encodings) would tokenize with each other's setting.
-        self._tokenizer_lock = threading.Lock()
 
     # -- the worker ------------------------------------------------------------------------------
 
@@ -173,6 +196,14 @@ class Engine:
             )
         _scaling(config, str(path))  # r / lora_alpha that are not numbers are refused here, before any slot exists
         tensors = _peft_keys(raw, weights.name == "trainable.safetensors")
+        tokens = read_tool_tokens(weights.parent) if cfg_file is not None else self.tool_tokens
+        if self.peft is not None and tokens != self.tool_tokens:
+            raise AdapterMismatchError(_tokens_refusal(str(path), tokens, self.tool_tokens))
+        if cfg_file is not None and tokens is not None and not any(k.endswith(_ROWS) for k in tensors):
+            raise AdapterMismatchError(
+                f"adapter {str(path)[:200]!r}: tool_tokens.json says it trains added tool-call tokens, but its weights "
+                "hold no rows for them; save the adapter again"
+            )
         if not tensors:
             raise AdapterMismatchError(f"adapter {str(path)[:200]!r}: {weights.name} holds no LoRA weights")
         for key, tensor in tensors.items():
@@ -202,7 +233,7 @@ class Engine:
                     f"adapter {str(path)[:200]!r}: {k} holds {bad} NaN or infinite value(s) (as {dtype}); "
                     "the training run diverged or the file is damaged: serve an earlier checkpoint (the old version keeps serving)"
                 )
-        return Prepared(str(path), tensors, config)
+        return Prepared(str(path), tensors, config, tokens)
 
     def add_family(self, name: str, prepared: Prepared) -> str:
         """Create the first slot of a new adapter name (at start-up) and fill it; returns the slot."""
@@ -219,6 +250,8 @@ class Engine:
             ) from None
         config.inference_mode = True
         slot = self._new_slot_name()
+        if self.peft is None and prepared.tool_tokens is not None:
+            self._add_tool_tokens(name, prepared)
         if self.peft is None:
             self.peft = get_peft_model(self.lm, config, adapter_name=slot)
             self.peft.eval()
@@ -232,6 +265,16 @@ class Engine:
         self.families[name] = fam
         self._copy(slot, prepared)
         return slot
+
+    def _add_tool_tokens(self, name: str, prepared: Prepared) -> None:
+        """Add the adapter's tool-call tokens to the base (before any slot exists), as the trainer did."""
+        added = add_tool_tokens(self.lm, self.tokenizer, self.model_name, self.log)
+        if added != prepared.tool_tokens:
+            raise AdapterMismatchError(
+                f"adapter {name}={prepared.path[:200]}: " + _tokens_refusal(prepared.path, prepared.tool_tokens, added)
+            )
+        self.tool_tokens = added
+        self._read_tokenizer()
 
     def spare_slot(self, name: str) -> str:
         """A slot of ``name``'s shape for a canary (reused when one is free); runs on the worker."""
@@ -278,12 +321,17 @@ class Engine:
 
     def _index(self, slot: str) -> None:
         marker = f".{slot}."
-        self._params[slot] = {n.replace(marker, "."): p for n, p in self.peft.named_parameters() if marker in n and ".lora_" in n}
+        params = {n.replace(marker, "."): p for n, p in self.peft.named_parameters() if marker in n and ".lora_" in n}
+        rows = f"{_ROWS}.{slot}"
+        params.update({n.removesuffix(f".{slot}"): p for n, p in self.peft.named_parameters() if n.endswith(rows)})
+        self._params[slot] = params
 
     def _check_model_fit(self, path: str, tensors: dict[str, torch.Tensor]) -> None:
         """Before a first slot exists: every LoRA pair must sit on a layer of this base with its in/out sizes."""
         modules = dict(self.lm.named_modules())
         for key, tensor in tensors.items():
+            if key.endswith(_ROWS):  # added tokens' rows: the base is resized for them, and their shape checked in add_family
+                continue
             m = re.match(r"^base_model\.model\.(.+)\.lora_([AB])\.weight$", key)
             layer = modules.get(m.group(1)) if m else None
             if tensor.ndim != 2:
@@ -488,13 +536,26 @@ def _probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 def _peft_keys(raw: dict[str, torch.Tensor], trainable: bool) -> dict[str, torch.Tensor]:
     """LoRA weights under peft's saved names (``...q_proj.lora_A.weight``), from either file layout."""
     if not trainable:
-        return {k: v for k, v in raw.items() if ".lora_" in k}
+        return {k: v for k, v in raw.items() if ".lora_" in k or k.endswith(_ROWS)}
     out = {}
     for k, v in raw.items():
         m = _TRAINABLE.match(k)
         if m:
             out[f"{m.group(1)}.lora_{m.group(2)}.weight"] = v
+        elif rows := _TRAINABLE_ROWS.match(k):
+            out[rows.group(1)] = v
     return out
+
+
+def _tokens_refusal(path: str, tokens: ToolTokens | None, served: ToolTokens | None) -> str:
+    def what(t: ToolTokens | None) -> str:
+        return f"added tool-call tokens {', '.join(t.tokens)} at ids {list(t.ids)}" if t else "no added tool-call tokens"
+
+    return (
+        f"adapter {path[:200]!r} was trained with {what(tokens)}, and this server's base has {what(served)}; "
+        "an adapter with added tokens needs a base resized for them and cannot be served beside adapters without "
+        "them (or with others): serve it from its own agentrl-train serve (the old version keeps serving)"
+    )
 
 
 def _scaling(config: dict[str, Any], path: str = "") -> dict[str, float]:

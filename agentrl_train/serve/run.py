@@ -40,6 +40,7 @@ def build_app(
     upstream: str | None = None,
     device: str = "cpu",
     threads: int = 1,
+    rope_scaling: dict[str, Any] | None = None,
     token: str | None = None,
     admin_token: str | None = None,
     adapters_root: str | None = None,
@@ -66,6 +67,8 @@ def build_app(
             raise ConfigError(f"--upstream {upstream!r}: use the server root, e.g. http://127.0.0.1:8001")
         if adapters_root is not None:
             raise ConfigError("--adapters-root is for a local model; with --upstream, the upstream loads adapters")
+        if rope_scaling:
+            raise ConfigError("--rope-scaling is for a local model; with --upstream, set it on the upstream")
         return ServeApp(
             upstream=upstream.rstrip("/").removesuffix("/v1"),
             adapters=adapters,
@@ -79,7 +82,7 @@ def build_app(
         raise ConfigError("agentrl-train serve needs --model (tiny or a local model folder) or --upstream URL")
     from agentrl_train.serve.engine import Engine
 
-    engine = Engine(model, device, threads=threads, tiny_spec=tiny_spec, log=log)
+    engine = Engine(model, device, threads=threads, tiny_spec=tiny_spec, rope_scaling=rope_scaling, log=log)
     return ServeApp(
         engine,
         adapters=adapters,

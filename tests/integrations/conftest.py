@@ -35,36 +35,3 @@ def require(module: str) -> None:
         if os.environ.get("AGENTRL_REQUIRE_INTEGRATION") == "1":
             pytest.fail(f"AGENTRL_REQUIRE_INTEGRATION=1: {reason}")
         pytest.skip(reason)
-
-
-def start_server(command: list[str], stream: str) -> tuple[subprocess.Popen[str], str]:
-    """Start ``python -m agentrl_envs COMMAND... --port 0`` on 127.0.0.1; (process, its URL from the banner on ``stream``)."""
-    import re
-
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agentrl_envs", *command, "--port", "0"],
-        stdout=subprocess.PIPE if stream == "stdout" else subprocess.DEVNULL,
-        stderr=subprocess.PIPE if stream == "stderr" else None,
-        text=True,
-        cwd=ROOT,
-    )
-    pipe = proc.stdout if stream == "stdout" else proc.stderr
-    assert pipe is not None
-    line = pipe.readline()
-    found = re.search(r"(http://127\.0\.0\.1:\d+)", line)
-    if found is None:
-        proc.kill()
-        raise AssertionError(f"the server did not start: {line!r}")
-    import threading
-
-    threading.Thread(target=pipe.read, daemon=True).start()  # drained, so the server never blocks on a full pipe
-    return proc, found.group(1)
-
-
-def stop_server(proc: subprocess.Popen[str]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()

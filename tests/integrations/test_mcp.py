@@ -22,8 +22,9 @@ import pytest
 import agentrl_envs
 from agentrl_envs.actions import parse_action
 from agentrl_envs.agents import OracleAgent
+from agentrl_envs.testing import start_cli_server, stop_process
 
-from .conftest import require, run_example, start_server, stop_server
+from .conftest import require, run_example
 
 require("mcp")
 
@@ -111,7 +112,7 @@ def servers() -> Iterator[dict[tuple[str, str], str]]:
     keys = [(env_id, profile) for env_id in agentrl_envs.ENV_IDS for profile in ("none", "flaky")]
     with ThreadPoolExecutor(len(keys)) as pool:  # they start side by side
         futures = {
-            key: pool.submit(start_server, ["mcp", key[0], "--transport", "http", "--error-profile", key[1]], "stderr")
+            key: pool.submit(start_cli_server, ["mcp", key[0], "--transport", "http", "--error-profile", key[1]], "stderr")
             for key in keys
         }
     started = {key: future.result() for key, future in futures.items() if future.exception() is None}
@@ -120,7 +121,7 @@ def servers() -> Iterator[dict[tuple[str, str], str]]:
         yield {key: url + "/mcp" for key, (_, url) in started.items()}
     finally:
         for proc, _ in started.values():
-            stop_server(proc)
+            stop_process(proc)
 
 
 @pytest.mark.parametrize("profile", ["none", "flaky"])
@@ -136,7 +137,9 @@ def test_http_oracle_solves_every_id_with_gym_make_rewards(servers: dict[tuple[s
 
 
 def test_http_sessions_are_apart_and_a_hostile_one_leaves_the_others_working() -> None:
-    proc, root = start_server(["mcp", "AgentRL/SQL-v0", "--transport", "http", "--max-sessions", "3", "--idle-s", "1"], "stderr")
+    proc, root = start_cli_server(
+        ["mcp", "AgentRL/SQL-v0", "--transport", "http", "--max-sessions", "3", "--idle-s", "1"], "stderr"
+    )
     url = root + "/mcp"
     try:
 
@@ -164,9 +167,42 @@ def test_http_sessions_are_apart_and_a_hostile_one_leaves_the_others_working() -
             assert time.monotonic() < deadline, "idle sessions were not closed"
             time.sleep(0.5)
     finally:
-        stop_server(proc)
+        stop_process(proc)
 
 
 def test_mcp_client_example_runs() -> None:
     out = run_example("mcp_client.py", "--env-id", "AgentRL/SQLPythonSMTP-v0", "--transport", "http", "--episodes", "2")
     assert out.count("(gym.make same), solved") == 2, out
+
+
+#: Session-creating requests in the 10,000-session test (the issue's hostile count).
+SESSION_ATTEMPTS = 10_000
+
+
+def test_ten_thousand_initialize_requests_get_503_and_a_live_session_keeps_playing() -> None:
+    """10,000 ``initialize`` requests (each would open a session) through one keep-alive connection."""
+    proc, root = start_cli_server(["mcp", "AgentRL/SQL-v0", "--transport", "http", "--max-sessions", "2"], "stderr")
+    url = root + "/mcp"
+    try:
+
+        async def main() -> None:
+            async with Client(url) as live, httpx.AsyncClient(timeout=60) as http:
+                await live.call_tool("reset", {"seed": 1})
+                created, refusals = [], set()
+                for _ in range(SESSION_ATTEMPTS):
+                    answer = await http.post(url, json=_INIT, headers=_ACCEPT)
+                    if answer.status_code == 200:
+                        created.append(answer.headers["mcp-session-id"])
+                    else:
+                        refusals.add((answer.status_code, answer.json()["error"]["message"]))
+                assert len(created) == 1
+                assert refusals == {(503, "the server holds 2 sessions (its limit); close one (DELETE) or try later")}
+                await _play(live, "AgentRL/SQL-v0", 1, "none")  # the live session is untouched
+                gone = await http.delete(url, headers={**_ACCEPT, "mcp-session-id": created[0]})
+                assert gone.status_code == 200
+            async with Client(url) as again:  # the freed place takes a new session
+                await _play(again, "AgentRL/SQL-v0", 2, "none")
+
+        anyio.run(main)
+    finally:
+        stop_process(proc)

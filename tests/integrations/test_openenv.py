@@ -7,7 +7,10 @@ every registered id with and without faults, and each step's observation and rew
 
 from __future__ import annotations
 
+import http.client
+import json
 from collections.abc import Iterator
+from typing import Any
 
 import gymnasium as gym
 import httpx
@@ -16,8 +19,9 @@ import pytest
 import agentrl_envs
 from agentrl_envs.actions import parse_action
 from agentrl_envs.agents import OracleAgent
+from agentrl_envs.testing import start_cli_server, stop_process
 
-from .conftest import require, run_example, start_server, stop_server
+from .conftest import require, run_example
 
 require("openenv.core.env_server")
 
@@ -26,11 +30,11 @@ from openenv.core import GenericEnvClient  # noqa: E402
 
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
-    proc, root = start_server(["openenv", "AgentRL/SQL-v0", "--max-sessions", "4"], "stdout")
+    proc, root = start_cli_server(["openenv", "AgentRL/SQL-v0", "--max-sessions", "4"], "stdout")
     try:
         yield root
     finally:
-        stop_server(proc)
+        stop_process(proc)
 
 
 def _play(remote: object, env_id: str, seed: int, profile: str) -> None:
@@ -125,3 +129,38 @@ def test_session_limit(url: str) -> None:
 def test_openenv_client_example_runs() -> None:
     out = run_example("openenv_client.py", "--episodes", "1", "--error-profile", "flaky")
     assert out.count("(gym.make same), solved") == len(agentrl_envs.ENV_IDS), out
+
+
+#: Session-creating requests in the 10,000-session test (the issue's hostile count).
+SESSION_ATTEMPTS = 10_000
+
+
+def test_ten_thousand_session_attempts_are_refused_and_a_live_session_keeps_playing() -> None:
+    """OpenEnv's HTTP ``openenv/session/create`` (the cheapest session it opens) 10,000 times through one connection."""
+    proc, root = start_cli_server(["openenv", "AgentRL/SQL-v0", "--max-sessions", "2"], "stdout")
+    conn = http.client.HTTPConnection(root.removeprefix("http://"), timeout=60)  # keep-alive, and lighter than httpx
+
+    def rpc(method: str, params: dict[str, Any]) -> dict[str, Any]:
+        conn.request("POST", "/mcp", json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}))
+        return json.loads(conn.getresponse().read())  # type: ignore[no-any-return]
+
+    try:
+        with GenericEnvClient(base_url=root).sync() as live:
+            live.reset(seed=3)
+            created, refusals = [], set()
+            for _ in range(SESSION_ATTEMPTS):
+                reply = rpc("openenv/session/create", {})
+                if "result" in reply:
+                    created.append(reply["result"]["session_id"])
+                else:
+                    refusals.add(reply["error"]["message"])
+            assert len(created) == 1 and refusals == {"Server at capacity: 2/2 sessions active. Cannot accept new connections."}
+            with GenericEnvClient(base_url=root).sync() as extra, pytest.raises(Exception):  # noqa: B017 - CAPACITY_REACHED
+                extra.reset(seed=0)
+            _play(live, "AgentRL/SQL-v0", 3, "none")  # the live session is untouched
+            assert rpc("openenv/session/close", {"session_id": created[0]})["result"]["closed"] is True
+            with GenericEnvClient(base_url=root).sync() as again:  # the freed place takes a new session
+                _play(again, "AgentRL/SQL-v0", 4, "none")
+    finally:
+        conn.close()
+        stop_process(proc)

@@ -12,7 +12,7 @@ from agentrl_train.distributed import wrap_trainable
 
 
 class TwoAdapters(nn.Module):
-    """A frozen base and two 'adapters'; the loss of a batch is its forward (like train.PPOLoss)."""
+    """A frozen base and two 'adapters'; the loss of a batch is its forward (like ppo.PPOLoss)."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -144,3 +144,14 @@ def test_the_cli_prints_json_and_refuses_a_missing_model(
     assert "agentrl-train check-model: error:" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["check-model", str(tiny_folder), "--episodes", "0"])
+
+
+def test_an_oracle_call_longer_than_the_action_budget_is_flagged(tiny_folder: Path) -> None:
+    roomy = check_model(str(tiny_folder), **ONE_ENV)
+    row = roomy["prompts"]["AgentRL/SQL-v0"]
+    assert 8 < row["longest_action_tokens"] <= 160 and row["action_fits"] is True
+    tight = check_model(str(tiny_folder), max_new_tokens=row["longest_action_tokens"] - 1, **ONE_ENV)
+    assert tight["prompts"]["AgentRL/SQL-v0"]["action_fits"] is False
+    assert "LONGER THAN --max-new-tokens" in format_report(tight) and "LONGER THAN" not in format_report(roomy)
+    exact = check_model(str(tiny_folder), max_new_tokens=row["longest_action_tokens"], **ONE_ENV)
+    assert exact["prompts"]["AgentRL/SQL-v0"]["action_fits"] is True

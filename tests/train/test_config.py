@@ -332,6 +332,7 @@ def test_cli_config_folder_and_out_file_are_one_line_errors(capsys, tmp_path) ->
 
 def test_cli_unknown_env_kwargs_name_the_option_before_building_a_model(capsys, tmp_path, monkeypatch) -> None:
     import agentrl_train.train as train_module
+    from agentrl_train.env_checks import check_env_kwargs
 
     def no_model(*a, **k):  # type: ignore[no-untyped-def]
         raise AssertionError("a model was built for a run with bad env_kwargs")
@@ -345,7 +346,7 @@ def test_cli_unknown_env_kwargs_name_the_option_before_building_a_model(capsys, 
     assert "did you mean 'candidates_difficulty'?" in _one_line_error(capsys)
     assert not (run / "config.yaml").exists()
     # gym.make's own keywords pass
-    train_module.check_env_kwargs("AgentRL/SQL-v0", {"max_episode_steps": 3, "candidates_difficulty": "hard"})
+    check_env_kwargs("AgentRL/SQL-v0", {"max_episode_steps": 3, "candidates_difficulty": "hard"})
 
 
 @pytest.mark.parametrize(

@@ -275,7 +275,7 @@ def test_critic_grad_head_keeps_the_value_loss_out_of_the_adapter(small_policy) 
 
 
 def test_anchor_drift_is_zero_at_the_start_and_penalises_a_moved_adapter(small_policy) -> None:
-    from agentrl_train.train import unit_terms
+    from agentrl_train.ppo import unit_terms
 
     policy, cfg = small_policy
     tr = _fixed_batch(policy, cfg)[0][0]
