@@ -91,12 +91,7 @@ def simulator_server(profile: str = "none") -> Iterator[tuple[str, subprocess.Po
         wait_http(url, proc=proc)
         yield url, proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, timeout_s=10)
         if proc.stderr is not None:
             proc.stderr.close()
 
@@ -130,11 +125,11 @@ def start_cli_server(command: Sequence[str], stream: Literal["stdout", "stderr"]
     return proc, found.group(1)
 
 
-def stop_process(proc: subprocess.Popen[Any]) -> None:
-    """Terminate ``proc`` and wait for it (kill after 30 s)."""
+def stop_process(proc: subprocess.Popen[Any], timeout_s: float = 30) -> None:
+    """Terminate ``proc`` and wait for it (kill after ``timeout_s``)."""
     proc.terminate()
     try:
-        proc.wait(timeout=30)
+        proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
