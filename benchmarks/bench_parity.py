@@ -139,10 +139,11 @@ async def lockstep(
 # -- the paths ---------------------------------------------------------------------------------------
 
 
-async def gym_make_path(tally: Tally, env_ids: Sequence[str], seeds: Sequence[int]) -> None:
+async def gym_api_path(tally: Tally, env_ids: Sequence[str], seeds: Sequence[int], make: Any) -> None:
+    """A path whose envs speak Gymnasium's reset/step (``make(env_id, error_profile=...)``: gym.make, gem.make)."""
     for env_id in env_ids:
         for profile in PROFILES:
-            env = gym.make(env_id, error_profile=profile)
+            env = make(env_id, error_profile=profile)
             for seed in seeds:
 
                 def call(action: str, env: Any = env) -> Step:
@@ -151,6 +152,10 @@ async def gym_make_path(tally: Tally, env_ids: Sequence[str], seeds: Sequence[in
 
                 await lockstep(tally, env_id, seed, profile, lambda env=env, seed=seed: env.reset(seed=seed)[0], call)
             env.close()
+
+
+async def gym_make_path(tally: Tally, env_ids: Sequence[str], seeds: Sequence[int]) -> None:
+    await gym_api_path(tally, env_ids, seeds, gym.make)
 
 
 async def trl_path(tally: Tally, env_ids: Sequence[str], seeds: Sequence[int]) -> None:
@@ -383,17 +388,7 @@ async def gem_path(tally: Tally, env_ids: Sequence[str], seeds: Sequence[int]) -
 
     import agentrl_envs.integrations.gem_env  # noqa: F401  (registers the ids with gem)
 
-    for env_id in env_ids:
-        for profile in PROFILES:
-            env = gem.make(env_id, error_profile=profile)
-            for seed in seeds:
-
-                def call(action: str, env: Any = env) -> Step:
-                    _, reward, terminated, truncated, info = env.step(action)
-                    return Step(terminated or truncated, reward=float(reward), success=info.get("success"))
-
-                await lockstep(tally, env_id, seed, profile, lambda env=env, seed=seed: env.reset(seed=seed)[0], call)
-            env.close()
+    await gym_api_path(tally, env_ids, seeds, gem.make)
 
 
 Path_ = Callable[[Tally, Sequence[str], Sequence[int]], Awaitable[None]]
