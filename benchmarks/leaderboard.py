@@ -356,7 +356,8 @@ def plot(results: dict[str, Rows], b: Budget, path: Path) -> None:
     for i, j in np.ndindex(grid.shape):
         ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", color="white" if grid[i, j] < 0.6 else "black")
     ax.set_title(
-        f"success rate, {b.env}, {b.episodes} episodes per cell, seed {b.seed} (random, overlap and oracle rows are the baselines)",
+        f"success rate, {b.env}, {b.episodes} episodes per cell, seed {b.seed}\n"
+        "(random, overlap and oracle rows are the baselines)",
         fontsize=9,
     )
     fig.tight_layout()
