@@ -55,6 +55,7 @@ def evaluate(
     slots = EpisodeStates(width)
     running: dict[int, dict[str, Any]] = {}  # slot -> {"episode", "return", "length"}
     results: dict[int, dict[str, Any]] = {}
+    heads: dict[int, dict[str, Any]] = {}  # episode -> its transcript (with ``transcripts``)
     policy.eval()
     next_episode = 0
 
@@ -66,9 +67,9 @@ def evaluate(
         obs, info = envs[k].reset(seed=seed)
         slots.generators[k].manual_seed(episode_seed(EVAL_SEED, j, 1))
         slots.start(k, obs, info)
-        running[k] = {"episode": j, "return": 0.0, "length": 0, "seed": seed, "task_id": info.get("task_id"), "instruction": obs}
+        running[k] = {"episode": j, "return": 0.0, "length": 0}
         if transcripts is not None:
-            running[k]["steps"] = []
+            heads[j] = {"episode": j, "seed": seed, "task_id": info.get("task_id"), "instruction": obs, "steps": []}
 
     try:
         for k in range(width):
@@ -80,8 +81,8 @@ def evaluate(
                 ep = running[k]
                 ep["return"] += float(r)
                 ep["length"] += 1
-                if "steps" in ep:
-                    ep["steps"].append(
+                if transcripts is not None:
+                    heads[ep["episode"]]["steps"].append(
                         {
                             "action": tr.action_text,
                             "observation": obs,
@@ -98,9 +99,6 @@ def evaluate(
                         "length": ep["length"],
                         "faults": int(fs.get("faults", 0) or 0),
                     }
-                    if "steps" in ep:
-                        keep = ("seed", "task_id", "instruction", "steps")
-                        results[ep["episode"]]["transcript"] = {k: ep[k] for k in keep}
                     del running[k]
                     if next_episode < episodes:
                         begin(k)
@@ -111,12 +109,7 @@ def evaluate(
             env.close()
     done = [results[j] for j in sorted(results)]
     if transcripts is not None:
-        for j in sorted(results):
-            outcome = results[j]
-            t = outcome.pop("transcript")
-            transcripts.append(
-                {"episode": j, **{k: t[k] for k in ("seed", "task_id", "instruction")}, "steps": t["steps"], **outcome}
-            )
+        transcripts.extend({**heads[j], **results[j]} for j in sorted(results))
     faulted = [r for r in done if r["faults"] > 0]
     return {
         "split": split,
