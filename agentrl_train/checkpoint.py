@@ -50,8 +50,13 @@ def save(
     history: list[Any],
     dist: Any,
     keep: int = 2,
+    pending: dict[str, Any] | None = None,
 ) -> Path:
-    """Write the checkpoint of ``update`` (every rank writes its env state; rank 0 the rest)."""
+    """Write the checkpoint of ``update`` (every rank writes its env state; rank 0 the rest).
+
+    ``pending``: this rank's rollout already collected for the next update (``--async-rollouts 1``,
+    :func:`agentrl_train.rollout_engine.rollout_state`), kept beside its env state.
+    """
     from safetensors.torch import save_file
 
     root = _dir(out)
@@ -61,7 +66,7 @@ def save(
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    save_tree(tmp / f"envs-rank{dist.rank}", {"pool": pool.state(), "rank": dist.rank, "world": dist.world})
+    save_tree(tmp / f"envs-rank{dist.rank}", {"pool": pool.state(), "rank": dist.rank, "world": dist.world, "pending": pending})
     if dist.is_main:
         save_file({n: p.detach().cpu().contiguous() for n, p in policy.trainable_parameters()}, tmp / "trainable.safetensors")
         save_tree(
@@ -153,7 +158,7 @@ def load_latest(
     except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as exc:
         raise CheckpointError(f"--resume: checkpoint {folder} is corrupt ({type(exc).__name__}: {str(exc)[:200]})") from None
     pool.restore(envs["pool"])
-    return state
+    return {**state, "pending": envs.get("pending")}
 
 
 def is_checkpoint_name(name: str) -> bool:

@@ -227,6 +227,26 @@ class PPOConfig:
         "candidates mode: weight of the squared drift of each candidate's score from the reference model's score "
         "(keeps the adapter from moving what the candidate softmax cannot see)",
     )
+    rollout_engine: str = _f(
+        "local",
+        "generate mode: where actions are sampled: local (the trainer's model) or server (OpenAI-compatible completion "
+        "servers with runtime LoRA loading: vLLM or agentrl-train serve; --rollout-url; agentrl_train.rollout_engine)",
+        commands=_PPO_ONLY,
+    )
+    rollout_url: list = _f([], "rollout servers' base URLs, comma-separated (http://HOST:PORT)", commands=_PPO_ONLY)
+    async_rollouts: int = _f(
+        0,
+        "1: the servers sample the next rollout while the trainer updates on this one (one adapter version stale, "
+        "the ratio taken against the server's log-probs); 0: rollout, then update",
+        commands=_PPO_ONLY,
+    )
+    rollout_timeout: float = _f(300.0, "seconds one rollout-server request may take", commands=_PPO_ONLY)
+    rollout_retries: int = _f(2, "further tries of a failed rollout-server request (then the run stops)", commands=_PPO_ONLY)
+    logprob_tolerance: float = _f(
+        0.05,
+        "warn when the rollout server's log-probs differ from the trainer's by more than this per token on average",
+        commands=_PPO_ONLY,
+    )
 
 
 @dataclass
@@ -304,7 +324,7 @@ class TrainConfig:
         _at_most("num_envs", e.num_envs, MAX_NUM_ENVS, "per process; under async each sub-env is a process")
         for name in ("episodes", "sft_epochs", "sft_batch", "sft_lr"):
             _positive(name, option_value(self, name))
-        for name in ("lr", "value_lr", "temperature", "grad_clip", "lora_alpha_ratio", "min_sigma"):
+        for name in ("lr", "value_lr", "temperature", "grad_clip", "lora_alpha_ratio", "min_sigma", "rollout_timeout"):
             _positive(name, option_value(self, name))
         for name in (
             "accumulation",
@@ -330,11 +350,12 @@ class TrainConfig:
             "anchor_coef",
         ):
             _non_negative(name, option_value(self, name))
-        for name in ("clip_low", "clip_high", "group_size"):
+        for name in ("clip_low", "clip_high", "group_size", "rollout_retries", "logprob_tolerance"):
             _non_negative(name, option_value(self, name))
         if p.clip_low >= 1:
             raise ConfigError(f"--clip-low={short_repr(p.clip_low)}: use a value in [0, 1) (the ratio stays above 1 - it)")
         _check_group_options(self)
+        _check_rollout_options(self)
         for name in ("gamma", "lam", "reference_weight"):
             if not 0.0 <= option_value(self, name) <= 1.0:
                 raise ConfigError(f"--{_flag(name)}={short_repr(option_value(self, name))}: use a value in [0, 1]")
@@ -595,6 +616,30 @@ def _check_group_options(cfg: TrainConfig) -> None:
         raise ConfigError(
             f"{flags}: --advantage {p.advantage} has no critic (no value head); drop {'it' if len(set_) == 1 else 'them'}, "
             "or use --advantage gae or hierarchical"
+        )
+
+
+def _check_rollout_options(cfg: TrainConfig) -> None:
+    """``--rollout-engine server`` needs URLs and an adapter the servers can hold; ``--async-rollouts`` needs the servers."""
+    p, m = cfg.ppo, cfg.model
+    _choice("rollout_engine", p.rollout_engine, ("local", "server"))
+    if p.async_rollouts not in (0, 1):
+        raise ConfigError(f"--async-rollouts={short_repr(p.async_rollouts)}: use 0 (off) or 1 (one update off-policy)")
+    if p.rollout_engine == "local":
+        if p.rollout_url or p.async_rollouts:
+            raise ConfigError("--rollout-url and --async-rollouts are read with --rollout-engine server only; add it")
+        return
+    if not p.rollout_url:
+        raise ConfigError("--rollout-engine server needs --rollout-url URL[,URL...] (e.g. http://127.0.0.1:8000)")
+    if cfg.env.mode != "generate":
+        raise ConfigError(
+            "--rollout-engine server samples generate-mode actions; candidates mode scores its candidates in the "
+            "trainer: use --mode generate, or drop --rollout-engine"
+        )
+    if m.frozen_adapters or m.add_tool_tokens:
+        raise ConfigError(
+            "--rollout-engine server loads one LoRA adapter into the servers; a run with --frozen-adapters or "
+            "--add-tool-tokens trains a policy they cannot hold: use --rollout-engine local"
         )
 
 

@@ -30,12 +30,13 @@ from agentrl_train.rollout import EnvPool, Rollout, Transition, act_many, sub_in
 __all__ = ["collect_groups"]
 
 
-def collect_groups(policy: Any, pool: EnvPool, cfg: Any, recorder: Any = None) -> Rollout:
+def collect_groups(policy: Any, pool: EnvPool, cfg: Any, recorder: Any = None, engine: Any = None) -> Rollout:
     """One episode per sub-env, at most ``cfg.ppo.rollout_steps`` steps each, then every env starts its next one.
 
     The pool must stand at the start of its groups' episodes (``pool.reset()`` once before the first
     call; each call ends with that reset for the next), so a checkpoint taken between updates holds
-    no episode in progress.
+    no episode in progress. With a rollout ``engine`` the actions come from its servers and the
+    trainer's model is not used here (:func:`agentrl_train.rollout.collect`).
     """
     T, N = cfg.ppo.rollout_steps, pool.num_envs
     shape = (T, N)
@@ -46,14 +47,15 @@ def collect_groups(policy: Any, pool: EnvPool, cfg: Any, recorder: Any = None) -
     running = np.ones(N, dtype=bool)
     env_s = model_s = 0.0
     tokens = 0
-    policy.eval()
+    if engine is None:
+        policy.eval()
     pool.prompt_states = [{} for _ in range(N)]  # keys/values of the weights before the last update are stale
     for t in range(T):
         envs = [int(i) for i in np.flatnonzero(running)]
         row: list[Transition | None] = [None] * N
         if envs:
             t0 = time.perf_counter()
-            for i, tr in zip(envs, act_many(policy, pool, envs, cfg)):
+            for i, tr in zip(envs, act_many(policy, pool, envs, cfg, engine=engine)):
                 row[i] = tr
             model_s += time.perf_counter() - t0
         transitions.append(row)

@@ -65,6 +65,7 @@ class Transition:
     baseline_scores: list[float] = field(
         default_factory=list
     )  #: candidates mode, score_baseline=reference: the reference's scores
+    version: int = -1  #: the adapter version a rollout server sampled it with (-1: the trainer's own model)
 
 
 @dataclass
@@ -87,6 +88,10 @@ class Rollout:
     valid_TN: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
     #: group rollouts: each env's episode was still running when the window of rollout_steps closed
     cut_N: np.ndarray | None = None
+    #: a server rollout: the prompts whose V(s) the trainer computes afterwards (:func:`score_rollout`):
+    #: the final observation of each truncated episode, by ``(t, i)``, and each env's last prompt
+    value_prompts: dict[tuple[int, int], list[int]] = field(default_factory=dict)
+    last_prompts: list[list[int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.valid_TN.size == 0:
@@ -436,17 +441,42 @@ def act(policy: Any, pool: EpisodeStates, i: int, cfg: Any, *, greedy: bool = Fa
 
 @torch.no_grad()
 def act_many(
-    policy: Any, pool: EpisodeStates, envs: Sequence[int], cfg: Any, *, greedy: bool = False, reference: bool = True
+    policy: Any,
+    pool: EpisodeStates,
+    envs: Sequence[int],
+    cfg: Any,
+    *,
+    greedy: bool = False,
+    reference: bool = True,
+    engine: Any = None,
 ) -> list[Transition]:
     """The policy's actions for the local envs ``envs`` in their current states (no grad, dropout off).
 
     Each env's prompt keys/values are kept in ``pool.prompt_states`` between its steps. In
-    generate mode all envs' tokens are decoded together (:meth:`Policy.generate_many`).
+    generate mode all envs' tokens are decoded together (:meth:`Policy.generate_many`), or by the
+    rollout servers of ``engine`` (:class:`~agentrl_train.rollout_engine.ServerEngine`): then the
+    transitions carry the server's ids and log-probs only, and their values and reference
+    log-probs are filled in later (:func:`~agentrl_train.rollout_engine.score_rollout`).
     """
     if cfg.env.mode == "candidates":
         return [_act_candidates(policy, pool, i, cfg, greedy=greedy, reference=reference) for i in envs]
     ppo = cfg.ppo
     prompts = [pool.prompt(policy, i, cfg) for i in envs]
+    if engine is not None:
+        # a server seed per env and step from the env's own generator: the same rollout on a resume
+        seeds = [None if greedy else int(torch.randint(0, 2**31 - 1, (1,), generator=pool.generators[i])) for i in envs]
+        return [
+            Transition(
+                pool.first_index + i,
+                list(p),
+                action_text(policy.tokenizer, ids),
+                new_ids=ids,
+                logprob=float(sum(lps)),
+                token_logprobs=lps,
+                version=engine.version,
+            )
+            for i, p, (ids, lps) in zip(envs, prompts, engine.sample(prompts, ppo.max_new_tokens, seeds))
+        ]
     states = [_prompt_state(policy, p, pool.prompt_states[i], "policy") for p, i in zip(prompts, envs)]
     gens = [None if greedy else pool.generators[i] for i in envs]
     if all(st is not None for st in states):
@@ -518,8 +548,13 @@ def _act_candidates(policy: Any, pool: EpisodeStates, i: int, cfg: Any, *, greed
     )
 
 
-def collect(policy: Any, pool: EnvPool, cfg: Any, recorder: Any = None) -> Rollout:
-    """Run ``cfg.ppo.rollout_steps`` steps of every sub-env with the sampling policy."""
+def collect(policy: Any, pool: EnvPool, cfg: Any, recorder: Any = None, engine: Any = None) -> Rollout:
+    """Run ``cfg.ppo.rollout_steps`` steps of every sub-env with the sampling policy.
+
+    With a rollout ``engine`` the trainer's model is not used here (this may run in a thread while
+    it trains): the prompts whose V(s) the rollout needs are kept, for
+    :func:`~agentrl_train.rollout_engine.score_rollout`.
+    """
     T, N = cfg.ppo.rollout_steps, pool.num_envs
     shape = (T, N)
     rewards, term, trunc = np.zeros(shape), np.zeros(shape, dtype=bool), np.zeros(shape, dtype=bool)
@@ -528,11 +563,13 @@ def collect(policy: Any, pool: EnvPool, cfg: Any, recorder: Any = None) -> Rollo
     episodes: list[dict[str, Any]] = []
     env_s = model_s = 0.0
     tokens = 0
-    policy.eval()
+    value_prompts: dict[tuple[int, int], list[int]] = {}
+    if engine is None:
+        policy.eval()
     pool.prompt_states = [{} for _ in range(N)]  # keys/values of the weights before the last update are stale
     for t in range(T):
         t0 = time.perf_counter()
-        row = act_many(policy, pool, range(N), cfg)
+        row = act_many(policy, pool, range(N), cfg, engine=engine)
         model_s += time.perf_counter() - t0
         tokens += sum(len(tr.prompt_ids) + sum(len(c) for c in tr.cand_ids) + len(tr.new_ids) for tr in row)
         for i, tr in enumerate(row):
@@ -553,17 +590,21 @@ def collect(policy: Any, pool: EnvPool, cfg: Any, recorder: Any = None) -> Rollo
             pool.took(policy, i, tr, obs[i], sub, rew[i], cfg)
             if done[i]:
                 episodes.append(pool.summary(i, sub, truncated=bool(tu[i])))
-                if tu[i] and not te[i]:
-                    t0 = time.perf_counter()
-                    with torch.no_grad():  # V(final observation), from the same token stream as every other V(s_t)
-                        tvalues[t, i] = float(policy.value(pool.prompt(policy, i, cfg)))
-                    model_s += time.perf_counter() - t0
+                if tu[i] and not te[i]:  # V(final observation), from the same token stream as every other V(s_t)
+                    value_prompts[t, i] = list(pool.prompt(policy, i, cfg))
         if done.any():
             t0 = time.perf_counter()
             pool.reset(done)
             env_s += time.perf_counter() - t0
+    last_prompts = [list(pool.prompt(policy, i, cfg)) for i in range(N)]
+    roll = Rollout(transitions, rewards, term, trunc, values, tvalues, bounds, np.zeros(N), episodes, env_s, model_s, tokens)
+    if engine is not None:
+        roll.value_prompts, roll.last_prompts = value_prompts, last_prompts
+        return roll
     t0 = time.perf_counter()
     with torch.no_grad():
-        last = np.array([float(policy.value(pool.prompt(policy, i, cfg))) for i in range(N)])
-    model_s += time.perf_counter() - t0
-    return Rollout(transitions, rewards, term, trunc, values, tvalues, bounds, last, episodes, env_s, model_s, tokens)
+        for (t, i), prompt in value_prompts.items():
+            roll.truncation_values_TN[t, i] = float(policy.value(prompt))
+        roll.last_values_N = np.array([float(policy.value(p)) for p in last_prompts])
+    roll.model_seconds += time.perf_counter() - t0
+    return roll

@@ -15,6 +15,7 @@ evaluation and :func:`_save_checkpoint`, and last :func:`_finish`.
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import time
@@ -34,6 +35,7 @@ from agentrl_train.env_checks import check_env_config
 from agentrl_train.group_rollout import collect_groups
 from agentrl_train.policy import Policy, build_policy
 from agentrl_train.rollout import EnvPool, Rollout, Transition, collect
+from agentrl_train.rollout_engine import Prefetch, ServerEngine, rollout_from_state, rollout_state, score_rollout
 
 __all__ = [
     "accumulate",
@@ -75,9 +77,15 @@ class Run:
     pool: EnvPool
     sink: resources.CountingSink | None  #: where rollouts are recorded (replay buffer, shards); None: nowhere
     sgd_rng: np.random.Generator  #: the minibatch order (and the control's reward permutation)
+    engine: ServerEngine | None = None  #: the rollout servers (--rollout-engine server); None: the trainer samples
+    prefetch: Prefetch | None = None  #: --async-rollouts 1: the rollout collected during the last update
 
     def close(self) -> None:
-        """Close the envs and the recording sink."""
+        """Close the envs, the recording sink and the rollout servers' connections (their adapter is unloaded)."""
+        if self.prefetch is not None:
+            self.prefetch.wait(raise_error=False)
+        if self.engine is not None:
+            self.engine.close()
         self.pool.close()
         if self.sink is not None:
             self.sink.close()
@@ -103,6 +111,7 @@ def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, 
     out = make_run_dir(cfg)
     run = _setup(cfg, dist, out, log)
     start, global_steps, history = _resume_or_reset(run, cfg, dist, log)
+    _sync_adapter(run, dist, start)  # the rollout servers sample with the weights of `start` updates
     if dist.is_main:  # written once the run has started: a failed resume leaves config.yaml and metrics.jsonl as they were
         dump_config(cfg, out / "config.yaml")
     logger = runlog.RunLogger(out, cfg, enabled=dist.is_main, history=history)
@@ -117,18 +126,24 @@ def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, 
             t_update = time.perf_counter()
             # -- rollout ----------------------------------------------------------------------------
             with meter.phase("rollout") as counts:
-                roll = _collect(run, cfg, global_steps)
+                roll, engine_row = _collect(run, cfg, global_steps, update, log)
                 counts.update(tokens=roll.tokens, env_steps=int(roll.valid_TN.sum()))
             # a group rollout's envs idle once their episode ended: count the steps taken (on every rank)
             global_steps += int(dist.sum(int(roll.valid_TN.sum()))) if run.plan.grouped else run.plan.steps_per_update
+            if run.prefetch is not None and update + 1 < cfg.ppo.updates:  # the servers sample the next rollout meanwhile
+                run.prefetch.start(functools.partial(_rollout, run, cfg, global_steps))
             # -- advantages, then epochs of minibatch SGD ------------------------------------------
             with meter.phase("update") as counts:
                 samples, group_row = _advantages(roll, cfg, run.plan.grouped, run.sgd_rng, dist)
                 trainable = wrap_trainable(run.policy, cfg, dist, trainable)  # a new DDP wrapper if the adapter changed
                 result = _update(run, cfg, dist, trainable, samples, update)
                 counts["tokens"] = result.tokens
+            if run.prefetch is not None:
+                t_wait = time.perf_counter()
+                run.prefetch.wait()  # the next rollout, collected during this update
+                engine_row["time/rollout_wait_s"] = time.perf_counter() - t_wait
             # -- logging, evaluation, checkpoints (rank 0) -----------------------------------------
-            row = _metrics_row(update + 1, global_steps, roll, result, group_row, cfg, run.plan, t_update)
+            row = _metrics_row(update + 1, global_steps, roll, result, {**group_row, **engine_row}, cfg, run.plan, t_update)
             logger.log(row)
             bar.update(row)
             _check_finite(run.named, update + 1, cfg)  # every rank: DDP shares the NaN gradients
@@ -138,6 +153,7 @@ def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, 
             if (cfg.run.checkpoint_every and (update + 1) % cfg.run.checkpoint_every == 0) or update + 1 == stop_at:
                 with meter.phase("checkpoint"):
                     _save_checkpoint(run, cfg, dist, update + 1, global_steps, logger.history)
+            _sync_adapter(run, dist, update + 1)
     finally:
         bar.close()
         run.close()
@@ -173,7 +189,45 @@ def _setup(cfg: TrainConfig, dist: Any, out: Path, log: Any) -> Run:
             runlog.open_shards(out, cfg, dist) if cfg.run.shards else None,
         )
     pool = _make_pool(cfg, dist, sink, plan.grouped)
-    return Run(out, plan, policy, named, optimizer, base_lrs, ppo.clip_groups(named), pool, sink, sgd_rng)
+    run = Run(out, plan, policy, named, optimizer, base_lrs, ppo.clip_groups(named), pool, sink, sgd_rng)
+    if cfg.ppo.rollout_engine == "server":
+        run.engine = _server_engine(cfg, policy, out, log)
+        run.prefetch = Prefetch() if cfg.ppo.async_rollouts else None
+    return run
+
+
+def _server_engine(cfg: TrainConfig, policy: Policy, out: Path, log: Any) -> ServerEngine:
+    """The rollout servers, checked to answer (``AGENTRL_ROLLOUT_API_KEY``: their bearer token)."""
+    import os
+    import re
+
+    engine = ServerEngine(
+        cfg.ppo.rollout_url,
+        prefix=re.sub(r"[^A-Za-z0-9_-]", "-", f"{out.name}-{cfg.model.adapter}")[-60:].lstrip("-_") or "agentrl",
+        stop_ids=sorted(policy.stop_ids),
+        stops=policy.stops,
+        vocab_size=len(policy.tokenizer),
+        timeout=cfg.ppo.rollout_timeout,
+        retries=cfg.ppo.rollout_retries,
+        api_key=os.environ.get("AGENTRL_ROLLOUT_API_KEY", ""),
+        log=log,
+    )
+    try:
+        engine.check()
+    except BaseException:
+        engine.close()
+        raise
+    return engine
+
+
+def _sync_adapter(run: Run, dist: Any, version: int) -> None:
+    """Load the policy's adapter into the rollout servers as ``version`` (rank 0 saves and loads it)."""
+    if run.engine is None:
+        return
+    if dist.is_main:
+        run.engine.sync(run.policy, run.out / "rollout_adapters", version)
+    dist.barrier()
+    run.engine.version = version
 
 
 def _plan(cfg: TrainConfig, dist: Any) -> Plan:
@@ -224,6 +278,8 @@ def _resume_or_reset(run: Run, cfg: TrainConfig, dist: Any, log: Any) -> tuple[i
         state = checkpoint.load_latest(
             run.out, run.policy, run.optimizer, run.pool, run.sgd_rng, rank=dist.rank, world=dist.world
         )
+        if run.prefetch is not None and state.get("pending") is not None:  # the rollout collected during the last update
+            run.prefetch.pending = rollout_from_state(state["pending"])
     except BaseException:
         run.close()
         raise
@@ -234,11 +290,34 @@ def _resume_or_reset(run: Run, cfg: TrainConfig, dist: Any, log: Any) -> tuple[i
 # -- one update --------------------------------------------------------------------------------------
 
 
-def _collect(run: Run, cfg: TrainConfig, global_steps: int) -> Rollout:
-    """One rollout with the sampling policy: ``rollout_steps`` per env, or one episode per env under a group advantage."""
+def _collect(run: Run, cfg: TrainConfig, global_steps: int, update: int, log: Any) -> tuple[Rollout, dict[str, float]]:
+    """This update's rollout (the one collected during the last update with ``--async-rollouts 1``, else one now).
+
+    A server rollout is then scored by the trainer (values, reference log-probs); its row holds the
+    gap between the server's log-probs and the trainer's and how many updates old its adapter is.
+    """
+    roll = run.prefetch.take() if run.prefetch is not None else None
+    if roll is None:
+        roll = _rollout(run, cfg, global_steps)
+    if run.engine is None:
+        return roll, {}
+    t0 = time.perf_counter()
+    row = score_rollout(run.policy, roll, cfg.ppo.logprob_tolerance, log)
+    roll.model_seconds += time.perf_counter() - t0
+    lag = update - min(tr.version for r in roll.transitions for tr in r if tr is not None)
+    if not 0 <= lag <= cfg.ppo.async_rollouts:  # the servers answered with an adapter other than the one asked
+        raise AgentRLError(
+            f"update {update + 1}: its rollout was sampled with adapter version {update - lag}, {lag} updates from the "
+            f"trainer's; --async-rollouts {cfg.ppo.async_rollouts} allows {cfg.ppo.async_rollouts}"
+        )
+    return roll, {**row, "rollout/version_lag": float(lag)}
+
+
+def _rollout(run: Run, cfg: TrainConfig, global_steps: int) -> Rollout:
+    """One rollout: ``rollout_steps`` per env, or one episode per env under a group advantage."""
     run.pool.set_training_step(global_steps)  # the aux reward schedule runs on global env steps
     rollout = collect_groups if run.plan.grouped else collect
-    return rollout(run.policy, run.pool, cfg, recorder=run.pool.envs if run.sink is not None else None)
+    return rollout(run.policy, run.pool, cfg, recorder=run.pool.envs if run.sink is not None else None, engine=run.engine)
 
 
 def _advantages(
@@ -372,8 +451,19 @@ def _check_finite(named: list[tuple[str, torch.nn.Parameter]], done: int, cfg: T
 def _save_checkpoint(run: Run, cfg: TrainConfig, dist: Any, done: int, global_steps: int, history: list[dict[str, Any]]) -> None:
     """A checkpoint after update ``done``: the weights (rank 0), every rank's envs and generators; the ranks must agree."""
     _check_in_sync(run.policy, dist, done)
+    pending = run.prefetch.pending if run.prefetch is not None else None  # the next update's rollout, already collected
     checkpoint.save(
-        run.out, done, global_steps, run.policy, run.optimizer, run.pool, run.sgd_rng, history, dist, cfg.run.keep_checkpoints
+        run.out,
+        done,
+        global_steps,
+        run.policy,
+        run.optimizer,
+        run.pool,
+        run.sgd_rng,
+        history,
+        dist,
+        cfg.run.keep_checkpoints,
+        pending=None if pending is None else rollout_state(pending),
     )
 
 
