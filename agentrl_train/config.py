@@ -112,6 +112,11 @@ class ModelConfig:
         "add <tool_call> and </tool_call> as special tokens where the tokenizer splits them (a no-op where they are "
         "single tokens), their embedding rows started at the sub-words' mean and trained and saved with the adapter",
     )
+    activation_checkpointing: bool = _f(
+        False,
+        "recompute each layer's activations in the backward pass instead of keeping them from the forward: less "
+        "memory in the update, more compute; generate mode and sft (candidates mode scores over a KV cache it drops)",
+    )
     device: str = _f("auto", "auto (CUDA when present, else CPU), cpu or cuda")
     threads: int = _f(0, "torch CPU threads (0: 1 per process on CPU; env workers use the other cores)")
     tiny_pretrain_steps: int = _f(600, "tiny only: causal-LM pretraining steps on env text (no oracle actions)")

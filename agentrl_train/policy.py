@@ -906,6 +906,9 @@ def build_policy(cfg: TrainConfig, log: Any = print) -> Policy:
     spec = TinySpec(pretrain_steps=m.tiny_pretrain_steps, corpus_episodes=m.tiny_corpus_episodes)
     lm, tok = load_base(m.model, device, tiny_spec=spec, log=log, threads=m.threads or 1, rope_scaling=m.rope_scaling)
     added = add_tool_tokens(lm, tok, m.model, log) if m.add_tool_tokens else None
+    if m.activation_checkpointing:  # each decoder layer's forward is recomputed in the backward (training only)
+        enable: Any = lm.activation_checkpointing_enable  # a transformers method (nn.Module's attribute type hides it)
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
     torch.manual_seed(cfg.run.seed)
     policy = Policy(
         lm,

@@ -108,6 +108,11 @@ class UpdateResult:
 def train(cfg: TrainConfig, *, log: Any = print, dist: Any = None) -> dict[str, Any]:
     """Run PPO; returns the final summary (also written to ``summary.json``)."""
     dist = dist or Dist()  # one process: every collective is a no-op
+    if cfg.model.activation_checkpointing and cfg.env.mode == "candidates":
+        raise ConfigError(
+            "--activation-checkpointing: candidates mode scores its candidates over the prompt's KV cache, which "
+            "checkpointed layers do not keep in training; use it with --mode generate (or in sft)"
+        )
     out = make_run_dir(cfg)
     run = _setup(cfg, dist, out, log)
     start, global_steps, history = _resume_or_reset(run, cfg, dist, log)
