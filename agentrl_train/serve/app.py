@@ -9,13 +9,17 @@ bodies, checked by pydantic. Routes:
   The header ``x-adapter-version: NAME@VERSION`` and the body's ``system_fingerprint`` say which
   version answered; the header ``x-feedback-id`` and the body's ``feedback_id`` name the episode for
   ``POST /v1/feedback``. Sizes are bounded by :class:`~agentrl_train.serve.limits.ServeLimits` (413).
+- ``POST /v1/completions``: vLLM's completions, token ids (or a string) in, ids and their log-probs out
+  (:mod:`agentrl_train.serve.completions`); the rollout engine of ``--rollout-engine server``.
 - ``GET /v1/models``, ``GET /health``, ``GET /metrics`` (Prometheus text format); ``HEAD`` on any route
   answers as ``GET`` does, without the body.
 - ``POST /v1/feedback {"feedback_id": ..., "success": ...}``: one verdict per episode, from the
   credential the episode was served to (see :mod:`agentrl_train.serve.canary`).
 - Admin: ``POST /v1/adapters/NAME {"path": DIR}`` (hot reload, see :mod:`agentrl_train.serve.engine`),
   ``POST /v1/adapters/NAME/canary {"path": DIR, "fraction": f}``, ``POST .../promote``, ``POST .../rollback``,
-  ``GET /v1/adapters`` and ``GET /v1/adapters/NAME`` (names, versions and numbers; never server paths).
+  ``GET /v1/adapters`` and ``GET /v1/adapters/NAME`` (names, versions and numbers; never server paths);
+  vLLM's runtime LoRA routes ``POST /v1/load_lora_adapter {"lora_name": NAME, "lora_path": DIR}`` (a new
+  name) and ``POST /v1/unload_lora_adapter {"lora_name": NAME}``, answered in plain text as vLLM does.
 
 With ``--upstream URL`` the same routes sit in front of another OpenAI-compatible server (e.g. vLLM with
 LoRA enabled): adapters are the upstream's model names, a canary is ``{"model": NAME, "fraction": f}``.
@@ -28,7 +32,9 @@ a non-loopback bind needs a token (as for ``agentrl-envs serve``). Admin routes 
 (``--admin-token``) instead; without one they answer loopback clients only (403 otherwise), so a
 chat credential never changes what everyone is served. ``DIR`` is a folder under ``--adapters-root``
 (relative to it, or absolute inside it after symlinks are resolved); without a root, loads over HTTP are
-refused. Error messages name the folder as the client wrote it, never the server's paths.
+refused. Error messages name the folder as the client wrote it, never the server's paths. The admin
+token is accepted on every route, so a client with one key for all routes (the trainer's rollout
+client, ``AGENTRL_ROLLOUT_API_KEY``) sends the admin token.
 """
 
 from __future__ import annotations
@@ -59,6 +65,15 @@ from agentrl_train.serve.canary import (
     Target,
     check_fraction,
 )
+from agentrl_train.serve.completions import (
+    CompletionRequest,
+    LoraLoad,
+    LoraUnload,
+    check_ids,
+    completion_answer,
+    completion_budget,
+    prompt_of,
+)
 from agentrl_train.serve.limits import ServeLimits, is_loopback
 
 __all__ = ["ChatRequest", "ServeApp"]
@@ -74,6 +89,7 @@ _OPEN, _CLOSE = "<tool_call>", "</tool_call>"  # the tags format_call writes aro
 VERSION_HEADER = "x-adapter-version"
 FEEDBACK_HEADER = "x-feedback-id"
 CONVERSATION_HEADERS = ("x-episode-id", "x-conversation-id")
+_LORA_ROUTES = ("/v1/load_lora_adapter", "/v1/unload_lora_adapter")
 
 
 class HTTPError(Exception):
@@ -151,6 +167,7 @@ class _Counters:
     swap_seconds_last: float = 0.0
     refused_loads: int = 0
     feedback: int = 0
+    completions: int = 0
 
 
 class ServeApp:
@@ -294,6 +311,14 @@ class ServeApp:
             return 200, _json(answer), extra, "application/json"
         if method == "POST" and path == "/v1/feedback":
             return 200, _json(self.feedback(_parse(_Feedback, body), _credential(headers))), {}, "application/json"
+        if method == "POST" and path == "/v1/completions":
+            answer = await self.completions(body)
+            return 200, _json(answer), {VERSION_HEADER: answer["system_fingerprint"]}, "application/json"
+        if method == "POST" and path in _LORA_ROUTES:
+            self._authorize_admin(headers)
+            load = path == _LORA_ROUTES[0]
+            text = await (self.load_lora(body) if load else self.unload_lora(body))
+            return 200, text.encode(), {}, "text/plain; charset=utf-8"
         parts = path.strip("/").split("/")
         if parts[:2] == ["v1", "adapters"] and len(parts) in (2, 3, 4):
             self._authorize_admin(headers)
@@ -306,10 +331,14 @@ class ServeApp:
                 return 200, _json(self._deployment(name).describe()), {}, "application/json"
             if method == "POST":
                 return 200, _json(await self.admin(name, action, body)), {}, "application/json"
-        if path in ("/v1/chat/completions", "/v1/models", "/v1/feedback", "/metrics") or path.startswith("/v1/adapters"):
+        if path in ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/feedback", "/metrics", *_LORA_ROUTES) or (
+            path.startswith("/v1/adapters")
+        ):
             raise HTTPError(405, f"{asked} {path} is not allowed; see the routes in agentrl-train serve --help")
         raise HTTPError(
-            404, f"no route {asked} {path[:200]}; routes: /v1/chat/completions, /v1/models, /v1/adapters/NAME, /health, /metrics"
+            404,
+            f"no route {asked} {path[:200]}; routes: /v1/chat/completions, /v1/completions, /v1/models, /v1/adapters/NAME, "
+            "/v1/load_lora_adapter, /v1/unload_lora_adapter, /health, /metrics",
         )
 
     def _authorize(self, headers: dict[str, str]) -> None:
@@ -379,6 +408,8 @@ class ServeApp:
         budget = min(req.max_completion_tokens or req.max_tokens or self.max_new_tokens, self.max_new_tokens)
         messages = [_flatten(m) for m in req.messages]
         prompt = await self._encode(messages, req.tools, budget)
+        if not base and req.model not in self.router.deployments:  # unloaded while the prompt was tokenized
+            raise HTTPError(404, self._no_model(req.model), "not_found_error")
         # Route, look up the slot and queue the job with no await in between: a swap queued before this
         # point runs before the job (and its version is the one routed to), one queued after runs after it.
         target = None if base else self.router.route(req.model, conversation)
@@ -415,15 +446,12 @@ class ServeApp:
         """Tokenize on the encoder pool: :attr:`ServeLimits.max_concurrent_encodings` at once, a bounded queue."""
         from agentrl_train.serve.engine import PromptTooLargeError
 
-        lim = self.limits
-        if self._encodes_waiting >= lim.max_concurrent_encodings + lim.max_waiting_encodings:
-            raise HTTPError(503, "the server is tokenizing too many requests; retry in a second", "server_busy")
-        self._encodes_waiting += 1
         try:
-            job = self._encoder.submit(
-                self.engine.encode, messages, tools, self.engine.max_positions - budget, max_total=lim.max_prompt_tokens
+            return await self._on_encoder(
+                self.engine.encode, messages, tools, self.engine.max_positions - budget, max_total=self.limits.max_prompt_tokens
             )
-            return await asyncio.wrap_future(job)
+        except HTTPError:
+            raise
         except PromptTooLargeError as exc:
             raise HTTPError(413, f"{exc} (--max-prompt-tokens)") from None
         except ConfigError as exc:
@@ -432,6 +460,15 @@ class ServeApp:
             raise HTTPError(
                 400, f"cannot render these messages with the model's chat template ({type(exc).__name__}: {str(exc)[:200]})"
             ) from None
+
+    async def _on_encoder(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn`` on the encoder pool: :attr:`ServeLimits.max_concurrent_encodings` at once, a bounded queue (503 past it)."""
+        lim = self.limits
+        if self._encodes_waiting >= lim.max_concurrent_encodings + lim.max_waiting_encodings:
+            raise HTTPError(503, "the server is tokenizing too many requests; retry in a second", "server_busy")
+        self._encodes_waiting += 1
+        try:
+            return await asyncio.wrap_future(self._encoder.submit(fn, *args, **kwargs))
         finally:
             self._encodes_waiting -= 1
 
@@ -473,6 +510,108 @@ class ServeApp:
         self.router.record(target, ok=True, parsed=parsed, latency_s=time.perf_counter() - t0)
         answer["model"], answer["system_fingerprint"] = req.model, target.label
         return answer
+
+    # -- vLLM's completions and runtime LoRA ----------------------------------------------------
+
+    async def completions(self, body: bytes) -> dict[str, Any]:
+        """``POST /v1/completions`` (:mod:`agentrl_train.serve.completions`): one prompt, queued on the model thread."""
+        if self.engine is None:
+            raise HTTPError(400, f"this server proxies {self.upstream}; send /v1/completions to it directly")
+        data = _load_json(body)
+        lim, prompt = self.limits, data.get("prompt")
+        if isinstance(prompt, list) and len(prompt) > lim.max_prompt_tokens:
+            raise HTTPError(
+                413, f"the prompt has {len(prompt)} tokens; the limit is {lim.max_prompt_tokens} (--max-prompt-tokens)"
+            )
+        if isinstance(prompt, str) and len(prompt) > lim.max_prompt_chars:
+            raise HTTPError(
+                413, f"the prompt has {len(prompt)} characters; the limit is {lim.max_prompt_chars} (--max-prompt-chars)"
+            )
+        req = _validate(CompletionRequest, data)
+        base = req.model in self.base_names
+        if not base and req.model not in self.router.deployments:
+            raise HTTPError(404, self._no_model(req.model), "not_found_error")
+        try:
+            budget = completion_budget(req, self.max_new_tokens)
+            ids = prompt_of(req)
+            if isinstance(ids, str):
+                ids = await self._on_encoder(self.engine.prompt_ids, ids)
+            stop_ids = list(req.stop_token_ids or [])
+            check_ids(ids, stop_ids, self.engine.vocab_size, self.engine.max_positions, budget)
+        except ConfigError as exc:
+            raise HTTPError(400, str(exc)) from None
+        # Route, look up the slot and queue the job with no await in between (as chat): a load, swap or
+        # unload queued before this point runs before the job, one queued after runs after it.
+        if not base and req.model not in self.router.deployments:  # unloaded while the prompt was tokenized
+            raise HTTPError(404, self._no_model(req.model), "not_found_error")
+        target = None if base else self.router.route(req.model, None)
+        slot = self._slots[target.label] if target is not None else None
+        temperature = 1.0 if req.temperature is None else req.temperature
+        future = self.engine.complete(slot, ids, budget, temperature, req.seed, stop_ids=stop_ids, top=req.logprobs or 0)
+        try:
+            sampled = await asyncio.wrap_future(future)
+        except Exception as exc:
+            self.log(f"serve: completion failed ({type(exc).__name__}: {exc})")
+            raise HTTPError(500, f"generation failed ({type(exc).__name__}); the server keeps serving", "server_error") from None
+        self.counters.completions += 1
+        label = target.label if target is not None else self.base_label
+        return completion_answer(req, sampled, len(ids), self.engine.tokenizer, label)
+
+    def _no_model(self, model: str) -> str:
+        return f"the model {model[:100]!r} does not exist; GET /v1/models lists them ({self._names()})"
+
+    async def load_lora(self, body: bytes) -> str:
+        """``POST /v1/load_lora_adapter``: serve the adapter folder ``lora_path`` under the new name ``lora_name``."""
+        if self.engine is None:
+            raise HTTPError(400, f"this server proxies {self.upstream}; load adapters on it (its /v1/load_lora_adapter)")
+        req = _parse(LoraLoad, body)
+        name = req.lora_name
+        try:
+            self._check_name(name)
+        except ConfigError as exc:
+            raise HTTPError(400, f"lora_name: {exc}") from None
+        if name == self.engine.model_name:
+            raise HTTPError(400, f"lora_name {name!r} is the base model's name; load the adapter under another name")
+        where, shown = self._under_root(req.lora_path)
+        async with self._admin:
+            if name in self.router.deployments:
+                raise HTTPError(
+                    400, f"The lora adapter {name!r} has already been loaded; unload it first (POST /v1/unload_lora_adapter)"
+                )
+            if len(self.router.deployments) >= self.limits.max_adapters:
+                raise HTTPError(
+                    400, f"this server holds {len(self.router.deployments)} adapters, its limit (max_adapters): unload one first"
+                )
+            loop = asyncio.get_running_loop()
+            t0 = time.perf_counter()
+            try:
+                prepared = await loop.run_in_executor(None, self.engine.prepare, None, where)
+                slot = await asyncio.wrap_future(self.engine.load_family(name, prepared))
+            except ConfigError as exc:
+                self.counters.refused_loads += 1
+                self.log(f"serve: refused {name} from {where}: {exc}")
+                raise HTTPError(400, _hide_paths(str(exc), where, shown, self.adapters_root)) from None
+            target = Target(name, 1, slot, where, shown)
+            self.router.add(target)
+            self._slots[target.label] = slot
+        self.log(f"serve: loaded {target.label} from {where} in {(time.perf_counter() - t0) * 1e3:.1f} ms")
+        return f"Success: LoRA adapter '{name}' added successfully."
+
+    async def unload_lora(self, body: bytes) -> str:
+        """``POST /v1/unload_lora_adapter``: stop serving ``lora_name`` and free its slots."""
+        if self.engine is None:
+            raise HTTPError(400, f"this server proxies {self.upstream}; unload adapters on it (its /v1/unload_lora_adapter)")
+        name = _parse(LoraUnload, body).lora_name
+        async with self._admin:
+            if name not in self.router.deployments:
+                raise HTTPError(404, f"The lora adapter {name[:100]!r} cannot be found.", "not_found_error")
+            if name in self.watch:
+                raise HTTPError(400, f"{name!r} is watched (--watch {name}=DIR); restart the server without it to unload it")
+            self.router.remove(name)
+            slots = [self._slots.pop(label) for label in list(self._slots) if label.rsplit("@", 1)[0] == name]
+            await asyncio.wrap_future(self.engine.drop_family(name, slots))
+        self.log(f"serve: unloaded {name}")
+        return f"Success: LoRA adapter '{name}' removed successfully."
 
     # -- adapters --------------------------------------------------------------------------------
 
@@ -624,12 +763,14 @@ class ServeApp:
         return {"object": "list", "data": data}
 
     def models(self) -> dict[str, Any]:
+        parent = {"parent": self.engine.model_name} if self.engine is not None else {}  # vLLM names an adapter's base so
         data = [
-            {"id": n, "object": "model", "owned_by": "agentrl", "version": d.stable.label}
+            {"id": n, "object": "model", "owned_by": "agentrl", "version": d.stable.label, **parent}
             for n, d in self.router.deployments.items()
         ]
         if self.engine is not None:
-            data.append({"id": "base", "object": "model", "owned_by": "agentrl", "version": self.base_label})
+            for n in dict.fromkeys(("base", self.engine.model_name)):
+                data.append({"id": n, "object": "model", "owned_by": "agentrl", "version": self.base_label})
         return {"object": "list", "data": data}
 
     def metrics_text(self) -> str:
@@ -688,6 +829,7 @@ class ServeApp:
         metric("swap_seconds_sum", "counter", "time spent swapping", [({}, round(c.swap_seconds_sum, 6))])
         metric("swap_seconds_last", "gauge", "the last swap's time", [({}, round(c.swap_seconds_last, 6))])
         metric("refused_loads_total", "counter", "adapter loads refused before any swap", [({}, c.refused_loads)])
+        metric("completions_total", "counter", "/v1/completions answered (all models)", [({}, c.completions)])
         return "\n".join(lines) + "\n"
 
     # -- helpers ---------------------------------------------------------------------------------

@@ -222,6 +222,14 @@ class Router:
         dep.stats[target.label] = VersionStats()
         self.deployments[target.name] = dep
 
+    def remove(self, name: str) -> Deployment:
+        """Stop serving ``name`` (``/v1/unload_lora_adapter``); its episodes' verdicts are refused from now on.
+
+        Raises:
+            KeyError: no such name.
+        """
+        return self.deployments.pop(name)
+
     def get(self, name: str) -> Deployment:
         dep = self.deployments.get(name)
         if dep is None:
@@ -314,6 +322,8 @@ class Router:
         """
         episode = self._episodes.get(feedback_id)
         if episode is None or not hmac.compare_digest(episode.credential, credential):
+            raise KeyError(feedback_id)
+        if episode.label.rsplit("@", 1)[0] not in self.deployments:  # its name was unloaded since
             raise KeyError(feedback_id)
         if episode.judged:
             raise EpisodeJudgedError(

@@ -26,7 +26,7 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,13 +37,15 @@ import torch
 from agentrl_envs.errors import ConfigError
 from agentrl_train.tool_tokens import ToolTokens, add_tool_tokens, read_tool_tokens
 
-__all__ = ["AdapterMismatchError", "Engine", "Markup", "Prepared", "PromptTooLargeError", "find_adapter_files"]
+__all__ = ["AdapterMismatchError", "Engine", "Markup", "Prepared", "PromptTooLargeError", "Sampled", "find_adapter_files"]
 
 T = TypeVar("T")
 _TRAINABLE = re.compile(r"^lm\.(.+)\.lora_([AB])\.[^.]+\.weight$")
 _TRAINABLE_ROWS = re.compile(r"^lm\.(.+\.token_adapter\.trainable_tokens_delta)\.[^.]+$")
 _ROWS = ".token_adapter.trainable_tokens_delta"  #: peft's key of an adapter's added-token rows
 _WORD = re.compile(r"\w{0,64}", re.ASCII)
+#: slots of unloaded names kept for a later name of the same LoRA config (a trainer loads one name per update)
+MAX_SPARE_SLOTS = 4
 
 
 class AdapterMismatchError(ConfigError):
@@ -68,6 +70,16 @@ class Prepared:
     tensors: dict[str, torch.Tensor]  #: peft-saved keys (no adapter name) -> weights on the model's device
     config: dict[str, Any]  #: its adapter_config.json (empty for a trainer checkpoint)
     tool_tokens: ToolTokens | None = None  #: the tool-call tokens it was trained with (tool_tokens.json)
+
+
+@dataclass
+class Sampled:
+    """One generation of :meth:`Engine.complete`."""
+
+    ids: list[int]  #: the new ids, a final stop id included
+    logprobs: list[float]  #: log_softmax of the float32 logits at temperature 1 at each id, as the trainer computes it
+    finish: str  #: "stop" (a stop id ended it) or "length" (the budget did)
+    top: list[list[tuple[int, float]]]  #: per id, the ``top`` most likely ids and their log-probs (empty lists for 0)
 
 
 @dataclass
@@ -142,6 +154,7 @@ class Engine:
         self.tool_tokens: ToolTokens | None = None  #: the tool-call tokens added to the base (by the first adapter)
         self._active: str | None = None
         self._slot_count = 0
+        self._spare: list[tuple[str, str, _Family]] = []  #: (LoRA config key, slot, its old family) of unloaded names
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentrl-serve-model")
         self._read_tokenizer()
         # A fast tokenizer keeps split_special_tokens as one flag of its backend, set by each call: two
@@ -237,18 +250,9 @@ class Engine:
 
     def add_family(self, name: str, prepared: Prepared) -> str:
         """Create the first slot of a new adapter name (at start-up) and fill it; returns the slot."""
-        from peft import LoraConfig, PeftModel, get_peft_model
+        from peft import PeftModel, get_peft_model
 
-        if not prepared.config:
-            raise ConfigError(f"adapter {name}={prepared.path}: the first version needs adapter_config.json (peft layout)")
-        try:
-            config = LoraConfig(**{k: v for k, v in prepared.config.items() if k in LoraConfig.__dataclass_fields__})
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(
-                f"adapter {name}={prepared.path}: adapter_config.json is not a LoRA config peft accepts "
-                f"({type(exc).__name__}: {str(exc)[:200]}); save the adapter again with peft"
-            ) from None
-        config.inference_mode = True
+        config = _lora_config(name, prepared)
         slot = self._new_slot_name()
         if self.peft is None and prepared.tool_tokens is not None:
             self._add_tool_tokens(name, prepared)
@@ -265,6 +269,67 @@ class Engine:
         self.families[name] = fam
         self._copy(slot, prepared)
         return slot
+
+    def load_family(self, name: str, prepared: Prepared) -> Future[str]:
+        """Queue a new adapter name at run time (``/v1/load_lora_adapter``) on the model thread, after the
+        requests already queued; the future gives its slot.
+
+        A slot an unloaded name left with the same LoRA config is reused (a trainer loads one new name per
+        update, so memory stays flat); otherwise a slot is added to the model. A refused adapter leaves no slot.
+
+        Raises (from the future):
+            ConfigError: the adapter does not fit this base (peft's reason in the message).
+        """
+        return self.submit(self._load_family, name, prepared)
+
+    def _load_family(self, name: str, prepared: Prepared) -> str:
+        key = _config_key(_lora_config(name, prepared))
+        for i, (k, slot, old) in enumerate(self._spare):
+            if k == key:
+                fam = _Family(old.config, old.shapes, _scaling(prepared.config, prepared.path), count=1)
+                _check_fit(prepared.path, fam, prepared.tensors, prepared.config)
+                del self._spare[i]
+                self.families[name] = fam
+                self._copy(slot, prepared)
+                return slot
+        count = self._slot_count
+        try:
+            return self.add_family(name, prepared)
+        except Exception as exc:
+            if self._slot_count != count and self.peft is not None and f"slot{self._slot_count}" in self.peft.peft_config:
+                self._delete_slot(f"slot{self._slot_count}")  # the slot peft added before the check failed
+            self.families.pop(name, None)
+            if isinstance(exc, ConfigError):
+                raise
+            raise AdapterMismatchError(
+                f"adapter {prepared.path[:200]!r} does not fit this base ({type(exc).__name__}: {str(exc)[:200]}); "
+                "it was trained on another model or its adapter_config.json was edited"
+            ) from None
+        finally:
+            self._active = None  # set the adapter again before the next request, whatever peft did
+
+    def drop_family(self, name: str, slots: list[str]) -> Future[None]:
+        """Queue the removal of adapter name ``name`` and its ``slots`` (``/v1/unload_lora_adapter``), after the
+        requests already queued. Up to :data:`MAX_SPARE_SLOTS` slots are kept for a later name of the same
+        LoRA config; the oldest others are deleted from the model."""
+        return self.submit(self._drop_family, name, slots)
+
+    def _drop_family(self, name: str, slots: list[str]) -> None:
+        fam = self.families.pop(name)
+        key = _config_key(fam.config)
+        self._spare += [(key, slot, fam) for slot in [*slots, *fam.free]]
+        while len(self._spare) > MAX_SPARE_SLOTS:
+            self._delete_slot(self._spare.pop(0)[1])
+
+    def _delete_slot(self, slot: str) -> None:
+        """Remove ``slot`` from the model; another slot, if any, becomes peft's active one (with none left, the
+        LoRA layers hold no adapter and compute the base)."""
+        self.peft.delete_adapter(slot)
+        self._params.pop(slot, None)
+        self._active = None
+        if self.peft.peft_config:
+            self.peft.set_adapter(next(iter(self.peft.peft_config)))
+            self.peft.eval()
 
     def _add_tool_tokens(self, name: str, prepared: Prepared) -> None:
         """Add the adapter's tool-call tokens to the base (before any slot exists), as the trainer did."""
@@ -360,35 +425,82 @@ class Engine:
         token or the budget) and why it stopped ("stop" or "length"). Temperature 0 is greedy."""
         return self.submit(self._generate, slot, prompt_ids, max_new_tokens, temperature, seed)
 
-    @torch.no_grad()
+    def complete(
+        self,
+        slot: str | None,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        temperature: float,
+        seed: int | None,
+        *,
+        stop_ids: Iterable[int] = (),
+        top: int = 0,
+    ) -> Future[Sampled]:
+        """:meth:`generate` with each id's log-prob (``/v1/completions``): it also stops at ``stop_ids``, and
+        gives the ``top`` most likely ids of each step."""
+        return self.submit(self._with_slot, slot, prompt_ids, max_new_tokens, temperature, seed, frozenset(stop_ids), top)
+
     def _generate(
         self, slot: str | None, prompt_ids: list[int], max_new_tokens: int, temperature: float, seed: int | None
     ) -> tuple[list[int], str]:
-        if slot is None and self.peft is not None:
+        sampled = self._with_slot(slot, prompt_ids, max_new_tokens, temperature, seed)
+        return sampled.ids, sampled.finish
+
+    @torch.no_grad()
+    def _with_slot(
+        self,
+        slot: str | None,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        temperature: float,
+        seed: int | None,
+        stop_ids: frozenset[int] = frozenset(),
+        top: int = 0,
+    ) -> Sampled:
+        if slot is None and self.peft is not None and self.peft.peft_config:
             with self.peft.disable_adapter():
-                return self._sample(prompt_ids, max_new_tokens, temperature, seed)
+                return self._sample(prompt_ids, max_new_tokens, temperature, seed, stop_ids, top)
         if slot is not None and slot != self._active:
             self.peft.set_adapter(slot)
             self.peft.eval()
             self._active = slot
-        return self._sample(prompt_ids, max_new_tokens, temperature, seed)
+        return self._sample(prompt_ids, max_new_tokens, temperature, seed, stop_ids, top)
 
-    def _sample(self, prompt_ids: list[int], max_new_tokens: int, temperature: float, seed: int | None) -> tuple[list[int], str]:
+    def _sample(
+        self,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        temperature: float,
+        seed: int | None,
+        stop_ids: frozenset[int] = frozenset(),
+        top: int = 0,
+    ) -> Sampled:
         causal: Any = self.peft.base_model.model if self.peft is not None else self.lm
         gen = torch.Generator(device=self.device)
         gen.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, (1,))))
+        stops = self.stop_ids | stop_ids
         out = causal.model(input_ids=torch.tensor([prompt_ids], device=self.device), use_cache=True)
         cache, h, pos = out.cache, out.last_hidden_state[:, -1], len(prompt_ids)
         ids: list[int] = []
+        lps: list[float] = []
+        tops: list[list[tuple[int, float]]] = []
         for _ in range(max_new_tokens):
-            logits = causal.lm_head(h).float()[0]
+            # the trainer's own numbers (Policy.generate_many): log_softmax of the float32 logits at temperature 1,
+            # greedy = their argmax, so a rollout server's ids and log-probs equal in-process sampling's
+            logp = torch.log_softmax(causal.lm_head(h).float(), dim=-1)[0]
             if temperature <= 0:
-                tok = int(torch.argmax(logits))
+                tok = int(torch.argmax(logp))
             else:
-                tok = int(torch.multinomial(_probs(logits, temperature), 1, generator=gen))
+                tok = int(torch.multinomial(_probs(logp, temperature), 1, generator=gen))
             ids.append(tok)
-            if tok in self.stop_ids:
-                return ids, "stop"
+            lps.append(float(logp[tok]))
+            if top > 0:
+                values, indices = torch.topk(logp, min(top, logp.shape[0]))
+                tops.append(list(zip(indices.tolist(), values.tolist())))
+            else:
+                tops.append([])
+            if tok in stops:
+                return Sampled(ids, lps, "stop", tops)
             out = causal.model(
                 input_ids=torch.tensor([[tok]], device=self.device),
                 cache=cache,
@@ -396,7 +508,17 @@ class Engine:
                 position_ids=torch.tensor([[pos]], device=self.device),
             )
             cache, h, pos = out.cache, out.last_hidden_state[:, -1], pos + 1
-        return ids, "length"
+        return Sampled(ids, lps, "length", tops)
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids a prompt may hold: the tokenizer's, and rows of the model's embedding."""
+        lm: Any = self.lm
+        return min(len(self.tokenizer), int(lm.get_input_embeddings().num_embeddings))
+
+    def prompt_ids(self, text: str) -> list[int]:
+        """A completion's text prompt as ids, as vLLM tokenizes it: no added BOS/EOS, special spellings special."""
+        return self._template_ids(text)
 
     def encode(
         self,
@@ -520,6 +642,29 @@ class Engine:
         if ids and ids[-1] in self.stop_ids and self.tokenizer.convert_ids_to_tokens(ids[-1]) != "</tool_call>":
             ids = ids[:-1]
         return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def _lora_config(name: str, prepared: Prepared) -> Any:
+    """The peft ``LoraConfig`` of an adapter's adapter_config.json (for inference)."""
+    from peft import LoraConfig
+
+    if not prepared.config:
+        raise ConfigError(f"adapter {name}={prepared.path}: the first version needs adapter_config.json (peft layout)")
+    try:
+        config = LoraConfig(**{k: v for k, v in prepared.config.items() if k in LoraConfig.__dataclass_fields__})
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"adapter {name}={prepared.path}: adapter_config.json is not a LoRA config peft accepts "
+            f"({type(exc).__name__}: {str(exc)[:200]}); save the adapter again with peft"
+        ) from None
+    config.inference_mode = True
+    return config
+
+
+def _config_key(config: Any) -> str:
+    """What a slot's layers depend on in a ``LoraConfig``: two adapters with equal keys can share a slot."""
+    facts = {k: v for k, v in config.to_dict().items() if k not in ("base_model_name_or_path", "revision", "peft_version")}
+    return json.dumps(facts, sort_keys=True, default=lambda v: sorted(map(str, v)) if isinstance(v, (set, frozenset)) else str(v))
 
 
 def _probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:

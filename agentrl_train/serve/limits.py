@@ -53,6 +53,9 @@ class ServeLimits:
     """Open connections; past it the one idle longest is closed (see the module docstring)."""
     keep_alive_s: float = 5.0
     """Seconds an idle keep-alive connection stays open after an answer."""
+    max_adapters: int = 64
+    """Adapter names served at once, ``--adapter`` ones and those loaded with ``POST /v1/load_lora_adapter``
+    (a load past it answers 400: unload one first)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
