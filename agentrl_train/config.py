@@ -145,6 +145,11 @@ class PPOConfig:
     rollout_steps: int = _f(8, "env steps per sub-env per update")
     epochs: int = _f(2, "passes over each rollout")
     micro_batch: int = _f(16, "transitions per forward/backward pass (memory)")
+    micro_batch_tokens: int = _f(
+        0,
+        "also cut micro-batches at this many tokens (each transition's prompt + candidates or action; one longer "
+        "transition goes alone): memory bounded by tokens, not transitions; 0: by --micro-batch only",
+    )
     accumulation: int = _f(0, "micro-batches per optimizer step (0: the whole rollout is one optimizer step per epoch)")
     sync_batch: int = _f(
         0,
@@ -318,6 +323,7 @@ class TrainConfig:
         _choice("score_baseline", p.score_baseline, ("none", "reference"))
         for name in ("num_envs", "updates", "rollout_steps", "epochs", "micro_batch", "max_new_tokens", "max_prompt_tokens"):
             _positive(name, option_value(self, name))
+        _non_negative("micro_batch_tokens", p.micro_batch_tokens)
         for name in ("tiny_corpus_episodes", "keep_checkpoints", "replay_mb"):
             _positive(name, option_value(self, name))
         if r.eval_episodes < 1:

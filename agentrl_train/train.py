@@ -402,7 +402,8 @@ def _epoch(
         for param_group, base_lr in zip(run.optimizer.param_groups, run.base_lrs, strict=True):
             param_group["lr"] = base_lr * ppo.lr_factor(opt_step, run.plan.total_steps, cfg.ppo.lr_schedule)
         critic_ws.append(ppo.critic_weight(opt_step, run.plan.warmup))
-        group = episode_micro_batches([j for mb in mbs[g : g + step] for j in mb], samples, cfg.ppo.micro_batch)
+        step_samples = [j for mb in mbs[g : g + step] for j in mb]
+        group = episode_micro_batches(step_samples, samples, cfg.ppo.micro_batch, cfg.ppo.micro_batch_tokens)
         accumulate(run.policy, samples, group, cfg, ent_coef, critic_ws[-1], dist, stats, trainable)
         grad_norms = ppo.clip_gradients(run.clip_groups, cfg.ppo.grad_clip, cfg.ppo.clip_mode)
         run.optimizer.step()
@@ -507,15 +508,30 @@ def _finish(
 # -- the pieces the phases share (and tests and stages call) -----------------------------------------
 
 
-def episode_micro_batches(indices: list[int], samples: list[tuple[Transition, float, float]], size: int) -> list[list[int]]:
-    """One optimizer step's transitions cut into micro-batches of at most ``size``, each env's in a row.
+def episode_micro_batches(
+    indices: list[int], samples: list[tuple[Transition, float, float]], size: int, max_tokens: int = 0
+) -> list[list[int]]:
+    """One optimizer step's transitions cut into micro-batches of at most ``size`` (and ``max_tokens``), each env's in a row.
 
     The step's gradient is the sum over its micro-batches, so how they are cut changes nothing but
     float rounding; keeping an env's successive transitions together lets them share one encoding
-    of their prompts (:func:`ppo.unit_terms_many`).
+    of their prompts (:func:`ppo.unit_terms_many`). A transition counts its prompt, candidates and
+    action tokens (an upper bound: a chain's prompts are encoded once); one over ``max_tokens`` goes alone.
     """
     ordered = sorted(indices, key=lambda j: (samples[j][0].env_index, j))
-    return [ordered[j : j + size] for j in range(0, len(ordered), size)]
+    if not max_tokens:
+        return [ordered[j : j + size] for j in range(0, len(ordered), size)]
+    out: list[list[int]] = []
+    tokens = 0
+    for j in ordered:
+        tr = samples[j][0]
+        n = len(tr.prompt_ids) + sum(len(c) for c in tr.cand_ids) + len(tr.new_ids)
+        if not out or len(out[-1]) == size or tokens + n > max_tokens:
+            out.append([])
+            tokens = 0
+        out[-1].append(j)
+        tokens += n
+    return out
 
 
 def wrap_trainable(policy: Policy, cfg: TrainConfig, dist: Any, current: Trainable | None = None) -> Trainable:
