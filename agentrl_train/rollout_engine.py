@@ -236,8 +236,8 @@ class ServerEngine:
             if r.status_code in (401, 403):
                 raise RolloutServerError(
                     f"rollout server {target} refused to {what} ({r.status_code}: {r.text[:200]}); put its token in the "
-                    "environment variable AGENTRL_ROLLOUT_API_KEY (vLLM's --api-key; agentrl-train serve's --token, and "
-                    "its --admin-token for the adapter routes: give both the same value)"
+                    "environment variable AGENTRL_ROLLOUT_API_KEY (vLLM's --api-key; for agentrl-train serve its --admin-token, "
+                    "which every route accepts: the adapter routes need it)"
                 )
             if 400 <= r.status_code < 500 and r.status_code != 429:
                 raise RolloutServerError(f"rollout server {target} refused to {what} ({r.status_code}: {r.text[:300]})")
@@ -270,22 +270,27 @@ def _base_url(url: str) -> str:
 
 
 @torch.no_grad()
-def score_rollout(policy: Any, roll: Any, tolerance: float, log: Callable[[str], None] = print) -> dict[str, float]:
+def score_rollout(policy: Any, roll: Any, tolerance: float, version: int, log: Callable[[str], None] = print) -> dict[str, float]:
     """Fill in what a server rollout leaves to the trainer: V(s), the reference's log-probs, the bootstrap values.
 
     One causal forward per env's chain of steps under the policy (values and its own log-probs,
-    compared with the server's) and one under the reference. Returns the metrics of the gap between
-    the server's log-probs and the trainer's, per token, and the versions' lag.
+    compared with the server's) and one under the reference. Returns the gap between the server's
+    log-probs and the trainer's per token over the transitions sampled with the trainer's own weights
+    (adapter ``version``): numerics only, warned about past ``tolerance``. Transitions of an older
+    version (``--async-rollouts 1``) differ by the update since as well: that shift is returned
+    apart (``rollout/stale_logprob_shift_mean``), never warned about.
     """
     policy.eval()
     cells = [(t, i) for t, row in enumerate(roll.transitions) for i, tr in enumerate(row) if tr is not None]
     items = [(roll.transitions[t][i].prompt_ids, roll.transitions[t][i].new_ids) for t, i in cells]
     gaps: list[float] = []
+    shifts: list[float] = []
     for (t, i), (lp, _, value) in zip(cells, policy.sequence_logprobs_many(items)):
         tr = roll.transitions[t][i]
         tr.value = float(value)
         roll.values_TN[t, i] = tr.value
-        gaps += (lp.float().cpu() - torch.tensor(tr.token_logprobs)).abs().tolist()
+        diff = (lp.float().cpu() - torch.tensor(tr.token_logprobs)).abs().tolist()
+        (gaps if tr.version == version else shifts).extend(diff)
     with policy.reference():
         for (t, i), (ref, _, _) in zip(cells, policy.sequence_logprobs_many(items)):
             roll.transitions[t][i].ref_logprobs = ref.tolist()
@@ -294,6 +299,8 @@ def score_rollout(policy: Any, roll: Any, tolerance: float, log: Callable[[str],
     if roll.last_prompts:
         roll.last_values_N = np.array([float(policy.value(p)) for p in roll.last_prompts])
     out = {"rollout/logprob_gap_mean": float(np.mean(gaps)) if gaps else 0.0, "rollout/logprob_gap_max": max(gaps, default=0.0)}
+    if shifts:
+        out["rollout/stale_logprob_shift_mean"] = float(np.mean(shifts))
     if out["rollout/logprob_gap_mean"] > tolerance:
         log(
             f"rollout: the server's log-probs differ from the trainer's by {out['rollout/logprob_gap_mean']:.3g} per token "

@@ -307,7 +307,7 @@ def _collect(run: Run, cfg: TrainConfig, global_steps: int, update: int, log: An
     if run.engine is None:
         return roll, {}
     t0 = time.perf_counter()
-    row = score_rollout(run.policy, roll, cfg.ppo.logprob_tolerance, log)
+    row = score_rollout(run.policy, roll, cfg.ppo.logprob_tolerance, update, log)
     roll.model_seconds += time.perf_counter() - t0
     lag = update - min(tr.version for r in roll.transitions for tr in r if tr is not None)
     if not 0 <= lag <= cfg.ppo.async_rollouts:  # the servers answered with an adapter other than the one asked
