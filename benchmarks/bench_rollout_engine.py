@@ -12,7 +12,7 @@ in which the trainer waited for its rollout (local and server: the whole rollout
 after its update). The first update is left out (it pays for start-up)::
 
     python benchmarks/bench_rollout_engine.py                          # the tiny model, 4 updates each
-    python benchmarks/bench_rollout_engine.py --model smollm2-135m --updates 2 --num-envs 4
+    python benchmarks/bench_rollout_engine.py --model smollm2-135m --lora-preset small --updates 2 --num-envs 4
     python benchmarks/bench_rollout_engine.py --url http://127.0.0.1:8011 --device cuda ...   # a running vLLM
 
 With ``--url`` the server runs already (vLLM with runtime LoRA: ``benchmarks/gpu/vllm_rollouts.sh``)
@@ -70,6 +70,7 @@ def run(engine: str, args: argparse.Namespace, root: Path, url: str) -> dict[str
 
     opts: dict[str, Any] = {
         "model": args.model,
+        "lora_preset": args.lora_preset,
         "env": args.env,
         "mode": "generate",
         "num_envs": args.num_envs,
@@ -114,6 +115,7 @@ def run(engine: str, args: argparse.Namespace, root: Path, url: str) -> dict[str
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default="tiny")
+    ap.add_argument("--lora-preset", default="seed", help="LoRA preset (small for smollm2-135m, as bench_real_model.py)")
     ap.add_argument("--env", default="AgentRL/SQL-v0")
     ap.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
     ap.add_argument("--updates", type=int, default=4, help="updates per run; the first is not counted (default 4)")
