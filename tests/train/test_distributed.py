@@ -124,3 +124,31 @@ def test_two_ranks_equal_one_rank_with_twice_the_envs(tmp_path: Path) -> None:
     assert res["world"] == 2 and [r["rank"] for r in res["ranks"]] == [0, 1]
     assert len(res["phases"]["update"]["peak_rss_mb_per_rank"]) == 2
     assert res["phases"]["update"]["comm_share"] > 0 and res["phases"]["rollout"]["env_steps_per_s"] > 0
+
+
+def test_server_rollouts_on_two_ranks_equal_one_rank_with_twice_the_envs(tmp_path: Path) -> None:
+    """--rollout-engine server under torchrun: rank 0 syncs the adapter, every rank samples its own envs
+    through the server (seeded per env), and 2 ranks x 2 envs train what 1 rank x 4 envs trains."""
+    from agentrl_envs.testing import free_port, serve_in_thread
+    from agentrl_train.serve.run import build_app
+    from agentrl_train.tiny import TinySpec
+
+    spec = TinySpec(pretrain_steps=SMALL["tiny_pretrain_steps"], corpus_episodes=SMALL["tiny_corpus_episodes"])
+    app = build_app("tiny", {}, adapters_root=str(tmp_path), max_new_tokens=256, tiny_spec=spec, log=lambda _: None)
+    try:
+        with serve_in_thread(app, free_port()) as url:
+            server = {"mode": "generate", "env": "AgentRL/SQL-v0", "max_new_tokens": 16}
+            server |= {"rollout_engine": "server", "rollout_url": url}
+            one, two = _run_one_and_two(
+                tmp_path, _opts(tmp_path / "one", 4, 3, **server), _opts(tmp_path / "two", 2, 3, **server)
+            )
+    finally:
+        app.engine.close()
+    a, b = _params(one), _params(two)
+    assert a.keys() == b.keys() and max(float(a[k].abs().max()) for k in a if "lora_B" in k) > 0
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 5e-5
+    for run in (one, two):
+        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        upd = [r for r in rows if r["kind"] == "update"]
+        assert [r["rollout/version_lag"] for r in upd] == [0.0, 0.0]
+        assert all(r["rollout/logprob_gap_max"] < 1e-3 for r in upd)
