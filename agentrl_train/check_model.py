@@ -148,7 +148,9 @@ def memory_estimate(
       plus ``new_tokens``;
     - update activations: ``micro_batch`` such sequences, 8 hidden-size and 3 intermediate-size floats
       per token per layer kept for backward, plus logits and log-probs over the vocabulary for the
-      ``new_tokens`` of each action (the trainer projects only those onto the vocabulary).
+      ``new_tokens`` of each action (the trainer projects only those onto the vocabulary);
+    - the same with ``--activation-checkpointing`` (``*_checkpointed``): one hidden-size float per token
+      per layer (each layer's input) plus one layer's activations, rebuilt in the backward.
     """
     layers = int(getattr(config, "num_hidden_layers", 0) or 0)
     hidden = int(getattr(config, "hidden_size", 0) or 0)
@@ -161,14 +163,19 @@ def memory_estimate(
     adapter = 4 * trainable * bytes_per
     seq = prompt_tokens + new_tokens
     kv = 2 * layers * kv_heads * head_dim * seq * num_envs * bytes_per
-    activations = micro_batch * (seq * layers * (8 * hidden + 3 * inter) + 2 * new_tokens * vocab) * bytes_per
+    logits = 2 * new_tokens * vocab
+    activations = micro_batch * (seq * layers * (8 * hidden + 3 * inter) + logits) * bytes_per
+    # --activation-checkpointing: each layer's input is kept, one layer's activations at a time are rebuilt
+    checkpointed = micro_batch * (seq * (layers * hidden + 8 * hidden + 3 * inter) + logits) * bytes_per
     return {
         "weights": weights,
         "adapter_and_optimizer": adapter,
         "rollout_kv_cache": kv,
         "update_activations": activations,
+        "update_activations_checkpointed": checkpointed,
         "rollout_total": weights + adapter + kv,
         "update_total": weights + adapter + activations,
+        "update_total_checkpointed": weights + adapter + checkpointed,
     }
 
 
@@ -335,5 +342,8 @@ def format_report(report: dict[str, Any]) -> str:
         f"{est['micro_batch']}, {est['prompt_tokens']}-token prompts, {est['new_tokens']}-token actions):",
     ]
     for preset, b in est["bytes"].items():
-        lines.append(f"  {preset:<10} rollout {_mb(b['rollout_total']):>10}   update {_mb(b['update_total']):>10}")
+        lines.append(
+            f"  {preset:<10} rollout {_mb(b['rollout_total']):>10}   update {_mb(b['update_total']):>10}   "
+            f"update, --activation-checkpointing {_mb(b['update_total_checkpointed']):>10}"
+        )
     return "\n".join(lines)
