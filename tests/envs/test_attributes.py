@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from agentrl_envs import ConfigError, EpisodeError
-from agentrl_envs.core import AUTORESET_ACTION, SETTABLE_ATTRIBUTES
+from agentrl_envs.core.env import AUTORESET_ACTION, SETTABLE_ATTRIBUTES
 from agentrl_envs.rewards.schedule import AuxRewardConfig
 
 MODES = ["sync", "async"]

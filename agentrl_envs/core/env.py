@@ -2,7 +2,7 @@
 
 One text action per step (a tool call), one text observation back. The core parses the action,
 sends the call across the :class:`~agentrl_envs.backends.Backend` seam, renders the result, asks
-:class:`~agentrl_envs.progress.Progress` what it achieved and sums the reward components.
+:class:`~agentrl_envs.core.progress.Progress` what it achieved and sums the reward components.
 It does not know whether the backend is simulated or real.
 """
 
@@ -19,20 +19,20 @@ from typing import Any, ClassVar
 
 import gymnasium as gym
 
-from agentrl_envs.actions import ToolCall, format_call, parse_action
 from agentrl_envs.backends import Backend, EpisodeSetup, ToolRequest, make_backend
+from agentrl_envs.core.actions import ToolCall, format_call, parse_action
+from agentrl_envs.core.progress import Progress
+from agentrl_envs.core.seeding import LazyNpRandom
 from agentrl_envs.errors import ActionError, ConfigError, EpisodeError
 from agentrl_envs.faults import ErrorProfile, load_profile
 from agentrl_envs.faults.injector import FaultInjectingBackend
 from agentrl_envs.faults.stats import FaultStats, classify, penalized
-from agentrl_envs.observation_text import clip, printable
-from agentrl_envs.progress import Progress
 from agentrl_envs.rewards import RewardConfig, zero_components
 from agentrl_envs.rewards.schedule import AuxRewardConfig, parse_aux_reward
-from agentrl_envs.seeding import LazyNpRandom
-from agentrl_envs.spaces import UnicodeText
 from agentrl_envs.tasks import TaskSampler
 from agentrl_envs.tasks.base import Task
+from agentrl_envs.text.observation import clip, printable
+from agentrl_envs.text.spaces import UnicodeText
 from agentrl_envs.tools import Tool, get_tool
 from agentrl_envs.yamlsafe import short_repr
 
@@ -243,7 +243,7 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
         A reset of a task seen before is a few dictionary operations: the task comes from the
         process-wide cache, its observation and the fixed part of its info from this env's
         :class:`_EpisodeStart`, ``np_random`` is built only when something reads it
-        (:mod:`agentrl_envs.seeding`) and the episode opens on an in-process service at its first call.
+        (:mod:`agentrl_envs.core.seeding`) and the episode opens on an in-process service at its first call.
         """
         task_seed = _task_seed_option(options)  # checked first: a refused reset leaves the episode as it was
         if type(seed) is int and seed >= 0:
@@ -506,7 +506,7 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
 
     def _add_candidates(self, info: dict[str, Any], observation: str) -> None:
         if self.candidates:
-            from agentrl_envs.candidates import make_candidates
+            from agentrl_envs.core.candidates import make_candidates
 
             assert self._task is not None and self._progress is not None
             info["candidates"] = make_candidates(

@@ -32,12 +32,12 @@ from typing import Any, TextIO
 import gymnasium as gym
 
 import agentrl_envs
-from agentrl_envs.actions import format_call
-from agentrl_envs.cli_args import parse_args
-from agentrl_envs.core import MAX_CANDIDATES, MAX_SERVICE_S
+from agentrl_envs.cli.args import parse_args
+from agentrl_envs.core.actions import format_call
+from agentrl_envs.core.env import MAX_CANDIDATES, MAX_SERVICE_S
 from agentrl_envs.errors import AgentRLError
 from agentrl_envs.tasks.sampler import SPLITS
-from agentrl_envs.text_table import format_table
+from agentrl_envs.text.table import format_table
 
 __all__ = ["main"]
 
@@ -105,7 +105,7 @@ def _parser() -> argparse.ArgumentParser:
     _openai_args(p)
     p.set_defaults(func=cmd_eval)
 
-    from agentrl_envs.simulator_server_processes import MAX_WORKERS
+    from agentrl_envs.server.processes import MAX_WORKERS
 
     p = sub.add_parser("serve", help="serve the simulator API over HTTP (see GET /openapi.json)")
     p.add_argument(
@@ -198,7 +198,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def cmd_export_sft(args: argparse.Namespace) -> int:
     from agentrl_envs._output import check_output
-    from agentrl_envs.chat import export_sft
+    from agentrl_envs.integrations.chat import export_sft
 
     _check_id(args.env_id)
     if args.seed + args.episodes - 1 > MAX_SEED:
@@ -496,8 +496,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from agentrl_envs.backends.http import TOKEN_ENV
     from agentrl_envs.faults import load_profile
-    from agentrl_envs.simulator_server import ServeLimits, check_bind
-    from agentrl_envs.simulator_server_processes import serve
+    from agentrl_envs.server.processes import serve
+    from agentrl_envs.server.simulator import ServeLimits, check_bind
 
     profile = load_profile(args.profile)
     for flag, value in (("--sql-deadline-s", args.sql_deadline_s), ("--python-timeout-s", args.python_timeout_s)):
@@ -516,17 +516,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     auth = "bearer token required" if token else "no token"
     if args.workers > 1:
-        from agentrl_envs import simulator_server_processes
+        from agentrl_envs.server import processes
 
-        sockets = simulator_server_processes.bind(args.host, args.port, args.workers)
+        sockets = processes.bind(args.host, args.port, args.workers)
         urls = ",".join(f"http://{args.host}:{s.getsockname()[1]}" for s in sockets)
         print(
             f"agentrl simulator on {urls} ({args.workers} worker processes: give clients all the URLs, e.g. "
             f"backend='{urls}'; profile {profile.name}, {auth}); OpenAPI at /openapi.json; Ctrl-C stops it",
             flush=True,
         )
-        config = simulator_server_processes.WorkerConfig(profile, args.sql_deadline_s, args.python_timeout_s, token, limits)
-        return simulator_server_processes.supervise(sockets, config)
+        config = processes.WorkerConfig(profile, args.sql_deadline_s, args.python_timeout_s, token, limits)
+        return processes.supervise(sockets, config)
     port = args.port
     try:
         with socket.create_server((args.host, port)) as probe:
