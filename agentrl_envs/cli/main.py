@@ -34,7 +34,7 @@ import gymnasium as gym
 import agentrl_envs
 from agentrl_envs.cli.args import parse_args
 from agentrl_envs.core.actions import format_call
-from agentrl_envs.core.env import MAX_CANDIDATES, MAX_SERVICE_S
+from agentrl_envs.core.options import MAX_CANDIDATES, MAX_SERVICE_S
 from agentrl_envs.errors import AgentRLError
 from agentrl_envs.tasks.sampler import SPLITS
 from agentrl_envs.text.table import format_table

@@ -78,7 +78,7 @@ def environment_factory(env_id: str, **make_kwargs: Any) -> type:
     try:
         core = probe.unwrapped
         schemas = [tool.schema()["function"] for tool in core.tools.values()]  # type: ignore[attr-defined]
-        default_split = str(core.split)  # type: ignore[attr-defined]
+        default_split = str(core.options.split)  # type: ignore[attr-defined]
         env_name = type(core).__name__
     finally:
         probe.close()
