@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from agentrl_envs.cli.main import _parser, _shorthand, cmd_play, main
+from agentrl_envs.cli.main import _parser, main
+from agentrl_envs.cli.play import _shorthand, cmd_play
 from agentrl_envs.core.actions import format_call
 
 
