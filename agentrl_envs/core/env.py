@@ -13,14 +13,20 @@ import numbers
 import os
 import time
 import weakref
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any, ClassVar, cast
 
 import gymnasium as gym
 
 from agentrl_envs.backends import Backend, EpisodeSetup, ToolRequest, make_backend
 from agentrl_envs.core.actions import ToolCall, format_call, parse_action
+from agentrl_envs.core.episode import (
+    EpisodeStart,
+    default_max_steps,
+    schema_parts,
+    step_info,
+    task_mail_domain,
+    task_seed_option,
+)
 from agentrl_envs.core.options import (
     OPTION_NAMES,
     RENDER_MODES,
@@ -47,13 +53,6 @@ __all__ = ["AUTORESET_ACTION", "SETTABLE_ATTRIBUTES", "EnvOptions", "ToolUseEnv"
 
 ACTION_MAX_CHARS = 200_000
 OBSERVATION_MAX_CHARS = 16_000
-#: The keys ``reset(options=...)`` reads; any other is refused (a typo such as ``"taskseed"`` drew a random task).
-#: Gymnasium's vector envs take their own ``"reset_mask"`` out of the options before a sub-env sees them.
-RESET_OPTIONS = ("task_seed",)
-#: ``options["task_seed"]`` at most: an int64, as every seed this project stores. The task generator would
-#: take any int, but a task id prints its seed and Python refuses ints past 4,300 digits (a raw ValueError
-#: after the episode in progress was closed); reset's own draws are below 2**31 - 1.
-MAX_TASK_SEED = 2**63 - 1
 #: ``info["sandbox_tier"]`` of an env without the python tool: it runs no Python and starts no sandbox
 NO_PYTHON_TIER = "none"
 
@@ -67,56 +66,9 @@ AUTORESET_ACTION = format_call("finish", {"answer": ""})
 SETTABLE_ATTRIBUTES = ("training_step", *SETTABLE_OPTIONS)
 # Public attributes Gymnasium itself sets on an env after construction.
 _GYMNASIUM_ATTRIBUTES = frozenset({"spec", "np_random"})
-#: Task seeds whose episode start an env keeps (:class:`_EpisodeStart`, ~1.5 kB each); emptied when full.
+#: Task seeds whose episode start an env keeps (:class:`EpisodeStart`, ~1.5 kB each); emptied when full.
 _STARTS_PER_ENV = 256
 _ZERO_COMPONENTS = zero_components()
-
-
-def _step_info(
-    task: Task,
-    *,
-    step: int,
-    tool: str | None,
-    result: dict[str, Any] | None,
-    virtual_time: float,
-    subtask_index: int,
-    boundary: bool,
-    sandbox_tier: str | None,
-) -> dict[str, Any]:
-    """The info of a reset or a step, in its key order (a reset adds its own keys after these)."""
-    return {
-        "task_id": task.task_id,
-        "domain": task.domain,
-        "split": task.split,
-        "step": step,
-        "reward_components": zero_components(),
-        "tool": tool,
-        "tool_result": result,
-        "fault": {},
-        "virtual_time_s": virtual_time,
-        "subtask_index": subtask_index,
-        "subtask_boundary": boundary,
-        "sandbox_tier": sandbox_tier,
-        "call_format": "none",
-    }
-
-
-@dataclass(frozen=True, slots=True)
-class _EpisodeStart:
-    """What every reset of one task in one env returns or sets, worked out at its first reset.
-
-    ``info`` holds the reset info's keys in their order; its values are immutable (str, int, bool,
-    None), and the mutable ones (``reward_components``, ``tool_result``, ``fault``, ``tools``) are
-    made fresh by every reset, so no caller's change to one reset's info reaches the next.
-    """
-
-    task_ref: weakref.ref[Task]
-    observation: str
-    transcript_head: str
-    sender: str
-    mail_domains: tuple[str, ...] | None
-    max_steps: int
-    info: dict[str, Any]
 
 
 class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
@@ -154,7 +106,7 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
         self._progress_state: Progress | None = None  # made at the episode's first use (see _progress)
         self._transcript: list[str] = []
         self._prev_tool: str | None = None
-        self._starts: dict[int, _EpisodeStart] = {}  # by task seed
+        self._starts: dict[int, EpisodeStart] = {}  # by task seed
         self._schemas: tuple[tuple[str, dict[str, Any]], ...] = ()  # info["tools"], copied per reset
         self._clear_episode()
         self._frozen = True  # from here on, __setattr__ validates or refuses public attributes
@@ -175,10 +127,10 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
 
         A reset of a task seen before is a few dictionary operations: the task comes from the
         process-wide cache, its observation and the fixed part of its info from this env's
-        :class:`_EpisodeStart`, ``np_random`` is built only when something reads it
+        :class:`EpisodeStart`, ``np_random`` is built only when something reads it
         (:mod:`agentrl_envs.core.seeding`) and the episode opens on an in-process service at its first call.
         """
-        task_seed = _task_seed_option(options)  # checked first: a refused reset leaves the episode as it was
+        task_seed = task_seed_option(options)  # checked first: a refused reset leaves the episode as it was
         if type(seed) is int and seed >= 0:
             self._seed_lazily(seed)
         else:
@@ -426,7 +378,7 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
 
     def _info(self, tool: str | None, result: dict[str, Any] | None) -> dict[str, Any]:
         assert self._task is not None and self._progress is not None
-        return _step_info(
+        return step_info(
             self._task,
             step=self._steps,
             tool=tool,
@@ -474,12 +426,12 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
             else:
                 self._sandbox_tier = NO_PYTHON_TIER
                 self._backend_facts = {"numpy": False}
-            self._schemas = _schema_parts(self.tools.values(), self._backend_facts)
+            self._schemas = schema_parts(self.tools.values(), self._backend_facts)
             self._backend = FaultInjectingBackend(backend, self.profile) if self.profile.injects else backend
         return self._backend
 
-    def _start_of(self, task_seed: int) -> tuple[_EpisodeStart, Task]:
-        """The task of ``task_seed`` and this env's :class:`_EpisodeStart` of it, worked out at its first reset.
+    def _start_of(self, task_seed: int) -> tuple[EpisodeStart, Task]:
+        """The task of ``task_seed`` and this env's :class:`EpisodeStart` of it, worked out at its first reset.
 
         A start holds its task weakly: one the process-wide task cache let go is sampled (made) again.
         """
@@ -489,8 +441,8 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
             if task is not None:
                 return start, task
         task = self._sampler.sample(task_seed)
-        max_steps = self._options.max_steps or _default_max_steps(task)
-        info = _step_info(
+        max_steps = self._options.max_steps or default_max_steps(task)
+        info = step_info(
             task,
             step=0,
             tool=None,
@@ -503,9 +455,9 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
         # the mutable values are made fresh by every reset: here only their places in the key order
         info.update(reward_components=None, fault=None, instruction=task.instruction, tools=None)
         info.update(system_prompt=self.system_prompt(), max_steps=max_steps)
-        mail_domain = _mail_domain(task)
+        mail_domain = task_mail_domain(task)
         domains = (mail_domain,) if self._options.mail_domains == "company" else self._options.mail_domains
-        start = _EpisodeStart(
+        start = EpisodeStart(
             task_ref=weakref.ref(task),
             observation=self._observe(task.instruction),
             transcript_head=f"[task {task.task_id}]\n{task.instruction}",
@@ -567,59 +519,6 @@ def _unknown_attribute(env: ToolUseEnv, name: str) -> str:
         f"{type(env).__name__} has no attribute {name[:80]!r}; the ones that can change after gym.make are "
         f"{', '.join(SETTABLE_ATTRIBUTES)}"
     )
-
-
-def _schema_parts(tools: Iterable[Tool], facts: dict[str, Any]) -> tuple[tuple[str, dict[str, Any]], ...]:
-    """Each tool's ``schema(facts)`` as ``(type, function)``: every reset copies the ``function`` dict.
-
-    ``schema`` hands out its own copy of the parameters, so an ``info["tools"]`` a caller edits can
-    change this env's later ``info["tools"]`` at most, never the tool's definition or its argument checks.
-    """
-    parts = []
-    for tool in tools:
-        schema = tool.schema(facts)
-        if set(schema) != {"type", "function"}:
-            raise ValueError(f"tool {tool.name!r}: schema() must return {{'type', 'function'}} only, got {sorted(schema)}")
-        parts.append((schema["type"], schema["function"]))
-    return tuple(parts)
-
-
-def _default_max_steps(task: Task) -> int:
-    gold_calls = sum(len(s.steps) for s in task.subtasks) + 1
-    return max(10, 3 * gold_calls + 4)
-
-
-def _mail_domain(task: Task) -> str:
-    from agentrl_envs.tasks.domains import DOMAINS
-
-    return DOMAINS[task.domain].mail_domain
-
-
-def _task_seed_option(options: Any) -> int | None:
-    """``options["task_seed"]`` as an int, None when absent.
-
-    Raises:
-        ConfigError: options that are no mapping, a key not in :data:`RESET_OPTIONS`, or a task seed
-            that is no int in ``[0, MAX_TASK_SEED]``.
-    """
-    if options is None:
-        return None
-    if not isinstance(options, Mapping):  # a str or a list raised a raw AttributeError
-        raise ConfigError(f"options={options!r:.80} ({type(options).__name__}): use a dict such as {{'task_seed': 3}}, or None")
-    unknown = [key for key in options if key not in RESET_OPTIONS]
-    if unknown:
-        raise ConfigError(
-            f"options key {unknown[0]!r:.80} is not a reset option of agentrl envs; "
-            f"the keys they read: {', '.join(map(repr, RESET_OPTIONS))}"
-        )
-    task_seed = options.get("task_seed")
-    if task_seed is None:
-        return None
-    if not isinstance(task_seed, numbers.Integral) or isinstance(task_seed, bool) or not 0 <= int(task_seed) <= MAX_TASK_SEED:
-        huge = isinstance(task_seed, int) and task_seed.bit_length() > 256  # repr past 4,300 digits raises ValueError
-        shown = f"a {task_seed.bit_length()}-bit int" if huge else repr(task_seed)
-        raise ConfigError(f"options['task_seed']={shown:.80}: use an int from 0 to 2**63 - 1 (an int64)")
-    return int(task_seed)  # a numpy int from a generator picks the same task as the int
 
 
 ToolUseEnv.__init__.__signature__ = keyword_signature()  # type: ignore[attr-defined]
