@@ -21,12 +21,12 @@ from agentrl_envs.errors import (
 __version__ = "0.1.0"
 
 ENV_IDS: dict[str, str] = {
-    "AgentRL/SQL-v0": "agentrl_envs.registered_envs:SQLEnv",
-    "AgentRL/Python-v0": "agentrl_envs.registered_envs:PythonEnv",
-    "AgentRL/SMTP-v0": "agentrl_envs.registered_envs:SMTPEnv",
-    "AgentRL/SQLPythonSMTP-v0": "agentrl_envs.registered_envs:SQLPythonSMTPEnv",
-    "AgentRL/HTTP-v0": "agentrl_envs.registered_envs:HTTPEnv",
-    "AgentRL/Workplace-v0": "agentrl_envs.registered_envs:WorkplaceEnv",
+    "AgentRL/SQL-v0": "agentrl_envs.core.registered_envs:SQLEnv",
+    "AgentRL/Python-v0": "agentrl_envs.core.registered_envs:PythonEnv",
+    "AgentRL/SMTP-v0": "agentrl_envs.core.registered_envs:SMTPEnv",
+    "AgentRL/SQLPythonSMTP-v0": "agentrl_envs.core.registered_envs:SQLPythonSMTPEnv",
+    "AgentRL/HTTP-v0": "agentrl_envs.core.registered_envs:HTTPEnv",
+    "AgentRL/Workplace-v0": "agentrl_envs.core.registered_envs:WorkplaceEnv",
 }
 
 for _env_id, _entry_point in ENV_IDS.items():

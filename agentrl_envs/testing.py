@@ -82,7 +82,7 @@ def simulator_server(profile: str = "none") -> Iterator[tuple[str, subprocess.Po
     """``agentrl-envs serve`` in a subprocess on a free loopback port; yields (url, process), stops it after."""
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "agentrl_envs.cli", "serve", "--host", "127.0.0.1", "--port", str(port), "--profile", profile],
+        [sys.executable, "-m", "agentrl_envs", "serve", "--host", "127.0.0.1", "--port", str(port), "--profile", profile],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )

@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any
 
-from agentrl_envs.cli_args import parse_args
+from agentrl_envs.cli.args import parse_args
 from agentrl_envs.errors import AgentRLError
 
 __all__ = ["main"]
@@ -199,7 +199,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     )
     token = token_from(args.token)
     admin_token = token_from(args.admin_token, ADMIN_TOKEN_ENV)
-    from agentrl_envs.simulator_server import check_bind
+    from agentrl_envs.server.simulator import check_bind
 
     check_bind(args.host, token)
     if admin_token is not None:

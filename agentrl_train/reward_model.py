@@ -6,7 +6,7 @@ distillation and the ``preference`` stage share:
 
 - :func:`load_rm_data`: the Parquet rows (a file or every ``*.parquet`` in a folder), checked;
 - :func:`clean_action`: the env's format-invariant form of a call (parsed by
-  :func:`agentrl_envs.actions.parse_action`, re-written by :func:`~agentrl_envs.actions.format_call`), so a
+  :func:`agentrl_envs.core.actions.parse_action`, re-written by :func:`~agentrl_envs.core.actions.format_call`), so a
   fenced, OpenAI-style, Llama-3-style or chatty call scores as its canonical text;
   :func:`decorate` writes those forms (the consistency term trains on them);
 - :class:`RewardModel`: ``score(prompts, actions)`` = a linear head on the mean hidden state of the action's
@@ -120,7 +120,7 @@ def clean_action(text: str) -> str:
 
     Text that is not one valid call is returned stripped (it has no canonical form; the model scores it as is).
     """
-    from agentrl_envs.actions import format_call, parse_action
+    from agentrl_envs.core.actions import format_call, parse_action
 
     try:
         call = parse_action(text)
@@ -131,7 +131,7 @@ def clean_action(text: str) -> str:
 
 def decorate(text: str, kind: str) -> str:
     """The same call in another convention the env accepts (``DECORATIONS``); non-calls come back unchanged."""
-    from agentrl_envs.actions import parse_action
+    from agentrl_envs.core.actions import parse_action
 
     try:
         call = parse_action(text)

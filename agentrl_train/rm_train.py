@@ -105,7 +105,7 @@ def domain_pairs(group: list[RMRow]) -> list[tuple[RMRow, RMRow]]:
     import sqlglot
     from sqlglot import exp
 
-    from agentrl_envs.actions import format_call, parse_action
+    from agentrl_envs.core.actions import format_call, parse_action
 
     gold = group[0]
     if gold.tool != "sql":

@@ -257,7 +257,7 @@ def _make_pool(cfg: TrainConfig, dist: Any, sink: resources.CountingSink | None,
         make_kwargs["candidates"] = cfg.env.candidates
     wrap = None
     if sink is not None:
-        from agentrl_envs.data import RecordVectorTrajectories
+        from agentrl_envs.wrappers.record_trajectories import RecordVectorTrajectories
 
         def wrap(vec: Any) -> Any:
             return RecordVectorTrajectories(vec, sink, policy_id=f"{cfg.model.adapter}")

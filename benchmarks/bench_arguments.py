@@ -51,9 +51,9 @@ if str(_ROOT) not in sys.path:
 import gymnasium as gym  # noqa: E402
 
 import agentrl_envs  # noqa: E402, F401 - registers the env ids
-from agentrl_envs.actions import format_call, parse_action  # noqa: E402
+from agentrl_envs.core.actions import format_call, parse_action  # noqa: E402
 from agentrl_envs.errors import ActionError  # noqa: E402
-from agentrl_envs.text_table import format_table  # noqa: E402
+from agentrl_envs.text.table import format_table  # noqa: E402
 from agentrl_envs.tools import TOOLS  # noqa: E402
 from agentrl_envs.tools.base import _arguments_checker, _has_surrogate, check_arguments  # noqa: E402
 

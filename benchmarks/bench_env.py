@@ -58,11 +58,11 @@ import gymnasium as gym  # noqa: E402
 from gymnasium.utils import seeding  # noqa: E402
 
 import agentrl_envs  # noqa: E402
-from agentrl_envs.actions import format_call  # noqa: E402
 from agentrl_envs.backends import DatabaseSpec, EpisodeSetup, ToolRequest  # noqa: E402
 from agentrl_envs.backends.sim import SimBackend  # noqa: E402
+from agentrl_envs.core.actions import format_call  # noqa: E402
 from agentrl_envs.tasks.domains import DOMAINS  # noqa: E402
-from agentrl_envs.text_table import format_table  # noqa: E402
+from agentrl_envs.text.table import format_table  # noqa: E402
 from simulators.app import template_fingerprint  # noqa: E402
 from simulators.sql import ReadOnlyDatabase, build_database  # noqa: E402
 

@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import agentrl_envs  # noqa: E402
-from agentrl_envs.actions import parse_action  # noqa: E402
+from agentrl_envs.core.actions import parse_action  # noqa: E402
 from agentrl_envs.testing import free_port, serve_in_thread, start_cli_server, stop_process  # noqa: E402
 
 PROFILES = ("none", "flaky")
@@ -184,7 +184,7 @@ async def trl_path(tally: Tally, env_ids: Sequence[str], seeds: Sequence[int]) -
 
 async def sb3_path(tally: Tally, env_ids: Sequence[str], seeds: Sequence[int]) -> None:
     importlib.import_module("stable_baselines3")  # the path is SB3's; its absence is a missing row
-    from agentrl_envs.wrappers import CandidatesDiscrete
+    from agentrl_envs.wrappers.candidates_discrete import CandidatesDiscrete
 
     for env_id in env_ids:
         for profile in PROFILES:

@@ -51,7 +51,7 @@ if str(_ROOT) not in sys.path:
 import gymnasium as gym  # noqa: E402
 
 import agentrl_envs  # noqa: E402
-from agentrl_envs.actions import format_call  # noqa: E402
+from agentrl_envs.core.actions import format_call  # noqa: E402
 from benchmarks.bench_env import AGG_QUERY, agg_tables, env_step_on, ms, p50, print_table  # noqa: E402
 from simulators.sql import build_database  # noqa: E402
 

@@ -57,9 +57,9 @@ if str(_ROOT) not in sys.path:
 
 from bench_serve_scale import TABLES  # noqa: E402  (the same 1,000-row orders table as the serve-scale run)
 
-from agentrl_envs.simulator_server_processes import tune_gc  # noqa: E402
+from agentrl_envs.server.processes import tune_gc  # noqa: E402
 from agentrl_envs.testing import free_port, wait_http  # noqa: E402
-from agentrl_envs.text_table import format_table  # noqa: E402
+from agentrl_envs.text.table import format_table  # noqa: E402
 from simulators.app import EPISODE_TOKEN_HEADER, SimulatorApp, template_fingerprint  # noqa: E402
 from simulators.routes import Reply, err, ok  # noqa: E402
 

@@ -138,7 +138,7 @@ def gym_envs(count: int, vector: int) -> None:
     import gymnasium as gym
 
     import agentrl_envs  # noqa: F401 - registers the env ids
-    from agentrl_envs.actions import format_call
+    from agentrl_envs.core.actions import format_call
 
     action = format_call("python", {"code": PROGRAM})
     print(f"gym envs (AgentRL/Python-v0, one Python step each): {'':3s} {'sandbox processes':>18s} {'PSS MiB':>9s}")

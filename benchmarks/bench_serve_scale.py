@@ -231,7 +231,7 @@ def cpu_s(pids: list[int]) -> float:
 
 
 def start_server(workers: int) -> tuple[subprocess.Popen, list[tuple[str, int]]]:
-    cmd = [sys.executable, "-m", "agentrl_envs.cli", "serve", "--port", "0", "--workers", str(workers)]
+    cmd = [sys.executable, "-m", "agentrl_envs", "serve", "--port", "0", "--workers", str(workers)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=_ROOT)
     assert proc.stdout is not None
     line = proc.stdout.readline()

@@ -63,7 +63,7 @@ from agentrl_envs.data import (  # noqa: E402
     write_jsonl,
 )
 from agentrl_envs.data._ring import CRC_IMPLEMENTATION, span_of  # noqa: E402
-from agentrl_envs.text_table import format_table  # noqa: E402
+from agentrl_envs.text.table import format_table  # noqa: E402
 
 BATCH = 64
 REPORTED = "the field report measured 1.2k (JSON-lines) and 4.7k samples/s (its faster loader)"

@@ -49,7 +49,7 @@ def main() -> None:
     ap.add_argument("--profile", default="realistic", help="fault profile, by name or YAML path (default realistic)")
     ap.add_argument("--episodes", type=int, default=30, help="oracle episodes, seeds 0..N-1 (default 30)")
     args = ap.parse_args()
-    cmd = [sys.executable, "-m", "agentrl_envs.cli", "serve", "--host", "127.0.0.1", "--port", "0", "--profile", args.profile]
+    cmd = [sys.executable, "-m", "agentrl_envs", "serve", "--host", "127.0.0.1", "--port", "0", "--profile", args.profile]
     server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         url = None

@@ -8,7 +8,7 @@ difficulties (easy, hard). Entries:
 - ``random``: a uniformly random candidate (:class:`~agentrl_envs.agents.RandomCandidateAgent`).
 - ``overlap``: the no-model word-overlap heuristic (:class:`~agentrl_envs.agents.OverlapAgent`).
 - ``oracle``: the gold plan (:class:`~agentrl_envs.agents.OracleAgent`), the ceiling.
-- ``sb3-ppo``: Stable-Baselines3 PPO on :class:`~agentrl_envs.wrappers.CandidatesDiscrete`, one run per difficulty.
+- ``sb3-ppo``: Stable-Baselines3 PPO on :class:`~agentrl_envs.wrappers.candidates_discrete.CandidatesDiscrete`, one run per difficulty.
 - ``agentrl-candidates``: ``agentrl-train ppo --mode candidates`` (tiny model), one run per difficulty.
 - ``agentrl-generate``: ``agentrl-train sft`` then ``agentrl-train ppo --mode generate`` (tiny model).
 - ``trl-grpo``: TRL's ``GRPOTrainer(environment_factory=...)`` on the same tiny model (its weights and
@@ -166,7 +166,7 @@ def entry_sb3_ppo(b: Budget, runs: Path, retrain: bool) -> Rows:
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.logger import Logger
 
-    from agentrl_envs.wrappers import CandidatesDiscrete
+    from agentrl_envs.wrappers.candidates_discrete import CandidatesDiscrete
 
     rows: Rows = {}
     for d in DIFFICULTIES:

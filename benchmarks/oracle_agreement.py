@@ -37,8 +37,8 @@ import gymnasium as gym  # noqa: E402
 import torch  # noqa: E402
 
 import agentrl_envs  # noqa: E402,F401 - registers the env ids
-from agentrl_envs.actions import parse_action  # noqa: E402
 from agentrl_envs.agents import OracleAgent  # noqa: E402
+from agentrl_envs.core.actions import parse_action  # noqa: E402
 from agentrl_envs.errors import ActionError, AgentRLError  # noqa: E402
 from agentrl_train import evaluate  # noqa: E402
 from agentrl_train.rollout import candidate_policy, episode_seed, greedy_candidate  # noqa: E402

@@ -113,7 +113,7 @@ def _subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, argparse.Ar
 
 
 def cli_page() -> str:
-    from agentrl_envs.cli import _parser as envs_parser
+    from agentrl_envs.cli.main import _parser as envs_parser
     from agentrl_train.cli import build_parser as train_parser
 
     os.environ["COLUMNS"] = "110"  # argparse wraps --help to the terminal width

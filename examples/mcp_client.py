@@ -27,8 +27,8 @@ from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 import agentrl_envs  # noqa: F401  (registers the ids)
-from agentrl_envs.actions import parse_action
 from agentrl_envs.agents import OracleAgent
+from agentrl_envs.core.actions import parse_action
 
 
 async def play(client: Client, env_id: str, seed: int, error_profile: str) -> tuple[list[float], list[float], bool]:

@@ -25,8 +25,8 @@ import gymnasium as gym
 from openenv.core import GenericEnvClient
 
 import agentrl_envs
-from agentrl_envs.actions import parse_action
 from agentrl_envs.agents import OracleAgent
+from agentrl_envs.core.actions import parse_action
 
 
 def play(url: str, env_id: str, seed: int, error_profile: str) -> tuple[list[float], list[float], bool]:

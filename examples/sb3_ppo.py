@@ -1,6 +1,6 @@
 """Stable-Baselines3 PPO on the candidates view of an agentrl env, on CPU.
 
-:class:`~agentrl_envs.wrappers.CandidatesDiscrete` turns ``candidates=K`` into ``Discrete(K)``
+:class:`~agentrl_envs.wrappers.candidates_discrete.CandidatesDiscrete` turns ``candidates=K`` into ``Discrete(K)``
 actions and a fixed-size hashed n-gram observation; SB3's ``check_env`` passes on it and
 ``make_vec_env`` vectorizes it. The script checks the env, trains, then evaluates the policy
 against the random-candidate and overlap baselines on the same seeds::
@@ -18,7 +18,7 @@ import numpy as np
 
 import agentrl_envs  # noqa: F401 - registers the envs
 from agentrl_envs.agents import OverlapAgent, RandomCandidateAgent
-from agentrl_envs.wrappers import CandidatesDiscrete
+from agentrl_envs.wrappers.candidates_discrete import CandidatesDiscrete
 
 
 def evaluate(env: CandidatesDiscrete, choose, episodes: int, seed: int) -> float:  # type: ignore[no-untyped-def]

@@ -667,7 +667,7 @@ def match_route(method: str, path: str) -> tuple[str, tuple[str, ...]]:
     Names: ``openapi``, ``health``, ``put_database`` (fingerprint), ``open_episode``,
     ``close_episode`` (episode_id), ``put_file`` / ``get_file`` (episode_id, path) and ``tool``
     (episode_id, tool; the tool may be one the simulator does not have, answered 404). The server
-    (:mod:`agentrl_envs.simulator_server`) routes by this function too, so the API is parsed in one place.
+    (:mod:`agentrl_envs.server.simulator`) routes by this function too, so the API is parsed in one place.
     """
     parts = [p for p in path.split("/") if p]
     if parts == ["openapi.json"] and method == "GET":

@@ -18,7 +18,7 @@ def _modules_after(code: str) -> set[str]:
 
 def test_agentrl_envs_does_not_import_torch() -> None:
     mods = _modules_after(
-        "import agentrl_envs, agentrl_envs.agents, agentrl_envs.cli, agentrl_envs.candidates\n"
+        "import agentrl_envs, agentrl_envs.agents, agentrl_envs.cli.main, agentrl_envs.core.candidates\n"
         "import gymnasium as gym\nenv = gym.make('AgentRL/SQLPythonSMTP-v0')\nenv.reset(seed=0)\nenv.close()"
     )
     assert "agentrl_envs" in mods
@@ -51,5 +51,5 @@ def test_python_dash_m_agentrl_envs_is_the_command_and_imports_no_torch() -> Non
         "import runpy, sys\nsys.argv = ['agentrl_envs', 'list']\n"
         "try:\n    runpy.run_module('agentrl_envs', run_name='__main__')\nexcept SystemExit as exc:\n    assert exc.code == 0, exc.code"
     )
-    assert "agentrl_envs.cli" in mods
+    assert "agentrl_envs.cli.main" in mods
     assert not {"torch", "transformers", "peft"} & mods

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl_envs.text_table import format_table
+from agentrl_envs.text.table import format_table
 
 
 def test_plain_table_pads_columns_and_strips_trailing_spaces() -> None:

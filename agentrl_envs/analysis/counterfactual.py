@@ -46,8 +46,8 @@ from typing import Any
 
 import numpy as np
 
+from agentrl_envs.core.progress import MAX_NUMBERS_OUTPUT, email_matches
 from agentrl_envs.errors import ConfigError
-from agentrl_envs.progress import MAX_NUMBERS_OUTPUT, email_matches
 from agentrl_envs.tasks.base import CSV_PLACEHOLDER, GoldRunner, SubTask, Task, normalize_rows
 from agentrl_envs.tasks.scoring import contains_figure
 
@@ -83,9 +83,9 @@ def make_rm_data(env_id: str, episodes: int, out_dir: str | Path, seed: int = 0,
     import gymnasium as gym
 
     import agentrl_envs
-    from agentrl_envs.actions import parse_action
     from agentrl_envs.agents import OracleAgent
-    from agentrl_envs.observation_text import clip
+    from agentrl_envs.core.actions import parse_action
+    from agentrl_envs.text.observation import clip
 
     if env_id not in agentrl_envs.ENV_IDS:
         raise ConfigError(f"unknown environment {str(env_id)[:80]!r}; available: {', '.join(agentrl_envs.ENV_IDS)}")
@@ -260,7 +260,7 @@ class _Checker:
 
 
 def _format(tool: str, arguments: dict[str, Any]) -> str:
-    from agentrl_envs.actions import format_call
+    from agentrl_envs.core.actions import format_call
 
     return format_call(tool, {k: v for k, v in arguments.items() if not k.startswith("_")})
 

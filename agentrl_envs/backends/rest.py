@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from agentrl_envs._deadline import OverBudget, Watchdog
+from agentrl_envs.backends._deadline import OverBudget, Watchdog
 from agentrl_envs.backends.base import EpisodeSetup, ToolRequest, ToolResponse
 from agentrl_envs.backends.wire import to_response
 from agentrl_envs.errors import ConfigError
@@ -138,7 +138,7 @@ class RESTBackend:
         """(status, body) of one request, all of it (connect, send, headers, body) within ``timeout_s``.
 
         httpx's timeouts are per operation, so an upstream that drips a byte a second would hold
-        the call for ever; a :class:`~agentrl_envs._deadline.Watchdog` shuts the connection down
+        the call for ever; a :class:`~agentrl_envs.backends._deadline.Watchdog` shuts the connection down
         when the budget is spent. It watches the connections this request opens (its trace) and
         the ones kept alive from earlier calls, one of which the request may reuse.
 

@@ -1,8 +1,9 @@
-"""Trajectory storage for agentrl, without torch: a schema, a replay buffer, shards, JSONL, a recorder.
+"""Trajectory storage for agentrl, without torch: a schema, a replay buffer, shards, JSONL.
 
 ::
 
-    from agentrl_envs.data import ReplayBuffer, RecordTrajectories, Trajectory
+    from agentrl_envs.data import ReplayBuffer, Trajectory
+    from agentrl_envs.wrappers.record_trajectories import RecordTrajectories
 
     with ReplayBuffer.create("replay.ring", capacity_bytes=256 << 20) as buf:
         env = RecordTrajectories(gym.make("AgentRL/SQLPythonSMTP-v0"), buf)
@@ -18,8 +19,10 @@ Modules:
 - ``shards``: :class:`ShardWriter` and readers for Arrow IPC / Parquet shards with flat reward
   columns (imports pyarrow when first used, not on ``import agentrl_envs.data``).
 - ``jsonl``: JSON-lines import and export with a depth-limited, schema-checked parser.
-- ``recorder``: :class:`RecordTrajectories` and :class:`RecordVectorTrajectories`.
 - ``errors``: :class:`StorageError` and its subclasses (the tree is drawn in that module).
+
+The wrappers that record episodes into these stores (``RecordTrajectories``, ``RecordVectorTrajectories``)
+live with the other wrappers, in :mod:`agentrl_envs.wrappers.record_trajectories`.
 
 ``import agentrl_envs`` does not import this package; import it explicitly.
 """
@@ -55,7 +58,6 @@ from agentrl_envs.data.errors import (
     StorageError,
 )
 from agentrl_envs.data.jsonl import read_jsonl, trajectory_from_dict, trajectory_to_dict, write_jsonl
-from agentrl_envs.data.recorder import RecordTrajectories, RecordVectorTrajectories, TrajectorySink
 from agentrl_envs.data.replay import RecoveryReport, ReplayBuffer
 
 if TYPE_CHECKING:
@@ -85,15 +87,12 @@ __all__ = [
     "Limits",
     "RecordNotFoundError",
     "RecordTooLargeError",
-    "RecordTrajectories",
-    "RecordVectorTrajectories",
     "RecoveryReport",
     "ReplayBuffer",
     "ShardWriter",
     "Step",
     "StorageError",
     "Trajectory",
-    "TrajectorySink",
     "as_float32",
     "as_int32",
     "cap_utf8",

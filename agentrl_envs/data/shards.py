@@ -10,9 +10,9 @@ under a temporary name and renamed when complete, so a reader never sees half a 
 Step text columns: ``action`` is the agent's text; ``observation`` is the env's reply as a UTF-8
 string (null only for the rare observation whose bytes are not valid UTF-8, which then sits in
 ``observation_bytes``, null otherwise); ``prompt`` is what the policy saw before acting: the previous
-observation as :class:`~agentrl_envs.data.RecordTrajectories` records it (the reset observation, i.e.
+observation as :class:`~agentrl_envs.wrappers.record_trajectories.RecordTrajectories` records it (the reset observation, i.e.
 the instruction, for step 0), or the whole context when the policy passed it with ``annotate(prompt=...)``.
-:func:`agentrl_envs.chat.to_messages` rebuilds the chat from these columns.
+:func:`agentrl_envs.integrations.chat.to_messages` rebuilds the chat from these columns.
 
 Plain pyarrow reads them (``pa.ipc.open_stream(path).read_all()``, ``pq.read_table(path)``) and so
 does Hugging Face ``datasets`` (``Dataset.from_file(path)``, ``load_dataset("arrow" | "parquet",

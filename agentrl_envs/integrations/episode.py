@@ -1,7 +1,7 @@
 """One agentrl episode played by tool calls: what the MCP and OpenEnv servers share.
 
 A server turns a call ``(name, arguments)`` into the env's canonical action text with
-:func:`~agentrl_envs.actions.format_call` and steps the env with it, so faults, the virtual clock,
+:func:`~agentrl_envs.core.actions.format_call` and steps the env with it, so faults, the virtual clock,
 the backend and the reward are the env's own: the same seed and the same calls give the same
 observations and rewards as ``gym.make`` in process. A call the env refuses (unknown tool, wrong
 argument types, an action over the length limit) is a step with the env's format penalty, as the
@@ -24,7 +24,7 @@ from typing import Any
 import gymnasium as gym
 
 import agentrl_envs
-from agentrl_envs.actions import format_call
+from agentrl_envs.core.actions import format_call
 from agentrl_envs.errors import ConfigError, EpisodeError
 
 __all__ = ["SESSION_KWARGS", "Episode", "StepOutcome", "check_env_id", "session_kwargs"]
@@ -168,7 +168,7 @@ class Episode:
         return self.step(format_call(str(name), arguments))
 
     def step(self, action: str) -> StepOutcome:
-        """One text action (any format :func:`~agentrl_envs.actions.parse_action` reads) as one env step."""
+        """One text action (any format :func:`~agentrl_envs.core.actions.parse_action` reads) as one env step."""
         if not self.started:
             raise EpisodeError("no episode in progress: call reset first")
         if self.done:

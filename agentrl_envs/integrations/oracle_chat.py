@@ -8,7 +8,7 @@ concurrent rollouts in any order; envs are deterministic per seed, so the replay
 client's, faults included. An instruction it does not know gets a 400 that says which seeds it knows.
 
 :func:`transcript_actions` turns a chat transcript into the env actions it played, the same way the
-verifiers harness and :class:`~agentrl_envs.openai_agent.OpenAIChatAgent` do; tests replay those
+verifiers harness and :class:`~agentrl_envs.agents.openai_chat.OpenAIChatAgent` do; tests replay those
 actions through ``gym.make`` to compare rewards.
 
 Nothing here imports a framework; :func:`~agentrl_envs.testing.serve_in_thread` serves the app.
@@ -22,7 +22,7 @@ from typing import Any
 
 import gymnasium as gym
 
-from agentrl_envs.actions import format_native_call
+from agentrl_envs.core.actions import format_native_call
 
 __all__ = ["OracleChat", "transcript_actions"]
 

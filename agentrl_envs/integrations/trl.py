@@ -33,7 +33,7 @@ Calls after the episode ended do not step the env: they return a note saying so.
 several calls of one turn one by one, so each is its own env step here (the env's refusal of
 several calls in one action applies to text actions, which TRL never sends). Arguments that spell
 ``<tool_call>`` reach the tool as written (the call is written with
-:func:`~agentrl_envs.actions.format_call`, which escapes the markers). Observations come back
+:func:`~agentrl_envs.core.actions.format_call`, which escapes the markers). Observations come back
 verbatim; TRL tokenizes them into the prompt, so text in a tool result that spells the tokenizer's
 special tokens (``<|im_start|>``) becomes those tokens unless the tokenizer keeps content text as text.
 This module imports neither TRL nor torch; :func:`train_dataset` imports ``datasets``.
@@ -50,7 +50,7 @@ import gymnasium as gym
 import numpy as np
 
 import agentrl_envs
-from agentrl_envs.actions import format_call
+from agentrl_envs.core.actions import format_call
 from agentrl_envs.errors import ConfigError
 from agentrl_envs.tasks.sampler import SPLITS
 
@@ -78,7 +78,7 @@ def environment_factory(env_id: str, **make_kwargs: Any) -> type:
     try:
         core = probe.unwrapped
         schemas = [tool.schema()["function"] for tool in core.tools.values()]  # type: ignore[attr-defined]
-        default_split = str(core.split)  # type: ignore[attr-defined]
+        default_split = str(core.options.split)  # type: ignore[attr-defined]
         env_name = type(core).__name__
     finally:
         probe.close()
@@ -151,7 +151,7 @@ def _step(self: Any, name: str, arguments: dict[str, Any]) -> str:
 def _action_text(name: str, arguments: dict[str, Any]) -> str:
     """The call as the env's canonical text; TypeError or ValueError, naming the argument, for a value JSON cannot hold.
 
-    Built from the method's arguments with :func:`~agentrl_envs.actions.format_call`, which escapes the
+    Built from the method's arguments with :func:`~agentrl_envs.core.actions.format_call`, which escapes the
     ``<tool_call>`` markers inside JSON strings: the env parses back exactly these arguments, so code or
     a query that mentions ``<tool_call>`` runs as written (a plain ``json.dumps`` made it read as a
     second call, a format error). Values JSON cannot hold used to go to the env as their ``repr``
@@ -236,7 +236,7 @@ def train_dataset(env_id: str, n: int, split: str = "train", *, seed: int = 0) -
     """
     from datasets import Dataset
 
-    from agentrl_envs.chat import system_prompt
+    from agentrl_envs.integrations.chat import system_prompt
 
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ConfigError(f"n={n!r}: use a positive number of rows")

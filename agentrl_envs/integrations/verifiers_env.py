@@ -24,7 +24,7 @@ The pieces, as verifiers splits them:
 - :class:`AgentRLHarness` is the agent program: a chat loop run in the eval process (no sandbox, no
   ``uv``; the tools run in agentrl's own simulator) that asks the rollout's model endpoint for each
   turn with the env's tool schemas and plays the reply in the episode, as
-  :class:`~agentrl_envs.openai_agent.OpenAIChatAgent` does: native ``tool_calls`` become the env's
+  :class:`~agentrl_envs.agents.openai_chat.OpenAIChatAgent` does: native ``tool_calls`` become the env's
   action text (several calls in one turn are one action, which the env answers with its
   ``multiple_calls`` penalty, and each call id gets the observation); a reply without calls is
   played as text. Whatever the model wrote (arguments that are not JSON, an unknown tool, a
@@ -51,7 +51,7 @@ from verifiers.v1.clients import ModelContext
 from verifiers.v1.runtimes import ProgramResult, Runtime, SubprocessConfig
 
 import agentrl_envs
-from agentrl_envs.actions import format_native_call
+from agentrl_envs.core.actions import format_native_call
 from agentrl_envs.errors import ConfigError
 from agentrl_envs.tasks.sampler import SPLITS
 

@@ -124,7 +124,7 @@ class Tool:
         """Virtual seconds the call's own work took under a profile's ``faults`` (a ToolFaults)."""
         return 0.0
 
-    # -- progress (agentrl_envs.progress): what completes this tool's step of a sub-task ------
+    # -- progress (agentrl_envs.core.progress): what completes this tool's step of a sub-task ------
 
     def observe(
         self, subs: Sequence[SubTask], states: Sequence[StepState], arguments: dict[str, Any], response: ToolResponse
@@ -136,7 +136,7 @@ class Tool:
         """The gold plan's arguments for this tool's step of ``sub`` when that step is due, else None."""
         return None
 
-    # -- candidates (agentrl_envs.candidates): wrong calls that look like the right one ---------------
+    # -- candidates (agentrl_envs.core.candidates): wrong calls that look like the right one ---------------
 
     def perturb(self, task: Task, arguments: dict[str, Any]) -> list[dict[str, Any]]:
         """Arguments of plausible wrong calls near the gold call's ``arguments`` (``candidates_difficulty="easy"``)."""

@@ -11,9 +11,9 @@ import numpy as np
 
 from agentrl_envs.backends.base import Backend, ToolResponse
 from agentrl_envs.errors import ActionError
-from agentrl_envs.observation_text import clip
 from agentrl_envs.tasks.base import APISpec, SubTask, Task
 from agentrl_envs.tasks.state import StepState
+from agentrl_envs.text.observation import clip
 from agentrl_envs.tools.base import Tool, check_arguments, pick, render_error
 from simulators.http.request import METHODS, RequestError, check_call
 from simulators.http.service import PRIORITIES, STATUSES

@@ -1,4 +1,4 @@
-"""Text edits the tools' candidate perturbations share (see :mod:`agentrl_envs.candidates`)."""
+"""Text edits the tools' candidate perturbations share (see :mod:`agentrl_envs.core.candidates`)."""
 
 from __future__ import annotations
 

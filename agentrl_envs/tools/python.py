@@ -10,11 +10,11 @@ from typing import Any, ClassVar
 import numpy as np
 
 from agentrl_envs.backends.base import ToolResponse
-from agentrl_envs.observation_text import clip
 from agentrl_envs.tasks.base import SubTask, Task
 from agentrl_envs.tasks.domains import DOMAINS
 from agentrl_envs.tasks.scoring import contains_figure
 from agentrl_envs.tasks.state import StepState, ready
+from agentrl_envs.text.observation import clip
 from agentrl_envs.tools.base import Tool, pick, render_error
 from agentrl_envs.tools.perturb import each, swap_words
 

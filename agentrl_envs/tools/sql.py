@@ -10,10 +10,10 @@ from typing import Any, ClassVar
 import numpy as np
 
 from agentrl_envs.backends.base import Backend, ToolResponse
-from agentrl_envs.observation_text import cell
 from agentrl_envs.tasks.base import SubTask, Task, normalize_rows
 from agentrl_envs.tasks.domains import DOMAINS
 from agentrl_envs.tasks.state import StepState
+from agentrl_envs.text.observation import cell
 from agentrl_envs.tools.base import Tool, pick, render_error
 from agentrl_envs.tools.perturb import each, shift_month, swap_words
 

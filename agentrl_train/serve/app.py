@@ -54,7 +54,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agentrl_envs.actions import ActionError, format_call, parse_action
+from agentrl_envs.core.actions import ActionError, format_call, parse_action
 from agentrl_envs.errors import ConfigError
 from agentrl_train.serve.canary import (
     CanaryRules,

@@ -166,7 +166,7 @@ def serve(
     """
     import uvicorn
 
-    from agentrl_envs.simulator_server import check_bind
+    from agentrl_envs.server.simulator import check_bind
 
     check_bind(host, token)
     if getattr(app, "admin_token", None) is not None:

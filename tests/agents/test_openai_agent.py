@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import agentrl_envs  # noqa: F401
-from agentrl_envs.actions import MAX_ACTION_CHARS, format_call
 from agentrl_envs.agents import OpenAIChatAgent
+from agentrl_envs.core.actions import MAX_ACTION_CHARS, format_call
 from agentrl_envs.errors import AgentError, ConfigError, EndpointResponseError, EndpointUnavailableError, EpisodeError
 from tests.agents.oracle_replay import OracleReplay
 

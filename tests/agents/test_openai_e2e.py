@@ -8,7 +8,7 @@ import pytest
 
 import agentrl_envs  # noqa: F401
 from agentrl_envs.agents import OpenAIChatAgent
-from agentrl_envs.cli import main
+from agentrl_envs.cli.main import main
 from tests.agents.oracle_replay import OracleReplay, asgi_app, serve_in_thread
 from tests.integration.servers import free_port
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from agentrl_envs.actions import MAX_ACTION_CHARS, ToolCall, format_call, parse_action
+from agentrl_envs.core.actions import MAX_ACTION_CHARS, ToolCall, format_call, parse_action
 from agentrl_envs.errors import ActionError
 from agentrl_envs.tools import TOOLS
 

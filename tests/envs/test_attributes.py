@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from agentrl_envs import ConfigError, EpisodeError
-from agentrl_envs.core import AUTORESET_ACTION, SETTABLE_ATTRIBUTES
+from agentrl_envs.core.env import AUTORESET_ACTION, SETTABLE_ATTRIBUTES
 from agentrl_envs.rewards.schedule import AuxRewardConfig
 
 MODES = ["sync", "async"]
@@ -109,7 +109,7 @@ BAD_VALUES = [
     ("candidates", 10**9, "up to 1024"),
     ("split", "test", "fixed when the env is made"),
     ("error_profile", "flaky", "fixed when the env is made"),
-    ("max_steps_arg", 3, "gym.make"),
+    ("max_steps", 3, "gym.make"),
     ("aux_weight", 0.5, "read-only"),
     ("aux_rewards", {"terms": {}}, "no attribute 'aux_rewards'"),
     ("trainig_step", 5, "training_step"),

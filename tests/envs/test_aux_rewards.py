@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from agentrl_envs import ConfigError
-from agentrl_envs.actions import format_call, parse_action
+from agentrl_envs.core.actions import format_call, parse_action
 from agentrl_envs.rewards.schedule import AuxRewardConfig, Schedule, parse_aux_reward
 from tests.conftest import ENV_IDS
 

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from agentrl_envs.actions import format_call
-from agentrl_envs.cli import _parser, _shorthand, cmd_play, main
+from agentrl_envs.cli.main import _parser, main
+from agentrl_envs.cli.play import _shorthand, cmd_play
+from agentrl_envs.core.actions import format_call
 
 
 def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
@@ -232,7 +233,7 @@ def test_play_at_a_terminal_reads_with_input_and_line_editing(monkeypatch: pytes
 
 
 def test_console_script_runs() -> None:
-    out = subprocess.run([sys.executable, "-m", "agentrl_envs.cli", "list"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-m", "agentrl_envs", "list"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "AgentRL/SQL-v0" in out.stdout
 
 
@@ -334,9 +335,11 @@ def test_python_found_through_a_relative_path_entry(tmp_path: Path) -> None:
     relative = os.path.relpath(venv_bin, cwd)
     assert not os.path.isabs(relative)
     env = dict(os.environ, PATH=f"{relative}{os.pathsep}{os.environ.get('PATH', '')}")
+    # cwd is the venv's project, maybe another checkout (a shared venv): import this checkout's code first
     program = (
-        "import sys, gymnasium as gym, agentrl_envs\n"
-        "from agentrl_envs.actions import format_call\n"
+        f"import sys\nsys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})\n"
+        "import gymnasium as gym, agentrl_envs\n"
+        "from agentrl_envs.core.actions import format_call\n"
         "assert not sys.executable.startswith('/'), sys.executable\n"
         "env = gym.make('AgentRL/Python-v0')\n"
         "env.reset(seed=0)\n"
@@ -393,12 +396,12 @@ def test_fit_profile_refuses_an_output_it_cannot_write(tmp_path: Path, capsys: p
 def test_export_sft_refuses_an_output_it_cannot_write_before_playing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import agentrl_envs.chat
+    import agentrl_envs.integrations.chat
 
     def never(*args: object, **kwargs: object) -> None:
         raise AssertionError("export_sft ran although its output cannot be written")
 
-    monkeypatch.setattr(agentrl_envs.chat, "export_sft", never)
+    monkeypatch.setattr(agentrl_envs.integrations.chat, "export_sft", never)
     for output, message in _unwritable_outputs(tmp_path):
         before = _listing(tmp_path)
         code, out, err = run(["export-sft", "AgentRL/SQL-v0", "--episodes", "1", "-o", output], capsys)
@@ -465,7 +468,7 @@ def test_serve_refuses_out_of_range_options_at_parse_time(
     def never(*args: object, **kwargs: object) -> None:
         raise AssertionError("serve was reached")
 
-    monkeypatch.setattr("agentrl_envs.simulator_server_processes.serve", never)
+    monkeypatch.setattr("agentrl_envs.server.processes.serve", never)
     with pytest.raises(SystemExit) as exc:
         main(["serve", "--port", "0", flag, value] if flag != "--port" else ["serve", flag, value])
     assert exc.value.code == 2
@@ -489,7 +492,7 @@ def test_serve_parses_the_largest_limits_it_accepts() -> None:
             "64",
         ]
     )
-    from agentrl_envs.simulator_server import ServeLimits
+    from agentrl_envs.server.simulator import ServeLimits
 
     limits = ServeLimits(
         python_workers=args.python_workers, per_client=args.per_client, max_upload_bytes=args.max_upload_mb << 20

@@ -18,8 +18,8 @@ from gymnasium.envs.registration import load_env_creator
 
 import agentrl_envs
 from agentrl_envs.agents import OracleAgent
-from agentrl_envs.core import ToolUseEnv
-from agentrl_envs.registered_envs import SQLEnv
+from agentrl_envs.core.env import ToolUseEnv
+from agentrl_envs.core.registered_envs import SQLEnv
 from agentrl_envs.rewards import COMPONENTS
 
 SECTIONS = (

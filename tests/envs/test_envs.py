@@ -12,8 +12,8 @@ from gymnasium.utils.env_checker import check_env
 
 import agentrl_envs
 from agentrl_envs import ConfigError, EpisodeError
-from agentrl_envs.actions import format_call
 from agentrl_envs.agents import OracleAgent, RandomAgent
+from agentrl_envs.core.actions import format_call
 from agentrl_envs.rewards import COMPONENTS
 from tests.conftest import ENV_IDS
 
@@ -338,7 +338,7 @@ def test_version_exposed() -> None:
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_vector_infos_merge_when_sub_envs_are_out_of_step(mode: str) -> None:
     """One sub-env autoresets while another steps: every info key keeps one type across sub-envs."""
-    from agentrl_envs.actions import format_call
+    from agentrl_envs.core.actions import format_call
 
     finish = format_call("finish", {"answer": "x"})
     sql = format_call("sql", {"query": "SELECT 1 AS one"})

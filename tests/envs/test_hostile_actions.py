@@ -25,8 +25,8 @@ import gymnasium as gym
 import pytest
 
 import agentrl_envs  # noqa: F401 - registers the env ids
-from agentrl_envs.actions import format_call
 from agentrl_envs.agents import OracleAgent
+from agentrl_envs.core.actions import format_call
 from tests.procs import with_marker
 
 ENV_ID = "AgentRL/SQLPythonSMTP-v0"

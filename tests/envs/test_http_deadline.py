@@ -17,9 +17,9 @@ import gymnasium as gym
 import pytest
 
 import agentrl_envs  # noqa: F401 - registers the ids
-from agentrl_envs.actions import format_call
 from agentrl_envs.backends.base import ToolRequest, ToolResponse
 from agentrl_envs.backends.rest import RESTBackend
+from agentrl_envs.core.actions import format_call
 
 BUDGET_S = 1.0
 #: how long a test waits for a call that has a BUDGET_S budget (generous: a loaded machine)

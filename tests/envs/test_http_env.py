@@ -15,10 +15,10 @@ import gymnasium as gym
 import pytest
 
 import agentrl_envs  # noqa: F401 - registers the ids
-from agentrl_envs.actions import format_call
 from agentrl_envs.agents import OracleAgent, RandomAgent
 from agentrl_envs.backends.base import ToolRequest
 from agentrl_envs.backends.rest import RESTBackend
+from agentrl_envs.core.actions import format_call
 from agentrl_envs.errors import ConfigError
 from agentrl_envs.tasks import TaskSampler
 from simulators.http import CompanyAPI

@@ -6,8 +6,8 @@ import gymnasium as gym
 import pytest
 
 from agentrl_envs import ConfigError
-from agentrl_envs.actions import format_call
 from agentrl_envs.agents import OracleAgent
+from agentrl_envs.core.actions import format_call
 
 
 def send(env: gym.Env[str, str], to: object) -> dict[str, object]:

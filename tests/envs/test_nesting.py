@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentrl_envs.actions import _too_deep, parse_action
+from agentrl_envs.core.actions import _too_deep, parse_action
 from agentrl_envs.errors import ActionError
 from agentrl_envs.tools import TOOLS
 from agentrl_envs.tools.base import MAX_NESTING, check_arguments, nested_deeper_than

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from gymnasium.utils import seeding as gym_seeding
 
-import agentrl_envs.core
-from agentrl_envs.actions import format_call
-from agentrl_envs.seeding import DRAW_HIGH
+import agentrl_envs.core.env
+from agentrl_envs.core.actions import format_call
+from agentrl_envs.core.seeding import DRAW_HIGH
 from agentrl_envs.tasks.sampler import clear_task_cache
 from tests.conftest import ENV_IDS
 
@@ -43,7 +43,7 @@ def test_a_seeded_reset_builds_no_generator_and_no_progress(monkeypatch: pytest.
     for seed in range(3):  # first resets: tasks generated, starts worked out
         env.reset(seed=seed)
     generators = counting(monkeypatch, gym_seeding, "np_random")
-    progresses = counting(monkeypatch, agentrl_envs.core, "Progress")
+    progresses = counting(monkeypatch, agentrl_envs.core.env, "Progress")
     for i in range(12):
         env.reset(seed=i % 3)
     assert generators[0] == 0 and progresses[0] == 0
@@ -151,7 +151,7 @@ def test_a_pickled_env_leaves_its_per_task_starts_behind() -> None:
 
 def test_per_task_starts_are_bounded_and_let_go_of_tasks(monkeypatch: pytest.MonkeyPatch) -> None:
     """An env keeps at most _STARTS_PER_ENV starts, holds their tasks weakly, and resets the same either way."""
-    monkeypatch.setattr(agentrl_envs.core, "_STARTS_PER_ENV", 2)
+    monkeypatch.setattr(agentrl_envs.core.env, "_STARTS_PER_ENV", 2)
     env = gym.make("AgentRL/SQL-v0")
     core = env.unwrapped
     first = [env.reset(seed=s) for s in range(5)]

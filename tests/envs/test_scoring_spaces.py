@@ -9,9 +9,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from agentrl_envs.observation_text import printable
-from agentrl_envs.spaces import UnicodeText, charset
 from agentrl_envs.tasks.scoring import contains_figure, contains_name, extract_numbers, normalize_text
+from agentrl_envs.text.observation import printable
+from agentrl_envs.text.spaces import UnicodeText, charset
 
 # -- normalize_text --------------------------------------------------------------------------------
 

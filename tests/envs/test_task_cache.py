@@ -9,9 +9,9 @@ import pickle
 import gymnasium as gym
 import pytest
 
-from agentrl_envs.actions import format_call
 from agentrl_envs.backends import EpisodeSetup, ToolRequest
 from agentrl_envs.backends.direct import DirectBackend
+from agentrl_envs.core.actions import format_call
 from agentrl_envs.errors import ConfigError
 from agentrl_envs.tasks import TaskSampler
 from agentrl_envs.tasks.base import FrozenDict

@@ -19,11 +19,11 @@ import gymnasium as gym
 import pytest
 
 import agentrl_envs
-from agentrl_envs.actions import format_call, parse_action
 from agentrl_envs.agents import OracleAgent
 from agentrl_envs.backends import SHARED_SCHEMES
 from agentrl_envs.backends.base import EpisodeSetup, ToolRequest, ToolResponse
 from agentrl_envs.backends.mounts import MountedBackend, make_mounted
+from agentrl_envs.core.actions import format_call, parse_action
 from agentrl_envs.errors import ActionError, ConfigError
 from agentrl_envs.faults import load_profile, parse_profile
 from agentrl_envs.faults.injector import FaultInjectingBackend

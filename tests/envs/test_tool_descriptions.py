@@ -8,7 +8,7 @@ import json
 import gymnasium as gym
 import pytest
 
-from agentrl_envs.actions import parse_action
+from agentrl_envs.core.actions import parse_action
 from agentrl_envs.errors import ActionError
 from agentrl_envs.tools import TOOLS
 

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from agentrl_envs.faults.profile import load_profile
-from agentrl_envs.simulator_server import ServeLimits
-from agentrl_envs.simulator_server_processes import WorkerConfig
+from agentrl_envs.server.processes import WorkerConfig
+from agentrl_envs.server.simulator import ServeLimits
 
 
 @pytest.mark.parametrize("profile", [None, "realistic"])

@@ -10,7 +10,7 @@ import gymnasium as gym
 import pytest
 
 from agentrl_envs.agents import OracleAgent
-from agentrl_envs.core import ToolUseEnv
+from agentrl_envs.core.env import ToolUseEnv
 from agentrl_envs.faults import FAULT_STATUS, ErrorProfile, load_profile
 from agentrl_envs.faults.injector import FaultInjectingBackend
 

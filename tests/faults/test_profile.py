@@ -347,7 +347,7 @@ def test_env_under_the_most_extreme_valid_profile_keeps_clock_and_rewards_finite
 def test_serve_answers_400_for_a_bad_seed(seed: Any) -> None:
     import json
 
-    from agentrl_envs.simulator_server import SimulatorServer
+    from agentrl_envs.server.simulator import SimulatorServer
 
     server = SimulatorServer(profile=load_profile("flaky"))
     try:

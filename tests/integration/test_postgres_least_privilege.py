@@ -13,9 +13,9 @@ import psycopg
 import pytest
 
 from agentrl_envs import ConfigError
-from agentrl_envs.actions import format_call
 from agentrl_envs.backends.postgres import APP_PREFIX, CleanupWarning, sweep
-from agentrl_envs.cli import main
+from agentrl_envs.cli.main import main
+from agentrl_envs.core.actions import format_call
 from tests.integration.servers import PostgresCluster, agentrl_leftovers
 
 pytestmark = pytest.mark.integration

@@ -10,9 +10,9 @@ import psycopg
 import pytest
 
 from agentrl_envs import ConfigError, PermanentError, TransientError
-from agentrl_envs.actions import format_call
 from agentrl_envs.agents import OracleAgent
 from agentrl_envs.backends.postgres import sweep
+from agentrl_envs.core.actions import format_call
 from tests.integration.servers import free_port, simulator_server
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""agentrl_envs.chat: episodes as chat messages, and the export-sft Parquet through datasets and a chat template."""
+"""agentrl_envs.integrations.chat: episodes as chat messages, and the export-sft Parquet through datasets and a chat template."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ from hypothesis import strategies as st
 
 import agentrl_envs  # noqa: F401
 from agentrl_envs.agents import OracleAgent
-from agentrl_envs.chat import load_sft_messages, to_messages
-from agentrl_envs.cli import main
-from agentrl_envs.data import RecordTrajectories, trajectory_to_dict
+from agentrl_envs.cli.main import main
+from agentrl_envs.data import trajectory_to_dict
 from agentrl_envs.errors import ConfigError
+from agentrl_envs.integrations.chat import load_sft_messages, to_messages
+from agentrl_envs.wrappers.record_trajectories import RecordTrajectories
 
 
 def _recorded_episode(env_id: str = "AgentRL/SQL-v0") -> list:
@@ -125,8 +126,8 @@ FORGED = (
 
 
 def test_markup_in_tool_results_and_user_content_stays_content() -> None:
-    from agentrl_envs.actions import format_call
-    from agentrl_envs.chat import _full_message
+    from agentrl_envs.core.actions import format_call
+    from agentrl_envs.integrations.chat import _full_message
 
     instruction = "Count the rows. " + FORGED
     pairs = [
@@ -150,7 +151,7 @@ def test_markup_in_tool_results_and_user_content_stays_content() -> None:
 
 @given(st.lists(st.sampled_from(["<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "x", "\n", '"']), max_size=12))
 def test_any_markup_round_trips_as_content(pieces: list[str]) -> None:
-    from agentrl_envs.actions import format_call
+    from agentrl_envs.core.actions import format_call
 
     text = "".join(pieces)
     messages = to_messages(text, [(format_call("sql", {"query": text}), text)], system="")

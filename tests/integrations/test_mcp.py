@@ -20,8 +20,8 @@ import httpx
 import pytest
 
 import agentrl_envs
-from agentrl_envs.actions import parse_action
 from agentrl_envs.agents import OracleAgent
+from agentrl_envs.core.actions import parse_action
 from agentrl_envs.testing import start_cli_server, stop_process
 
 from .conftest import require, run_example

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentrl_envs.actions import ToolCall, parse_action
+from agentrl_envs.core.actions import ToolCall, parse_action
 from agentrl_envs.errors import ConfigError
 from agentrl_envs.integrations.trl import ENDED, _action_text, environment_factory, train_dataset
 

@@ -13,7 +13,7 @@ from gymnasium.utils.env_checker import check_env
 
 import agentrl_envs  # noqa: F401
 from agentrl_envs.errors import ConfigError, EpisodeError
-from agentrl_envs.wrappers import MAX_FEATURES, CandidatesDiscrete, hashed_features
+from agentrl_envs.wrappers.candidates_discrete import MAX_FEATURES, CandidatesDiscrete, hashed_features
 
 from .conftest import run_example
 

@@ -21,7 +21,7 @@ from typing import Any
 import gymnasium as gym
 
 import agentrl_envs  # noqa: F401 - registers the env ids
-from agentrl_envs.actions import format_call
+from agentrl_envs.core.actions import format_call
 from simulators.python import PythonRunner, RunLimits
 from simulators.python.sandbox import SandboxRunner
 

@@ -20,7 +20,7 @@ import gymnasium as gym
 import pytest
 
 import agentrl_envs  # noqa: F401 - registers the env ids
-from agentrl_envs.actions import format_call
+from agentrl_envs.core.actions import format_call
 from simulators.python import RunLimits
 from simulators.python.sandbox import FULL, SandboxRunner
 from simulators.python.sandbox.host import idle_processes

@@ -14,7 +14,7 @@ import pytest
 
 from agentrl_envs.errors import ConfigError
 from agentrl_envs.faults import load_profile
-from agentrl_envs.simulator_server import ServeLimits, SimulatorServer
+from agentrl_envs.server.simulator import ServeLimits, SimulatorServer
 from simulators import SimulatorApp
 from simulators.episode_table import EpisodeTable
 
@@ -171,7 +171,7 @@ def test_the_server_forgets_the_fault_state_of_expired_episodes(clock: Clock) ->
     ],
 )
 def test_serve_refuses_bad_episode_limits_at_parse_time(flag: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
-    from agentrl_envs.cli import main
+    from agentrl_envs.cli.main import main
 
     with pytest.raises(SystemExit) as exc:
         main(["serve", "--port", "0", flag, value])
@@ -179,10 +179,10 @@ def test_serve_refuses_bad_episode_limits_at_parse_time(flag: str, value: str, c
 
 
 def test_serve_passes_its_episode_limits_to_the_server(monkeypatch: pytest.MonkeyPatch) -> None:
-    from agentrl_envs import cli
+    from agentrl_envs.cli import main as cli
 
     seen: dict[str, Any] = {}
-    monkeypatch.setattr("agentrl_envs.simulator_server_processes.serve", lambda *a, **kw: seen.update(kw) or 0)
+    monkeypatch.setattr("agentrl_envs.server.processes.serve", lambda *a, **kw: seen.update(kw) or 0)
     assert cli.main(["serve", "--port", "0", "--max-episodes", "3", "--episode-idle-s", "60"]) == 0
     assert (seen["limits"].max_episodes, seen["limits"].episode_idle_s) == (3, 60.0)
     defaults = ServeLimits()

@@ -6,7 +6,7 @@ import gymnasium as gym
 import pytest
 
 import agentrl_envs  # noqa: F401
-from agentrl_envs.actions import format_call
+from agentrl_envs.core.actions import format_call
 
 PROGRAMS = [
     "import os\nprint(os.getcwd())",

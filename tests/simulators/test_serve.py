@@ -20,13 +20,13 @@ import httpx
 import pytest
 import uvicorn
 
-from agentrl_envs import cli
 from agentrl_envs.backends.base import DatabaseSpec, EpisodeSetup, ToolRequest
 from agentrl_envs.backends.http import TOKEN_ENV, HTTPBackend
+from agentrl_envs.cli import main as cli
 from agentrl_envs.errors import ConfigError
 from agentrl_envs.faults import load_profile
-from agentrl_envs.simulator_server import ServeLimits, SimulatorServer, check_bind
-from agentrl_envs.simulator_server_processes import serve
+from agentrl_envs.server.processes import serve
+from agentrl_envs.server.simulator import ServeLimits, SimulatorServer, check_bind
 from agentrl_envs.tasks.domains.base import fingerprint
 from simulators import SimulatorApp
 from simulators.app import EPISODE_TOKEN_HEADER, template_fingerprint
@@ -340,7 +340,7 @@ def test_cli_refuses_a_service_limit_no_run_can_have(
     def never(*args: Any, **kwargs: Any) -> None:
         raise AssertionError(f"serve was reached with {flag} {value}")
 
-    monkeypatch.setattr("agentrl_envs.simulator_server_processes.serve", never)  # never serve forever
+    monkeypatch.setattr("agentrl_envs.server.processes.serve", never)  # never serve forever
     assert cli.main(["serve", "--host", "127.0.0.1", "--port", "0", flag, value]) == 2
     assert f"{flag} {float(value)}: use a finite number of seconds above 0" in capsys.readouterr().err
 

@@ -11,7 +11,7 @@ import json
 import threading
 from typing import Any
 
-from agentrl_envs.simulator_server import ServeLimits, SimulatorServer
+from agentrl_envs.server.simulator import ServeLimits, SimulatorServer
 from simulators import SimulatorApp
 from simulators.app import EPISODE_TOKEN_HEADER, template_fingerprint
 

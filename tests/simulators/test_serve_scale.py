@@ -24,8 +24,8 @@ from agentrl_envs.backends import make_backend
 from agentrl_envs.backends.base import DatabaseSpec, EpisodeSetup, ToolRequest
 from agentrl_envs.backends.http import HTTPBackend, shard_of, split_urls
 from agentrl_envs.errors import ConfigError, PermanentError
-from agentrl_envs.simulator_server import ServeLimits, SimulatorServer
-from agentrl_envs.simulator_server_processes import bind
+from agentrl_envs.server.processes import bind
+from agentrl_envs.server.simulator import ServeLimits, SimulatorServer
 from simulators import SimulatorApp
 from simulators.app import MAX_REQUEST_BYTES, template_fingerprint
 from simulators.memory import CloseCounter, release_memory
@@ -163,7 +163,7 @@ def test_serve_workers_exit_when_the_supervisor_is_killed() -> None:
 
 
 def test_a_worker_whose_supervisor_died_before_it_asked_exits_at_once() -> None:
-    code = "import os, sys; from agentrl_envs.simulator_server_processes import _die_with; _die_with(os.getppid() + 1)"
+    code = "import os, sys; from agentrl_envs.server.processes import _die_with; _die_with(os.getppid() + 1)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "the supervisor" in done.stderr and "is gone" in done.stderr, done.stderr
 
@@ -172,7 +172,7 @@ def _serve_workers(*flags: str) -> subprocess.Popen[str]:
     """``agentrl-envs serve FLAGS`` without a token, its output on a pipe."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("AGENTRL_SERVE_TOKEN", None)
-    cmd = [sys.executable, "-m", "agentrl_envs.cli", "serve", *flags]
+    cmd = [sys.executable, "-m", "agentrl_envs", "serve", *flags]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 

@@ -22,8 +22,8 @@ import gymnasium as gym
 import pytest
 
 import agentrl_envs  # noqa: F401 - registers the env ids
-from agentrl_envs.actions import format_call
 from agentrl_envs.agents import OracleAgent
+from agentrl_envs.core.actions import format_call
 from simulators import workspace as ws_module
 from simulators.workspace import WorkspaceError, write_files
 

@@ -64,8 +64,8 @@ def _transcript() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 
 
 def _structured(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The same episode with each call as an OpenAI ``tool_calls`` entry (``agentrl_envs.chat.to_messages``)."""
-    from agentrl_envs.chat import to_messages
+    """The same episode with each call as an OpenAI ``tool_calls`` entry (``agentrl_envs.integrations.chat.to_messages``)."""
+    from agentrl_envs.integrations.chat import to_messages
 
     steps = [(a["content"], o["content"]) for a, o in zip(messages[2::2], messages[3::2], strict=True)]
     return to_messages(messages[1]["content"], steps, env_id="AgentRL/SQL-v0")
@@ -151,7 +151,7 @@ def test_the_tools_template_is_prefix_stable_on_an_env_transcript() -> None:
 
 
 def test_the_tools_template_writes_calls_as_the_env_parses_them_and_masks_only_the_assistant() -> None:
-    from agentrl_envs.actions import parse_action
+    from agentrl_envs.core.actions import parse_action
 
     tok = _chatml_tokenizer()
     messages, tools = _transcript()

@@ -22,7 +22,7 @@ import gymnasium as gym
 import pytest
 import torch
 
-from agentrl_envs.actions import parse_action
+from agentrl_envs.core.actions import parse_action
 from agentrl_envs.errors import AgentRLError
 from agentrl_train.rollout import EnvPool, EpisodeStates, act_many, collect
 

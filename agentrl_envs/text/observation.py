@@ -15,8 +15,8 @@ _ESCAPES = {"\r": "\\r", "\x1b": "\\x1b"}
 def printable(text: str) -> str:
     """Escape every character outside the observation charset (control characters other than
     newline and tab, lone surrogates, rare astral characters), so observations stay inside
-    :class:`~agentrl_envs.spaces.UnicodeText` whatever the services or the agent put in them."""
-    from agentrl_envs.spaces import charset_set
+    :class:`~agentrl_envs.text.spaces.UnicodeText` whatever the services or the agent put in them."""
+    from agentrl_envs.text.spaces import charset_set
 
     allowed = charset_set()
     if allowed.issuperset(text):  # one C loop: this runs on every observation

@@ -4,7 +4,7 @@ All have ``act(observation, info) -> str`` and work on a single env (wrapped or 
 agents (:class:`OverlapAgent`, :class:`RandomCandidateAgent`) need ``candidates=K`` and read only
 what a learner sees (the instruction, the last observation, ``info["candidates"]``); their
 ``choose`` gives the index, for a ``Discrete(K)`` view such as
-:class:`~agentrl_envs.wrappers.CandidatesDiscrete`.
+:class:`~agentrl_envs.wrappers.candidates_discrete.CandidatesDiscrete`.
 """
 
 from __future__ import annotations
@@ -16,14 +16,13 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from agentrl_envs.actions import format_call
-from agentrl_envs.candidates import overlap_score, overlap_tokens
-from agentrl_envs.core import ToolUseEnv
+from agentrl_envs.core.actions import format_call
+from agentrl_envs.core.candidates import overlap_score, overlap_tokens
+from agentrl_envs.core.env import ToolUseEnv
 from agentrl_envs.errors import ConfigError
-from agentrl_envs.openai_agent import OpenAIChatAgent
 from agentrl_envs.tasks.domains import DOMAINS
 
-__all__ = ["OpenAIChatAgent", "OracleAgent", "OverlapAgent", "RandomAgent", "RandomCandidateAgent"]
+__all__ = ["OracleAgent", "OverlapAgent", "RandomAgent", "RandomCandidateAgent"]
 
 
 def _core(env: gym.Env[Any, Any]) -> ToolUseEnv:
@@ -122,7 +121,7 @@ class OverlapAgent:
     """No-model heuristic: the candidate sharing the most words and numbers with the context.
 
     The context is the episode's instruction (from the reset ``info``, remembered) and the last
-    observation; the score is :func:`~agentrl_envs.candidates.overlap_score` (distinct lower-cased
+    observation; the score is :func:`~agentrl_envs.core.candidates.overlap_score` (distinct lower-cased
     words and numbers in common). Ties are broken uniformly by the agent's generator. It solves
     most tasks with ``candidates_difficulty="easy"`` and scores like :class:`RandomCandidateAgent`
     with ``"hard"``; read a learning curve against both.

@@ -12,8 +12,6 @@ from gymnasium.vector import AutoresetMode
 
 from agentrl_envs.agents import OracleAgent, RandomAgent
 from agentrl_envs.data import (
-    RecordTrajectories,
-    RecordVectorTrajectories,
     ReplayBuffer,
     ShardWriter,
     StorageError,
@@ -21,6 +19,7 @@ from agentrl_envs.data import (
     as_float32,
     read_shards,
 )
+from agentrl_envs.wrappers.record_trajectories import RecordTrajectories, RecordVectorTrajectories
 
 ENV_ID = "AgentRL/SQLPythonSMTP-v0"
 

@@ -2,55 +2,57 @@
 
 One text action per step (a tool call), one text observation back. The core parses the action,
 sends the call across the :class:`~agentrl_envs.backends.Backend` seam, renders the result, asks
-:class:`~agentrl_envs.progress.Progress` what it achieved and sums the reward components.
+:class:`~agentrl_envs.core.progress.Progress` what it achieved and sums the reward components.
 It does not know whether the backend is simulated or real.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
 import os
 import time
 import weakref
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 import gymnasium as gym
 
-from agentrl_envs.actions import ToolCall, format_call, parse_action
 from agentrl_envs.backends import Backend, EpisodeSetup, ToolRequest, make_backend
+from agentrl_envs.core.actions import ToolCall, format_call, parse_action
+from agentrl_envs.core.episode import (
+    EpisodeStart,
+    default_max_steps,
+    schema_parts,
+    step_info,
+    task_mail_domain,
+    task_seed_option,
+)
+from agentrl_envs.core.options import (
+    OPTION_NAMES,
+    RENDER_MODES,
+    SETTABLE_OPTIONS,
+    EnvOptions,
+    keyword_signature,
+    unknown_keyword,
+)
+from agentrl_envs.core.progress import Progress
+from agentrl_envs.core.seeding import LazyNpRandom
 from agentrl_envs.errors import ActionError, ConfigError, EpisodeError
-from agentrl_envs.faults import ErrorProfile, load_profile
+from agentrl_envs.faults import load_profile
 from agentrl_envs.faults.injector import FaultInjectingBackend
 from agentrl_envs.faults.stats import FaultStats, classify, penalized
-from agentrl_envs.observation_text import clip, printable
-from agentrl_envs.progress import Progress
 from agentrl_envs.rewards import RewardConfig, zero_components
-from agentrl_envs.rewards.schedule import AuxRewardConfig, parse_aux_reward
-from agentrl_envs.seeding import LazyNpRandom
-from agentrl_envs.spaces import UnicodeText
+from agentrl_envs.rewards.schedule import AuxRewardConfig
 from agentrl_envs.tasks import TaskSampler
 from agentrl_envs.tasks.base import Task
+from agentrl_envs.text.observation import clip, printable
+from agentrl_envs.text.spaces import UnicodeText
 from agentrl_envs.tools import Tool, get_tool
-from agentrl_envs.yamlsafe import short_repr
 
-__all__ = ["AUTORESET_ACTION", "SETTABLE_ATTRIBUTES", "ToolUseEnv"]
+__all__ = ["AUTORESET_ACTION", "SETTABLE_ATTRIBUTES", "EnvOptions", "ToolUseEnv"]
 
 ACTION_MAX_CHARS = 200_000
 OBSERVATION_MAX_CHARS = 16_000
-#: K of ``candidates=K``: past the task's wrong calls the env pads with no-op guesses, so K=10**9 never returned
-MAX_CANDIDATES = 1024
-#: ``python_timeout_s`` and ``sql_deadline_s`` at most: a day
-MAX_SERVICE_S = 86400.0
-#: The keys ``reset(options=...)`` reads; any other is refused (a typo such as ``"taskseed"`` drew a random task).
-#: Gymnasium's vector envs take their own ``"reset_mask"`` out of the options before a sub-env sees them.
-RESET_OPTIONS = ("task_seed",)
-#: ``options["task_seed"]`` at most: an int64, as every seed this project stores. The task generator would
-#: take any int, but a task id prints its seed and Python refuses ints past 4,300 digits (a raw ValueError
-#: after the episode in progress was closed); reset's own draws are below 2**31 - 1.
-MAX_TASK_SEED = 2**63 - 1
 #: ``info["sandbox_tier"]`` of an env without the python tool: it runs no Python and starts no sandbox
 NO_PYTHON_TIER = "none"
 
@@ -61,89 +63,18 @@ AUTORESET_ACTION = format_call("finish", {"answer": ""})
 
 #: Attributes that may change after the env is made (``vec_env.set_attr(name, value)``,
 #: ``env.set_wrapper_attr(name, value)``); each value is validated like the ``gym.make`` keyword.
-SETTABLE_ATTRIBUTES = ("training_step", "aux_reward", "candidates")
-
-# Public attributes fixed at construction, and the gym.make keyword that sets each one.
-_FIXED_ATTRIBUTES = {
-    "split": "split",
-    "domain": "domain",
-    "error_profile": "error_profile",
-    "profile": "error_profile",
-    "realtime": "realtime",
-    "mail_domains": "mail_domains",
-    "python_sandbox": "python_sandbox",
-    "allow_unsafe_sandbox": "allow_unsafe_sandbox",
-    "backend_spec": "backend",
-    "max_steps_arg": "max_steps",
-    "time_budget_s": "time_budget_s",
-    "render_mode": "render_mode",
-    "long_horizon": "long_horizon",
-    "rewards": "format_penalty",
-    "aux": "aux_reward",
-    "python_timeout_s": "python_timeout_s",
-    "sql_deadline_s": "sql_deadline_s",
-    "tools": "",
-    "action_space": "",
-    "observation_space": "",
-}
+SETTABLE_ATTRIBUTES = ("training_step", *SETTABLE_OPTIONS)
 # Public attributes Gymnasium itself sets on an env after construction.
 _GYMNASIUM_ATTRIBUTES = frozenset({"spec", "np_random"})
-#: Task seeds whose episode start an env keeps (:class:`_EpisodeStart`, ~1.5 kB each); emptied when full.
+#: Task seeds whose episode start an env keeps (:class:`EpisodeStart`, ~1.5 kB each); emptied when full.
 _STARTS_PER_ENV = 256
 _ZERO_COMPONENTS = zero_components()
-
-
-def _step_info(
-    task: Task,
-    *,
-    step: int,
-    tool: str | None,
-    result: dict[str, Any] | None,
-    virtual_time: float,
-    subtask_index: int,
-    boundary: bool,
-    sandbox_tier: str | None,
-) -> dict[str, Any]:
-    """The info of a reset or a step, in its key order (a reset adds its own keys after these)."""
-    return {
-        "task_id": task.task_id,
-        "domain": task.domain,
-        "split": task.split,
-        "step": step,
-        "reward_components": zero_components(),
-        "tool": tool,
-        "tool_result": result,
-        "fault": {},
-        "virtual_time_s": virtual_time,
-        "subtask_index": subtask_index,
-        "subtask_boundary": boundary,
-        "sandbox_tier": sandbox_tier,
-        "call_format": "none",
-    }
-
-
-@dataclass(frozen=True, slots=True)
-class _EpisodeStart:
-    """What every reset of one task in one env returns or sets, worked out at its first reset.
-
-    ``info`` holds the reset info's keys in their order; its values are immutable (str, int, bool,
-    None), and the mutable ones (``reward_components``, ``tool_result``, ``fault``, ``tools``) are
-    made fresh by every reset, so no caller's change to one reset's info reaches the next.
-    """
-
-    task_ref: weakref.ref[Task]
-    observation: str
-    transcript_head: str
-    sender: str
-    mail_domains: tuple[str, ...] | None
-    max_steps: int
-    info: dict[str, Any]
 
 
 class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
     """Base class of the agentrl envs; subclasses set ``kind`` and ``tool_names`` and an env card."""
 
-    metadata = {"render_modes": ["ansi"], "render_fps": 4}  # noqa: RUF012 - Gymnasium's own convention
+    metadata = {"render_modes": list(RENDER_MODES), "render_fps": 4}  # noqa: RUF012 - Gymnasium's own convention
     kind: ClassVar[str] = "pipeline"
     tool_names: ClassVar[tuple[str, ...]] = ("sql", "python", "smtp", "finish")
     # Episode counters, set by _clear_episode and reset (through __dict__: no __setattr__ checks).
@@ -152,77 +83,22 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
     _virtual_time: float
     _done: bool
 
-    def __init__(
-        self,
-        split: str = "train",
-        domain: str | None = None,
-        error_profile: str | Path | ErrorProfile = "none",
-        backend: Any = "sim",
-        max_steps: int | None = None,
-        time_budget_s: float | None = None,
-        candidates: int = 0,
-        candidates_difficulty: str = "easy",
-        render_mode: str | None = None,
-        aux_reward: Any = None,
-        long_horizon: bool = False,
-        format_penalty: float = -0.1,
-        python_timeout_s: float = 5.0,
-        sql_deadline_s: float = 2.0,
-        realtime: bool = False,
-        mail_domains: tuple[str, ...] | list[str] | str | None = "company",
-        python_sandbox: bool = True,
-        allow_unsafe_sandbox: bool = False,
-    ) -> None:
-        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
-            sb3 = " (SB3's make_vec_env passes 'rgb_array' unless env_kwargs holds 'render_mode': None)"
-            raise ConfigError(
-                f"render_mode={short_repr(render_mode)}: use 'ansi' or None{sb3 if render_mode == 'rgb_array' else ''}"
-            )
-        if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
-            raise ConfigError(f"max_steps={max_steps!r}: use a positive int or None for the default")
-        if time_budget_s is not None and not time_budget_s > 0:
-            raise ConfigError(f"time_budget_s={time_budget_s!r}: use a positive number of virtual seconds or None")
-        _check_candidates(candidates)
-        if candidates_difficulty not in ("easy", "hard"):
-            raise ConfigError(f"candidates_difficulty={candidates_difficulty!r}: use 'easy' (default) or 'hard'")
-        for name, value in (("python_timeout_s", python_timeout_s), ("sql_deadline_s", sql_deadline_s)):
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value <= MAX_SERVICE_S:
-                # 1e300 failed later inside the sandbox's CPU-time limit with a raw ValueError
-                raise ConfigError(
-                    f"{name}={value!r}: use a number of seconds above 0 and at most {MAX_SERVICE_S:g} (a day), e.g. 5.0"
-                )
-        self.split = split
-        self.domain = domain
-        self.error_profile = error_profile
-        self.profile = load_profile(error_profile)
-        self.realtime = bool(realtime)
-        if (
-            mail_domains is not None
-            and mail_domains != "company"
-            and not (isinstance(mail_domains, (list, tuple)) and all(isinstance(d, str) and d for d in mail_domains))
-        ):
-            raise ConfigError(f"mail_domains={mail_domains!r}: use 'company', a list of domains, or None for any")
-        self.mail_domains = mail_domains
-        self.python_sandbox = bool(python_sandbox)
-        self.allow_unsafe_sandbox = bool(allow_unsafe_sandbox)
+    def __init__(self, **options: Any) -> None:
+        # The keywords are EnvOptions' fields; __init__.__signature__ (set below the class) lists them.
+        unknown = next((name for name in options if name not in OPTION_NAMES), None)
+        if unknown is not None:
+            raise unknown_keyword(type(self).__name__, unknown)
+        self._options = EnvOptions(**options)
+        opts = self._options
+        self.profile = load_profile(opts.error_profile)
         self._sandbox_tier: str | None = None
         self._backend_facts: dict[str, Any] = {}  # what the backend says about its services (numpy)
-        self.backend_spec = backend
-        self.max_steps_arg = max_steps
-        self.time_budget_s = time_budget_s
-        self.candidates = candidates
-        self.candidates_difficulty = candidates_difficulty
-        self.render_mode = render_mode
-        self.long_horizon = long_horizon
-        self.rewards = RewardConfig(format_penalty=format_penalty)
-        self._aux_config = parse_aux_reward(aux_reward)
+        self._rewards = RewardConfig(format_penalty=opts.format_penalty)
         self._training_step = 0
-        self.python_timeout_s = python_timeout_s
-        self.sql_deadline_s = sql_deadline_s
         self.tools: dict[str, Tool] = {name: get_tool(name) for name in self.tool_names}
         self.action_space = UnicodeText(ACTION_MAX_CHARS)
         self.observation_space = UnicodeText(OBSERVATION_MAX_CHARS)
-        self._sampler = TaskSampler(self.kind, split, domain, long_horizon)  # validates split/domain
+        self._sampler = TaskSampler(self.kind, opts.split, opts.domain, opts.long_horizon)  # validates split/domain
         self._backend: Backend | None = None
         self._fault_stats = FaultStats()
         self._task: Task | None = None
@@ -230,10 +106,19 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
         self._progress_state: Progress | None = None  # made at the episode's first use (see _progress)
         self._transcript: list[str] = []
         self._prev_tool: str | None = None
-        self._starts: dict[int, _EpisodeStart] = {}  # by task seed
+        self._starts: dict[int, EpisodeStart] = {}  # by task seed
         self._schemas: tuple[tuple[str, dict[str, Any]], ...] = ()  # info["tools"], copied per reset
         self._clear_episode()
         self._frozen = True  # from here on, __setattr__ validates or refuses public attributes
+
+    @property
+    def options(self) -> EnvOptions:
+        """The options the env was made with (its ``gym.make`` keywords), as set since by ``set_attr``."""
+        return self._options
+
+    @property
+    def render_mode(self) -> str | None:  # type: ignore[override]  # gymnasium's is a plain attribute
+        return self._options.render_mode
 
     # -- gymnasium API ---------------------------------------------------------------------------
 
@@ -242,10 +127,10 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
 
         A reset of a task seen before is a few dictionary operations: the task comes from the
         process-wide cache, its observation and the fixed part of its info from this env's
-        :class:`_EpisodeStart`, ``np_random`` is built only when something reads it
-        (:mod:`agentrl_envs.seeding`) and the episode opens on an in-process service at its first call.
+        :class:`EpisodeStart`, ``np_random`` is built only when something reads it
+        (:mod:`agentrl_envs.core.seeding`) and the episode opens on an in-process service at its first call.
         """
-        task_seed = _task_seed_option(options)  # checked first: a refused reset leaves the episode as it was
+        task_seed = task_seed_option(options)  # checked first: a refused reset leaves the episode as it was
         if type(seed) is int and seed >= 0:
             self._seed_lazily(seed)
         else:
@@ -293,7 +178,7 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
         try:
             call = parse_action(action, self.tools)
         except ActionError as exc:
-            components["format"] = self.rewards.format_penalty
+            components["format"] = self._rewards.format_penalty
             observation = f"action error [{exc.code}]: {exc.message}"
             result: dict[str, Any] = {"tool": None, "ok": False, "status": 400, "error_type": exc.code, "error": exc.message}
         else:
@@ -310,7 +195,8 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
                     assert fault is not None
                     components["fault"] = self.profile.penalty(fault["type"])
         truncated = not terminated and (
-            self._steps >= self._max_steps or (self.time_budget_s is not None and self._virtual_time >= self.time_budget_s)
+            self._steps >= self._max_steps
+            or (self._options.time_budget_s is not None and self._virtual_time >= self._options.time_budget_s)
         )
         info = self._info(tool=tool_name, result=result)
         # {} rather than None when there is no fault: vector envs merge infos key by key and
@@ -322,7 +208,7 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
             info["fault_stats"] = self._fault_stats.summary()
             task_components = self._progress.components()
             success = terminated and all(task_components.values())
-            components["task"] = self.rewards.success if success else 0.0
+            components["task"] = self._rewards.success if success else 0.0
             info["task_components"] = task_components
             info["partial_credit"] = sum(task_components.values()) / max(1, len(task_components))
             info["success"] = success
@@ -340,7 +226,7 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
 
     def render(self) -> str | None:
         """With ``render_mode="ansi"``: the transcript so far, actions prefixed with ``>``."""
-        if self.render_mode != "ansi":
+        if self._options.render_mode != "ansi":
             return None
         return printable("\n\n".join(self._transcript)) + "\n"
 
@@ -400,27 +286,31 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
         """Dense reward for newly completing this tool's part of sub-tasks (see rewards.schedule)."""
         if not moved or self._task is None:
             return 0.0
-        base = self.aux.terms.get(tool, 0.0) * len(moved) / len(self._task.subtasks)
+        base = self.aux_reward.terms.get(tool, 0.0) * len(moved) / len(self._task.subtasks)
         return base * self.aux_weight
 
     @property
     def aux_weight(self) -> float:
         """The aux reward's current schedule weight (from ``training_step``)."""
-        return self._aux_config.schedule.weight(self._training_step)
-
-    @property
-    def aux(self) -> AuxRewardConfig:
-        """The parsed aux reward configuration (change it through ``aux_reward``)."""
-        return self._aux_config
+        return self.aux_reward.schedule.weight(self._training_step)
 
     @property
     def aux_reward(self) -> AuxRewardConfig:
-        """The aux reward; settable with any ``aux_reward=`` form of ``gym.make`` (validated)."""
-        return self._aux_config
+        """The aux reward, parsed; settable with any ``aux_reward=`` form of ``gym.make`` (validated)."""
+        return cast(AuxRewardConfig, self._options.aux_reward)
 
     @aux_reward.setter
     def aux_reward(self, spec: Any) -> None:
-        self._aux_config = parse_aux_reward(spec)
+        self.__dict__["_options"] = dataclasses.replace(self._options, aux_reward=spec)
+
+    @property
+    def candidates(self) -> int:
+        """K of ``info["candidates"]`` (0: none); settable like the ``gym.make`` keyword (validated)."""
+        return self._options.candidates
+
+    @candidates.setter
+    def candidates(self, k: Any) -> None:
+        self.__dict__["_options"] = dataclasses.replace(self._options, candidates=k)
 
     @property
     def training_step(self) -> int:
@@ -440,24 +330,19 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
     # -- attribute guard -------------------------------------------------------------------------
 
     def __setattr__(self, name: str, value: Any) -> None:
-        # Settable attributes are validated (candidates here, the others by their property
-        # setters); the rest of the public configuration is read when the env is made, so a new
-        # value would silently do nothing: refuse it, and refuse names the env does not have.
-        if name.startswith("_") or not self.__dict__.get("_frozen", False) or name in _GYMNASIUM_ATTRIBUTES:
+        # Settable attributes are properties that validate; the other options are read when the env
+        # is made, so a new value would silently do nothing: refuse it, and refuse names the env does not have.
+        if (
+            name.startswith("_")
+            or not self.__dict__.get("_frozen", False)
+            or name in _GYMNASIUM_ATTRIBUTES
+            or name in SETTABLE_ATTRIBUTES
+        ):
             super().__setattr__(name, value)
             return
-        if name == "candidates":
-            _check_candidates(value)
-            super().__setattr__(name, int(value))
-            return
-        if name in SETTABLE_ATTRIBUTES:
-            super().__setattr__(name, value)
-            return
-        if name in _FIXED_ATTRIBUTES:
-            keyword = _FIXED_ATTRIBUTES[name]
-            how = f"make a new env: gym.make(id, {keyword}=...)" if keyword else "make a new env"
-            raise ConfigError(f"{name} is fixed when the env is made; {how}")
-        if hasattr(type(self), name):
+        if name in OPTION_NAMES:
+            raise ConfigError(f"{name} is fixed when the env is made; make a new env: gym.make(id, {name}=...)")
+        if name in self.__dict__ or hasattr(type(self), name):
             raise ConfigError(f"{name} is read-only; the attributes that can change are {', '.join(SETTABLE_ATTRIBUTES)}")
         raise ConfigError(_unknown_attribute(self, name))
 
@@ -470,7 +355,7 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
         Raises:
             ConfigError: for a name the env does not have, a fixed attribute or a bad value.
         """
-        if not name.startswith("_") and name not in SETTABLE_ATTRIBUTES and not hasattr(self, name):
+        if not name.startswith("_") and name not in (*SETTABLE_ATTRIBUTES, *OPTION_NAMES) and not hasattr(self, name):
             raise ConfigError(_unknown_attribute(self, name))
         setattr(self, name, value)
         return True
@@ -480,7 +365,7 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
         request = ToolRequest(self._episode_id, call.name, call.arguments, at_s=self._virtual_time)
         response = self._get_backend().handle(request)
         self._virtual_time += response.latency_s
-        if self.realtime and response.latency_s > 0:
+        if self._options.realtime and response.latency_s > 0:
             time.sleep(response.latency_s)
         moved = self._progress.observe(call.name, call.arguments, response)
         tier = response.result.get("sandbox_tier") if response.ok else None  # the service that runs programs says
@@ -493,7 +378,7 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
 
     def _info(self, tool: str | None, result: dict[str, Any] | None) -> dict[str, Any]:
         assert self._task is not None and self._progress is not None
-        return _step_info(
+        return step_info(
             self._task,
             step=self._steps,
             tool=tool,
@@ -505,18 +390,18 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
         )
 
     def _add_candidates(self, info: dict[str, Any], observation: str) -> None:
-        if self.candidates:
-            from agentrl_envs.candidates import make_candidates
+        if self._options.candidates:
+            from agentrl_envs.core.candidates import make_candidates
 
             assert self._task is not None and self._progress is not None
             info["candidates"] = make_candidates(
                 self._task,
                 self._progress,
                 self.oracle_action(),
-                self.candidates,
+                self._options.candidates,
                 self.np_random,
                 tuple(self.tools),
-                difficulty=self.candidates_difficulty,
+                difficulty=self._options.candidates_difficulty,
                 context=f"{self._task.instruction}\n{observation}",
             )
 
@@ -526,12 +411,13 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
     def _get_backend(self) -> Backend:
         if self._backend is None:
             runs_python = "python" in self.tools
+            opts = self._options
             backend = make_backend(
-                self.backend_spec,
-                sql_deadline_s=self.sql_deadline_s,
-                python_timeout_s=self.python_timeout_s,
-                python_sandbox=self.python_sandbox,
-                allow_unsafe_sandbox=self.allow_unsafe_sandbox,
+                opts.backend,
+                sql_deadline_s=opts.sql_deadline_s,
+                python_timeout_s=opts.python_timeout_s,
+                python_sandbox=opts.python_sandbox,
+                allow_unsafe_sandbox=opts.allow_unsafe_sandbox,
                 lazy_python=not runs_python,  # an env without the python tool starts no sandbox
             )
             if runs_python:
@@ -540,12 +426,12 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
             else:
                 self._sandbox_tier = NO_PYTHON_TIER
                 self._backend_facts = {"numpy": False}
-            self._schemas = _schema_parts(self.tools.values(), self._backend_facts)
+            self._schemas = schema_parts(self.tools.values(), self._backend_facts)
             self._backend = FaultInjectingBackend(backend, self.profile) if self.profile.injects else backend
         return self._backend
 
-    def _start_of(self, task_seed: int) -> tuple[_EpisodeStart, Task]:
-        """The task of ``task_seed`` and this env's :class:`_EpisodeStart` of it, worked out at its first reset.
+    def _start_of(self, task_seed: int) -> tuple[EpisodeStart, Task]:
+        """The task of ``task_seed`` and this env's :class:`EpisodeStart` of it, worked out at its first reset.
 
         A start holds its task weakly: one the process-wide task cache let go is sampled (made) again.
         """
@@ -555,8 +441,8 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
             if task is not None:
                 return start, task
         task = self._sampler.sample(task_seed)
-        max_steps = self.max_steps_arg or _default_max_steps(task)
-        info = _step_info(
+        max_steps = self._options.max_steps or default_max_steps(task)
+        info = step_info(
             task,
             step=0,
             tool=None,
@@ -569,9 +455,9 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
         # the mutable values are made fresh by every reset: here only their places in the key order
         info.update(reward_components=None, fault=None, instruction=task.instruction, tools=None)
         info.update(system_prompt=self.system_prompt(), max_steps=max_steps)
-        mail_domain = _mail_domain(task)
-        domains = (mail_domain,) if self.mail_domains == "company" else self.mail_domains
-        start = _EpisodeStart(
+        mail_domain = task_mail_domain(task)
+        domains = (mail_domain,) if self._options.mail_domains == "company" else self._options.mail_domains
+        start = EpisodeStart(
             task_ref=weakref.ref(task),
             observation=self._observe(task.instruction),
             transcript_head=f"[task {task.task_id}]\n{task.instruction}",
@@ -618,7 +504,8 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update({"_progress_state": None, "_starts": {}, "_schemas": (), **state})
-        self._sampler = TaskSampler(self.kind, self.split, self.domain, self.long_horizon)
+        opts = self._options
+        self._sampler = TaskSampler(self.kind, opts.split, opts.domain, opts.long_horizon)
 
     def __del__(self) -> None:
         try:
@@ -634,59 +521,4 @@ def _unknown_attribute(env: ToolUseEnv, name: str) -> str:
     )
 
 
-def _schema_parts(tools: Iterable[Tool], facts: dict[str, Any]) -> tuple[tuple[str, dict[str, Any]], ...]:
-    """Each tool's ``schema(facts)`` as ``(type, function)``: every reset copies the ``function`` dict.
-
-    ``schema`` hands out its own copy of the parameters, so an ``info["tools"]`` a caller edits can
-    change this env's later ``info["tools"]`` at most, never the tool's definition or its argument checks.
-    """
-    parts = []
-    for tool in tools:
-        schema = tool.schema(facts)
-        if set(schema) != {"type", "function"}:
-            raise ValueError(f"tool {tool.name!r}: schema() must return {{'type', 'function'}} only, got {sorted(schema)}")
-        parts.append((schema["type"], schema["function"]))
-    return tuple(parts)
-
-
-def _default_max_steps(task: Task) -> int:
-    gold_calls = sum(len(s.steps) for s in task.subtasks) + 1
-    return max(10, 3 * gold_calls + 4)
-
-
-def _mail_domain(task: Task) -> str:
-    from agentrl_envs.tasks.domains import DOMAINS
-
-    return DOMAINS[task.domain].mail_domain
-
-
-def _task_seed_option(options: Any) -> int | None:
-    """``options["task_seed"]`` as an int, None when absent.
-
-    Raises:
-        ConfigError: options that are no mapping, a key not in :data:`RESET_OPTIONS`, or a task seed
-            that is no int in ``[0, MAX_TASK_SEED]``.
-    """
-    if options is None:
-        return None
-    if not isinstance(options, Mapping):  # a str or a list raised a raw AttributeError
-        raise ConfigError(f"options={options!r:.80} ({type(options).__name__}): use a dict such as {{'task_seed': 3}}, or None")
-    unknown = [key for key in options if key not in RESET_OPTIONS]
-    if unknown:
-        raise ConfigError(
-            f"options key {unknown[0]!r:.80} is not a reset option of agentrl envs; "
-            f"the keys they read: {', '.join(map(repr, RESET_OPTIONS))}"
-        )
-    task_seed = options.get("task_seed")
-    if task_seed is None:
-        return None
-    if not isinstance(task_seed, numbers.Integral) or isinstance(task_seed, bool) or not 0 <= int(task_seed) <= MAX_TASK_SEED:
-        huge = isinstance(task_seed, int) and task_seed.bit_length() > 256  # repr past 4,300 digits raises ValueError
-        shown = f"a {task_seed.bit_length()}-bit int" if huge else repr(task_seed)
-        raise ConfigError(f"options['task_seed']={shown:.80}: use an int from 0 to 2**63 - 1 (an int64)")
-    return int(task_seed)  # a numpy int from a generator picks the same task as the int
-
-
-def _check_candidates(value: Any) -> None:
-    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or not 0 <= int(value) <= MAX_CANDIDATES:
-        raise ConfigError(f"candidates={value!r}: use 0 (off) or a positive int K up to {MAX_CANDIDATES}")
+ToolUseEnv.__init__.__signature__ = keyword_signature()  # type: ignore[attr-defined]

@@ -9,7 +9,7 @@ answered 404 ``unknown_episode``, never served from the wrong state.
 
 The supervisor (the ``serve`` process) binds every socket itself, so no port can be taken between
 the printout and the start, and hands each worker its socket; the workers are fresh interpreters
-(``python -m agentrl_envs.simulator_server_processes``) that read their settings, token included, from a pipe,
+(``python -m agentrl_envs.server.processes``) that read their settings, token included, from a pipe,
 never from the command line. Ctrl-C or SIGTERM stops them all; a worker that dies stops the others
 and the supervisor exits with status 1, since the episodes it held are gone. A supervisor that dies
 without stopping them (SIGKILL, the OOM killer) takes them along: each worker asks the kernel for a
@@ -38,7 +38,7 @@ from typing import Any
 from agentrl_envs.backends.http import TOKEN_ENV
 from agentrl_envs.errors import ConfigError
 from agentrl_envs.faults import ErrorProfile
-from agentrl_envs.simulator_server import ServeLimits, SimulatorServer, check_bind
+from agentrl_envs.server.simulator import ServeLimits, SimulatorServer, check_bind
 
 __all__ = ["GC_THRESHOLDS", "WorkerConfig", "bind", "run", "serve", "supervise", "tune_gc"]
 
@@ -49,7 +49,7 @@ MAX_WORKERS = 64
 #: seconds between checks that every worker is still alive
 POLL_S = 0.2
 STOP_WAIT_S = 10.0
-_WORKER = (sys.executable, "-m", "agentrl_envs.simulator_server_processes")
+_WORKER = (sys.executable, "-m", "agentrl_envs.server.processes")
 
 
 @dataclass(frozen=True)
@@ -237,7 +237,7 @@ def _die_with(parent: int) -> None:
 
 
 def _worker_main(argv: list[str]) -> int:
-    """A worker process: ``python -m agentrl_envs.simulator_server_processes FD INDEX PARENT`` with its config as JSON on stdin."""
+    """A worker process: ``python -m agentrl_envs.server.processes FD INDEX PARENT`` with its config as JSON on stdin."""
     _die_with(int(argv[2]))
     fd, _index = int(argv[0]), int(argv[1])
     config = WorkerConfig.from_json(sys.stdin.buffer.read())

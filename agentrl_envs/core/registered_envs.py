@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from agentrl_envs.core import ToolUseEnv
+from agentrl_envs.core.env import ToolUseEnv
 
 __all__ = ["HTTPEnv", "PythonEnv", "SMTPEnv", "SQLEnv", "SQLPythonSMTPEnv", "WorkplaceEnv"]
 

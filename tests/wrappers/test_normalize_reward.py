@@ -12,7 +12,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 
 from agentrl_envs import ConfigError
 from agentrl_envs.agents import OracleAgent
-from agentrl_envs.rewards.normalize import NormalizeRewardBatch, NormalizeRewardSingleEnv
+from agentrl_envs.wrappers.normalize_reward import NormalizeRewardBatch, NormalizeRewardSingleEnv
 
 
 class ScriptedVectorEnv(VectorEnv[Any, Any, Any]):
@@ -160,4 +160,4 @@ def test_single_env_wrapper_with_the_oracle() -> None:
 def test_the_old_name_is_gone() -> None:
     # NormalizeReward is Gymnasium's wrapper; ours is NormalizeRewardSingleEnv (the 0.1.0 release note says so)
     with pytest.raises(ImportError, match="NormalizeReward"):
-        from agentrl_envs.rewards.normalize import NormalizeReward  # noqa: F401
+        from agentrl_envs.wrappers.normalize_reward import NormalizeReward  # noqa: F401

@@ -40,8 +40,8 @@ from typing import Any
 
 import httpx
 
-from agentrl_envs._deadline import OverBudget, Watchdog
-from agentrl_envs.actions import MAX_ACTION_CHARS, format_native_call, parse_action
+from agentrl_envs.backends._deadline import OverBudget, Watchdog
+from agentrl_envs.core.actions import MAX_ACTION_CHARS, format_native_call, parse_action
 from agentrl_envs.errors import (
     ActionError,
     AgentError,

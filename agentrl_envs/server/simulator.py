@@ -43,7 +43,7 @@ saying why. The bookkeeping is O(1) per request (:mod:`simulators.episode_table`
 A template upload may be up to ``max_upload_bytes`` (read as it streams in; 413 past it, naming
 the setting); every other body stays within 8 MiB.
 
-Running it: :func:`agentrl_envs.simulator_server_processes.serve` (``agentrl-envs serve``). Scale:
+Running it: :func:`agentrl_envs.server.processes.serve` (``agentrl-envs serve``). Scale:
 ``serve(workers=N)`` (``agentrl-envs serve --workers N``) runs N server processes, one port each, and the ``http`` backend given all their URLs keeps
 each episode on one of them. Each process freezes what start-up allocated out of the cycle
 collector's reach and raises its thresholds, and gives freed memory back as episodes close

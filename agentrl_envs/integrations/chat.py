@@ -2,7 +2,7 @@
 
 :func:`to_messages` takes an episode in any of the forms the project produces:
 
-- a :class:`~agentrl_envs.data.Trajectory` (what :class:`~agentrl_envs.data.RecordTrajectories`
+- a :class:`~agentrl_envs.data.Trajectory` (what :class:`~agentrl_envs.wrappers.record_trajectories.RecordTrajectories`
   writes, what a :class:`~agentrl_envs.data.ReplayBuffer` returns, what shards and JSONL read back);
 - its dict form (:func:`~agentrl_envs.data.trajectory_to_dict`, a JSON line);
 - a live transcript: the reset observation (the instruction) and a list of ``(action, observation)``
@@ -43,7 +43,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentrl_envs.actions import parse_action
+from agentrl_envs.core.actions import parse_action
 from agentrl_envs.errors import ActionError, ConfigError
 
 __all__ = ["SFT_COLUMNS", "export_sft", "load_sft_messages", "system_prompt", "to_messages", "tool_schemas"]

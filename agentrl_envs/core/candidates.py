@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from agentrl_envs.actions import format_call
-from agentrl_envs.progress import Progress
+from agentrl_envs.core.actions import format_call
+from agentrl_envs.core.progress import Progress
 from agentrl_envs.tasks.base import Task
 from agentrl_envs.tools import TOOLS, get_tool, service_tools
 from agentrl_envs.tools.perturb import numbers, shift_numbers

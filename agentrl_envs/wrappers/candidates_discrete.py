@@ -18,8 +18,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
-from agentrl_envs.candidates import overlap_tokens, word_tokens
-from agentrl_envs.core import ToolUseEnv
+from agentrl_envs.core.candidates import overlap_tokens, word_tokens
+from agentrl_envs.core.env import ToolUseEnv
 from agentrl_envs.errors import ConfigError, EpisodeError
 
 __all__ = ["MAX_FEATURES", "CandidatesDiscrete", "hashed_features"]
@@ -33,7 +33,7 @@ MAX_OBSERVATION_VALUES = 1 << 24
 def hashed_features(text: str, features: int) -> np.ndarray:
     """0/1 vector of length ``features``: bucket ``crc32(token) % features`` is 1 for each distinct token.
 
-    Tokens are :func:`~agentrl_envs.candidates.overlap_tokens` (lower-cased words and numbers) and
+    Tokens are :func:`~agentrl_envs.core.candidates.overlap_tokens` (lower-cased words and numbers) and
     their adjacent pairs in order of appearance (``"sum amount"``). CRC-32 is the same in every
     process and on every machine, unlike Python's salted ``hash``.
     """
