@@ -12,7 +12,8 @@ in which the trainer waited for its rollout (local and server: the whole rollout
 after its update). The first update is left out (it pays for start-up)::
 
     python benchmarks/bench_rollout_engine.py                          # the tiny model, 4 updates each
-    python benchmarks/bench_rollout_engine.py --model smollm2-135m --lora-preset small --updates 2 --num-envs 4
+    python benchmarks/bench_rollout_engine.py --model smollm2-135m --lora-preset small --updates 2 --num-envs 4 \
+        --micro-batch 2 --activation-checkpointing
     python benchmarks/bench_rollout_engine.py --url http://127.0.0.1:8011 --device cuda ...   # a running vLLM
 
 With ``--url`` the server runs already (vLLM with runtime LoRA: ``benchmarks/gpu/vllm_rollouts.sh``)
@@ -77,6 +78,8 @@ def run(engine: str, args: argparse.Namespace, root: Path, url: str) -> dict[str
         "rollout_steps": args.rollout_steps,
         "updates": args.updates,
         "max_new_tokens": args.max_new_tokens,
+        "micro_batch": args.micro_batch,
+        "activation_checkpointing": args.activation_checkpointing,
         "threads": args.threads,
         "vectorization": "sync",
         "eval_every": 0,
@@ -122,6 +125,8 @@ def main() -> None:
     ap.add_argument("--num-envs", type=int, default=8)
     ap.add_argument("--rollout-steps", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--micro-batch", type=int, default=16, help="transitions per forward/backward in the update")
+    ap.add_argument("--activation-checkpointing", action="store_true", help="less memory in the update (SmolLM2)")
     ap.add_argument("--threads", type=int, default=1, help="the trainer's torch threads (default 1)")
     ap.add_argument("--server-threads", type=int, default=1, help="the server's torch threads (default 1)")
     ap.add_argument("--seed", type=int, default=0)
