@@ -694,7 +694,7 @@ class Policy(nn.Module):
         seqs = [[*p, *n] for p, n in items]
         for head, members in prefix_chains(seqs):
             ids = torch.tensor([seqs[head]], device=self.device)
-            hidden = self.causal.model(input_ids=ids).last_hidden_state[0]
+            hidden = self.causal.model(input_ids=ids, use_cache=False).last_hidden_state[0]  # no KV cache to keep
             for m in members:
                 P, N = len(items[m][0]), len(items[m][1])
                 lp_N, logp_NV = self._logprobs(hidden[P - 1 : P - 1 + N], ids[0, P : P + N])

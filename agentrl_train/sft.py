@@ -168,7 +168,7 @@ def sft(cfg: TrainConfig, log: Any = print) -> dict[str, Any]:
                 loss_total = 0.0
                 for ids, mask in batch:
                     t = torch.tensor([ids], device=policy.device)
-                    hidden = causal.model(input_ids=t).last_hidden_state[0, :-1]
+                    hidden = causal.model(input_ids=t, use_cache=False).last_hidden_state[0, :-1]
                     m = torch.tensor(mask[1:], device=policy.device)
                     lp, _ = policy._logprobs(hidden[m], t[0, 1:][m])
                     loss = -lp.sum() / max(n_tokens, 1)
