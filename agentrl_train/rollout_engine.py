@@ -32,6 +32,7 @@ of the checkpoint, so a resumed run continues exactly.
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import threading
@@ -84,7 +85,6 @@ class ServerEngine:
         timeout: float = 300.0,
         retries: int = 2,
         api_key: str = "",
-        log: Callable[[str], None] = print,
     ) -> None:
         import httpx
 
@@ -96,7 +96,6 @@ class ServerEngine:
         self.stops = stops
         self.vocab_size = vocab_size
         self.retries = retries
-        self.log = log
         self.version = -1  #: the adapter version the servers hold (-1: none yet)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(timeout=timeout, headers=headers)
@@ -169,8 +168,6 @@ class ServerEngine:
         return self._parse(url, answer, max_new_tokens)
 
     def _parse(self, url: str, text: str, max_new_tokens: int) -> tuple[list[int], list[float]]:
-        import json
-
         try:
             choice = json.loads(text)["choices"][0]
             lp = choice.get("logprobs") or {}

@@ -196,12 +196,12 @@ def _setup(cfg: TrainConfig, dist: Any, out: Path, log: Any) -> Run:
     pool = _make_pool(cfg, dist, sink, plan.grouped)
     run = Run(out, plan, policy, named, optimizer, base_lrs, ppo.clip_groups(named), pool, sink, sgd_rng)
     if cfg.ppo.rollout_engine == "server":
-        run.engine = _server_engine(cfg, policy, out, log)
+        run.engine = _server_engine(cfg, policy, out)
         run.prefetch = Prefetch() if cfg.ppo.async_rollouts else None
     return run
 
 
-def _server_engine(cfg: TrainConfig, policy: Policy, out: Path, log: Any) -> ServerEngine:
+def _server_engine(cfg: TrainConfig, policy: Policy, out: Path) -> ServerEngine:
     """The rollout servers, checked to answer (``AGENTRL_ROLLOUT_API_KEY``: their bearer token)."""
     import os
     import re
@@ -215,7 +215,6 @@ def _server_engine(cfg: TrainConfig, policy: Policy, out: Path, log: Any) -> Ser
         timeout=cfg.ppo.rollout_timeout,
         retries=cfg.ppo.rollout_retries,
         api_key=os.environ.get("AGENTRL_ROLLOUT_API_KEY", ""),
-        log=log,
     )
     try:
         engine.check()
