@@ -117,7 +117,7 @@ def longest_prompts(
 
 def lora_trainable(lm: Any) -> dict[str, dict[str, Any]]:
     """Per ``--lora-preset``: the LoRA parameters it trains on ``lm`` (exact: rank x (in + out) per layer)."""
-    from agentrl_train.policy import LORA_PRESETS, lora_layers, lora_targets
+    from agentrl_train.lora import LORA_PRESETS, lora_layers, lora_targets
 
     total = sum(p.numel() for p in lm.parameters())
     out = {}

@@ -75,7 +75,7 @@ def _overrides(args: argparse.Namespace, skip: tuple[str, ...] = ("config", "com
 def _check_init_adapter(cfg: Any) -> None:
     """A wrong ``--init-adapter`` fails before the model is built or loaded (minutes), not after it."""
     if cfg.model.init_adapter:
-        from agentrl_train.policy import check_adapter_folder
+        from agentrl_train.lora import check_adapter_folder
 
         check_adapter_folder(cfg.model.init_adapter, cfg.model.adapter)
 

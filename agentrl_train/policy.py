@@ -14,13 +14,14 @@ during the update equal the rollout's:
   times); mean per token (default) or sum.
 - :meth:`Policy.generate` / :meth:`Policy.sequence_logprobs`: token-level sampling until
   ``</tool_call>`` or a budget; the trainer keeps the sampled ids (token in, token out).
+
+The text side (chat rendering, prompt and transcript token ids) is :class:`~agentrl_train.chat_codec.ChatCodec`,
+which the policy is; where LoRA goes and how saved adapters are found is :mod:`agentrl_train.lora`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,139 +31,16 @@ import torch
 from torch import nn
 
 from agentrl_envs.errors import ConfigError
+from agentrl_train.chat_codec import ChatCodec
+from agentrl_train.lora import find_adapter_weights, lora_targets
 from agentrl_train.tool_tokens import ToolTokens, check_same, peft_token_indices, read_tool_tokens, write_tool_tokens
 
 if TYPE_CHECKING:
     from agentrl_train.config import TrainConfig
 
-__all__ = [
-    "LORA_PRESETS",
-    "Policy",
-    "PromptState",
-    "ScoreOut",
-    "build_policy",
-    "check_adapter_folder",
-    "find_adapter_weights",
-    "lora_layers",
-    "lora_targets",
-    "prefix_chains",
-    "stop_token_ids",
-]
+__all__ = ["Policy", "PromptState", "ScoreOut", "build_policy", "prefix_chains"]
 
-ATTN = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj")
-MLP = ("gate_proj", "up_proj", "down_proj", "gate_up_proj")
-STOP_STRINGS = ("</tool_call>",)  #: text that ends an action, whatever its tokenization
 REFERENCE = "initial_reference"  #: the frozen copy of the starting adapter (never saved, never trained)
-LORA_PRESETS: dict[str, dict[str, int]] = {
-    "seed": {"attn": 64, "mlp": 16},
-    "mlp-heavy": {"attn": 16, "mlp": 64},
-    "uniform": {"attn": 32, "mlp": 32},
-    "small": {"attn": 16, "mlp": 8},  # ~600-wide models (SmolLM2-135M): benchmarks/bench_lora_presets.py
-}
-
-
-def lora_layers(lm: nn.Module) -> Iterator[tuple[str, nn.Linear]]:
-    """``(module name's last part, layer)`` of every linear layer LoRA may target: the attention and MLP
-    projections inside the transformer blocks (``.layers.N.``), never embeddings or ``lm_head``."""
-    for name, module in lm.named_modules():
-        leaf = name.rsplit(".", 1)[-1]
-        if isinstance(module, nn.Linear) and leaf in ATTN + MLP and re.search(r"\.layers\.\d+\.", name):
-            yield leaf, module
-
-
-def lora_targets(
-    lm: nn.Module, preset: str = "seed", ranks: dict[str, int] | None = None, alpha_ratio: float = 2.0
-) -> dict[str, Any]:
-    """LoRA target modules with ranks by layer kind, as peft ``rank_pattern`` / ``alpha_pattern``.
-
-    Attention projections (``q/k/v/o_proj``, fused ``qkv_proj``) and MLP projections (``gate/up/down_proj``,
-    fused ``gate_up_proj``) inside the transformer blocks; never embeddings, positions or ``lm_head``.
-    ``ranks`` overrides the preset by kind (``attn``, ``mlp``) or by module name (``q_proj``).
-    """
-    if preset not in LORA_PRESETS:
-        raise ConfigError(f"--lora-preset={preset!r}: use one of {', '.join(LORA_PRESETS)}")
-    by_kind = dict(LORA_PRESETS[preset])
-    ranks = dict(ranks or {})
-    width: dict[str, int] = {}  # module name -> the smallest min(in, out) of its layers: a rank above it is no use
-    for leaf, module in lora_layers(lm):
-        width[leaf] = min(width.get(leaf, module.in_features), module.in_features, module.out_features)
-    present = set(width)
-    if not present:
-        raise ConfigError("this model has no q/k/v/o_proj, qkv_proj or gate/up/down_proj layers to put LoRA on")
-    for key, value in ranks.items():
-        if key not in ("attn", "mlp") and key not in present:
-            raise ConfigError(
-                f"--lora-ranks: unknown module {key!r}; this model has {', '.join(sorted(present))} (or use attn / mlp)"
-            )
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ConfigError(f"--lora-ranks: rank of {key!r} is {value!r}; use a positive int")
-    by_kind.update({k: v for k, v in ranks.items() if k in ("attn", "mlp")})
-    rank_pattern = {m: ranks.get(m, by_kind["attn" if m in ATTN else "mlp"]) for m in sorted(present)}
-    for key, value in ranks.items():  # the preset's ranks are not checked: a small model may be narrower than 64
-        applies = [m for m in present if m == key or (m not in ranks and key == ("attn" if m in ATTN else "mlp"))]
-        if applies and value > min(width[m] for m in applies):
-            narrowest = min(applies, key=lambda m: (width[m], m))
-            kind = f"{key} modules ({', '.join(sorted(applies))})" if key in ("attn", "mlp") else key
-            raise ConfigError(
-                f"--lora-ranks: rank {value} for {kind} is above this model's width there ({narrowest} is "
-                f"{width[narrowest]} wide: min(in, out) features); the largest allowed {key} rank is {width[narrowest]}"
-            )
-    alpha_pattern = {m: alpha_ratio * r for m, r in rank_pattern.items()}
-    return {"target_modules": sorted(present), "rank_pattern": rank_pattern, "alpha_pattern": alpha_pattern}
-
-
-def find_adapter_weights(folder: Path, adapter: str) -> Path | None:
-    """The ``adapter_model.safetensors`` that :meth:`Policy.load_adapter_weights` reads from ``folder``, or None.
-
-    Looked for in ``folder/<adapter>/`` (what :meth:`Policy.save` writes), ``folder`` itself, then its subfolders.
-    """
-    if not folder.is_dir():
-        return None
-    for sub in (folder / adapter, folder, *sorted(p for p in folder.iterdir() if p.is_dir())):
-        if (sub / "adapter_model.safetensors").is_file():
-            return sub / "adapter_model.safetensors"
-    return None
-
-
-def check_adapter_folder(folder: str, adapter: str, option: str = "--init-adapter") -> None:
-    """ConfigError unless ``folder`` looks like a saved peft adapter; reads file headers only, no model needed.
-
-    So a wrong ``--init-adapter`` fails in a second, before the base model is built or loaded
-    (minutes for the tiny model's first build), instead of after it.
-
-    Raises:
-        ConfigError: naming ``option``: no such folder, no ``adapter_model.safetensors`` with its
-            ``adapter_config.json`` in it, or files that are not what their names say.
-    """
-    from safetensors import SafetensorError, safe_open
-
-    shown = f"{option} {folder[:200]!r}"
-    hint = "point at the final/ folder of an sft or ppo run (or a peft save_pretrained folder)"
-    path = Path(folder)
-    try:
-        if "\x00" in folder or not path.exists():
-            raise ConfigError(f"{shown}: no such folder; {hint}")
-        if not path.is_dir():
-            raise ConfigError(f"{shown}: is a file, not a folder; {hint}")
-        weights = find_adapter_weights(path, adapter)
-        if weights is None:
-            raise ConfigError(f"{shown}: not an adapter folder (no adapter_model.safetensors in it or its subfolders); {hint}")
-        config = weights.parent / "adapter_config.json"
-        if not config.is_file():
-            raise ConfigError(f"{shown}: {weights} has no adapter_config.json beside it, so it is not a peft adapter; {hint}")
-        try:
-            data = json.loads(config.read_bytes()[: 1 << 20])
-        except (ValueError, UnicodeDecodeError):
-            data = None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{shown}: {config} is not a JSON object (damaged or not peft's); save the adapter again")
-        with safe_open(str(weights), framework="pt") as f:  # the header only, not the tensors
-            if not list(f.keys()):
-                raise ConfigError(f"{shown}: {weights} holds no weights; save the adapter again")
-    except SafetensorError as exc:
-        raise ConfigError(f"{shown}: {weights} is not a safetensors file ({str(exc)[:200]}); save the adapter again") from None
-    except OSError as exc:
-        raise ConfigError(f"{shown}: cannot be read ({exc.strerror or type(exc).__name__}); {hint}") from None
 
 
 @dataclass
@@ -187,7 +65,7 @@ class PromptState:
     last_hidden: torch.Tensor  #: the last prompt token's hidden state, [H]
 
 
-class Policy(nn.Module):
+class Policy(ChatCodec, nn.Module):
     """A base LM wrapped by peft with named adapters, plus a value head (optional).
 
     Args:
@@ -214,10 +92,10 @@ class Policy(nn.Module):
         value_head: bool = True,
         tool_tokens: ToolTokens | None = None,
     ) -> None:
-        super().__init__()
+        nn.Module.__init__(self)
+        ChatCodec.__init__(self, tokenizer, getattr(lm.config, "max_position_embeddings", None))
         from peft import LoraConfig, get_peft_model
 
-        self.tokenizer = tokenizer
         self.lora = lora
         self.tool_tokens = tool_tokens
         cfg = LoraConfig(
@@ -245,7 +123,6 @@ class Policy(nn.Module):
             nn.init.zeros_(self.value_head.weight)
             nn.init.zeros_(self.value_head.bias)
         self.critic_detach = False
-        self.stop_ids = stop_token_ids(self.tokenizer)
 
     # -- structure ------------------------------------------------------------------------------
 
@@ -422,123 +299,6 @@ class Policy(nn.Module):
             self._activate([*self.frozen_adapters, self.adapter])
 
     # -- acting -----------------------------------------------------------------------------------
-
-    def encode_prompt(self, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None, max_tokens: int) -> list[int]:
-        """Chat-template the messages (generation prompt added), dropping the oldest turns past ``max_tokens``.
-
-        The system prompt (with the tools) and the first user message (the instruction) are always
-        kept: when they alone exceed ``max_tokens`` this is a :class:`ConfigError` naming
-        ``--max-prompt-tokens``, not a prompt cut from the left (which would drop the system prompt).
-        """
-        keep_head, turns = messages[:2], messages[2:]
-        while True:
-            text = self.tokenizer.apply_chat_template(keep_head + turns, tools=tools, tokenize=False, add_generation_prompt=True)
-            ids = self._tokenize(text, _untrusted(keep_head + turns))
-            if len(ids) <= max_tokens:
-                return ids
-            if not turns:
-                raise ConfigError(
-                    f"the system prompt, tools and instruction alone take {len(ids)} tokens, more than "
-                    f"--max-prompt-tokens {max_tokens}: raise --max-prompt-tokens (the model's context allows "
-                    f"{getattr(self.causal.config, 'max_position_embeddings', 'an unknown number of')} tokens)"
-                )
-            turns = turns[2:] if len(turns) >= 2 else []
-
-    def render(self, messages: list[dict[str, str]], tools: Any, generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt)
-
-    def continue_stream(
-        self, stream: list[int], messages: list[dict[str, str]], tools: Any, new_ids: list[int], max_tokens: int
-    ) -> list[int]:
-        """Token in, token out: the next prompt is this prompt + the sampled ids + the template's tokens
-        for the rest of the turn and the tool's reply (``messages`` ends with the assistant turn and the
-        tool turn). The sampled ids are never re-tokenized, and what they already hold (an end-of-turn
-        token the model sampled) is not added again: the tail is the rendering's text after the
-        prompt's text and the sampled ids' decoded text. Past ``max_tokens`` the oldest turns go (the
-        prompt is encoded afresh, as is a template that does not continue the sampled text).
-        """
-        before = self.render(messages[:-2], tools, True)
-        sampled = self.tokenizer.decode(new_ids, skip_special_tokens=False)
-        after = self.render(messages, tools, True)
-        rest = after[len(before) :] if after.startswith(before) else None
-        # Some templates put whitespace between the generation prompt and the content (the tiny
-        # model's: "<|im_start|>assistant" then "\n" + content); that glue is the template's text.
-        at = rest.find(sampled) if rest is not None and sampled else 0 if rest is not None else -1
-        if at < 0 or at > 4 or (rest or "")[:at].strip():  # a template that rewrites the action (or not prefix-stable)
-            return self.encode_prompt(messages, tools, max_tokens)
-        assert rest is not None
-        glue = self._tokenize(rest[:at]) if at else []
-        tail = self._tokenize(rest[at + len(sampled) :], [messages[-1]["content"]])
-        out = [*stream, *glue, *new_ids, *tail]
-        if len(out) > max_tokens:
-            return self.encode_prompt(messages, tools, max_tokens)
-        return out
-
-    def _tokenize(self, text: str, untrusted: Sequence[str] = ()) -> list[int]:
-        """Token ids of rendered chat text; inside ``untrusted`` content special-token text stays text.
-
-        A tool result or a user message that spells ``<|im_start|>`` or ``<tool_call>`` must not
-        become those tokens: the model would see a forged turn. Each occurrence of such content in
-        ``text`` is tokenized with ``split_special_tokens=True``, the template around it as usual
-        (so content without special-token text tokenizes exactly as before).
-        """
-        specials = self._special_texts()
-        hostile = sorted({c for c in untrusted if c and any(t in c for t in specials)}, key=len, reverse=True)
-        if not hostile:
-            return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-        out: list[int] = []
-        rest = text
-        while rest:
-            hits = [(rest.find(c), c) for c in hostile if rest.find(c) >= 0]
-            if not hits:
-                out += self.tokenizer(rest, add_special_tokens=False)["input_ids"]
-                break
-            at, c = min(hits, key=lambda h: (h[0], -len(h[1])))
-            if at:
-                out += self.tokenizer(rest[:at], add_special_tokens=False)["input_ids"]
-            out += self.tokenizer(c, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-            rest = rest[at + len(c) :]
-        return out
-
-    def _special_texts(self) -> list[str]:
-        cached = getattr(self, "_specials", None)
-        if cached is None:
-            enc = getattr(self.tokenizer, "added_tokens_encoder", {}) or {}
-            cached = [t for t in {*enc, *self.tokenizer.all_special_tokens} if t]
-            self._specials = cached
-        return cached
-
-    def encode_episode(self, messages: list[dict[str, str]], tools: Any) -> tuple[list[int], list[bool]]:
-        """Token ids of a whole transcript and a mask that is True on the assistant's tokens only."""
-        ids: list[int] = []
-        mask: list[bool] = []
-        done = ""
-        for n in range(1, len(messages) + 1):
-            if messages[n - 1]["role"] == "assistant":
-                head = self.render(messages[: n - 1], tools, True)
-                full = self.render(messages[:n], tools, False)
-                if not (head.startswith(done) and full.startswith(head)):
-                    raise ConfigError("the chat template is not prefix-stable; cannot mask assistant tokens for SFT")
-                h = self._tokenize(head[len(done) :], _untrusted(messages))
-                b = self.tokenizer(full[len(head) :], add_special_tokens=False)["input_ids"]
-                ids += h + b
-                mask += [False] * len(h) + [True] * len(b)
-                done = full
-            else:
-                full = self.render(messages[:n], tools, False)
-                if not full.startswith(done):
-                    raise ConfigError("the chat template is not prefix-stable; cannot mask assistant tokens for SFT")
-                t = self._tokenize(full[len(done) :], _untrusted(messages))
-                ids += t
-                mask += [False] * len(t)
-                done = full
-        return ids, mask
-
-    def encode_action(self, text: str) -> list[int]:
-        """Tokens of a candidate action, ended by the end-of-turn token."""
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        eos = self.tokenizer.eos_token_id
-        return [*ids, eos] if eos is not None else ids
 
     def _prompt(self, prompt_ids: Sequence[int]) -> tuple[torch.Tensor, Any]:
         ids = torch.tensor([list(prompt_ids)], device=self.device)
@@ -802,16 +562,6 @@ class Policy(nn.Module):
                 _cut_back(states[0].cache, lens[0])
         return [(ids[i], lps[i], values[i]) for i in range(N)]
 
-    def stops(self, ids: Sequence[int]) -> bool:
-        """Whether an action ends with its last token: an end-of-turn token, or the text completes ``</tool_call>``.
-
-        ``</tool_call>`` is several tokens for many tokenizers (SmolLM2's), so the decoded text of
-        the last tokens is checked; it is at most 12 characters, so 16 tokens hold it.
-        """
-        if ids and ids[-1] in self.stop_ids:
-            return True
-        return any(s in self.tokenizer.decode(list(ids[-16:]), skip_special_tokens=False) for s in STOP_STRINGS)
-
     def sequence_logprobs_on(self, state: PromptState, new_ids: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """:meth:`sequence_logprobs` over a :class:`PromptState`'s cached keys/values (left as they were)."""
         P, N = len(state.ids), len(new_ids)
@@ -848,11 +598,6 @@ def _rename_adapter(name: str, old: str, new: str) -> str:
     return name.replace(f".{old}.", f".{new}.")
 
 
-def _untrusted(messages: Sequence[dict[str, str]]) -> list[str]:
-    """The contents whose special-token text must stay text: what users and tools wrote."""
-    return [str(m.get("content") or "") for m in messages if m.get("role") in ("user", "tool")]
-
-
 def _cut_back(cache: Any, length: int) -> None:
     """Drop what a forward appended to ``cache`` past its first ``length`` tokens (a prompt's)."""
     extra = cache.get_seq_length() - length
@@ -882,16 +627,6 @@ def prefix_chains(seqs: Sequence[Sequence[int]]) -> list[tuple[int, list[int]]]:
             if s:
                 by_start.setdefault(key, []).append(len(chains) - 1)
     return chains
-
-
-def stop_token_ids(tokenizer: Any) -> set[int]:
-    """Token ids that end an action: EOS, ``</tool_call>`` and the end-of-turn tokens the tokenizer has."""
-    out = {i for i in (tokenizer.eos_token_id,) if i is not None}
-    for s in ("</tool_call>", "<|im_end|>", "<|eot_id|>", "<|end|>"):
-        i = tokenizer.convert_tokens_to_ids(s)
-        if isinstance(i, int) and i != tokenizer.unk_token_id and i >= 0:
-            out.add(i)
-    return out
 
 
 def build_policy(cfg: TrainConfig, log: Any = print) -> Policy:

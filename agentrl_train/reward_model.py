@@ -193,7 +193,7 @@ class RewardModel(nn.Module):
         super().__init__()
         from peft import LoraConfig, get_peft_model
 
-        from agentrl_train.policy import lora_targets
+        from agentrl_train.lora import lora_targets
 
         if rank < 1 or max_tokens < 16:
             raise ConfigError(f"reward model: rank={rank}, max_tokens={max_tokens}; use rank >= 1 and max_tokens >= 16")

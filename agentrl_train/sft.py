@@ -6,7 +6,7 @@ log-likelihood over the assistant tokens of each optimizer step's episodes (a gl
 the batch split does not change the update).
 
 A transcript longer than ``--max-prompt-tokens`` is cut as the policy's prompts are
-(:meth:`~agentrl_train.policy.Policy.encode_prompt`): the system prompt, tools and instruction are
+(:meth:`~agentrl_train.chat_codec.ChatCodec.encode_prompt`): the system prompt, tools and instruction are
 always kept and whole turns go, never part of one. Rather than lose the early turns, it becomes
 several sequences (:func:`encode_transcript`), so every oracle action is trained on exactly once.
 """

@@ -16,8 +16,9 @@ import time
 import torch
 from transformers.utils import logging as hf_logging
 
+from agentrl_train.lora import LORA_PRESETS, lora_targets
 from agentrl_train.models import load_base
-from agentrl_train.policy import LORA_PRESETS, Policy, lora_targets
+from agentrl_train.policy import Policy
 
 
 def measure(model: str, ranks: dict[str, int], tokens: int, repeats: int, threads: int) -> tuple[int, float]:

@@ -36,7 +36,7 @@ def _write_adapter(engine: Any, folder: Path, seed: int) -> Path:
     from peft import LoraConfig
     from safetensors.torch import save_file
 
-    from agentrl_train.policy import lora_targets
+    from agentrl_train.lora import lora_targets
 
     lora = lora_targets(engine.lm, "seed")
     gen = torch.Generator().manual_seed(seed)

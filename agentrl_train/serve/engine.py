@@ -163,7 +163,7 @@ class Engine:
 
     def _read_tokenizer(self) -> None:
         """The stop ids and the special spellings, from the tokenizer (again after tokens are added)."""
-        from agentrl_train.policy import stop_token_ids
+        from agentrl_train.chat_codec import stop_token_ids
 
         self.stop_ids = stop_token_ids(self.tokenizer)
         # special tokens and added ones (Qwen's <tool_call> is added but not "special": split_special_tokens

@@ -289,7 +289,7 @@ def test_the_small_lora_preset_is_accepted_and_fits_a_narrow_model() -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from agentrl_train.config import load_config
-    from agentrl_train.policy import lora_targets
+    from agentrl_train.lora import lora_targets
 
     assert load_config(None, {"lora_preset": "small"}).model.lora_preset == "small"
     config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)

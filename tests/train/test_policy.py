@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from agentrl_envs.errors import ConfigError
+from agentrl_train.lora import LORA_PRESETS, lora_targets
 from agentrl_train.models import load_base
-from agentrl_train.policy import LORA_PRESETS, lora_targets
 
 
 def _tiny_lm(kind: str):

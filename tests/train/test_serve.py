@@ -53,8 +53,9 @@ def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Adapter folders on the tiny base: zero, two random ones, a wrong-rank one, one from another base, a checkpoint."""
     from safetensors.torch import save_file
 
+    from agentrl_train.lora import lora_targets
     from agentrl_train.models import load_base
-    from agentrl_train.policy import Policy, lora_targets
+    from agentrl_train.policy import Policy
     from agentrl_train.tiny import TinySpec
 
     root = tmp_path_factory.mktemp("adapters")

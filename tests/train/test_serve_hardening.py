@@ -196,8 +196,9 @@ def adapter_tree(engine: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[
     """An adapters root with one adapter, a folder outside it holding another, and a symlink out."""
     import torch
 
+    from agentrl_train.lora import lora_targets
     from agentrl_train.models import load_base
-    from agentrl_train.policy import Policy, lora_targets
+    from agentrl_train.policy import Policy
     from agentrl_train.tiny import TinySpec
 
     lm, tok = load_base(
