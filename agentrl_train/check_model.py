@@ -144,6 +144,9 @@ def memory_estimate(
 
     - weights: every parameter at ``bytes_per`` (float32 on CPU);
     - adapter: LoRA weights, their gradients and AdamW's two moments (4 x trainable);
+    - value head: the critic, one linear layer (hidden size -> 1) on the backbone's last hidden
+      state, with its gradient and moments: all that a critic head on another device would move
+      (the backbone's forward and backward serve the policy and the critic alike);
     - rollout KV cache: keys and values of every layer for ``num_envs`` sequences of ``prompt_tokens``
       plus ``new_tokens``;
     - update activations: ``micro_batch`` such sequences, 8 hidden-size and 3 intermediate-size floats
@@ -161,6 +164,7 @@ def memory_estimate(
     vocab = int(getattr(config, "vocab_size", 0) or 0)
     weights = total * bytes_per
     adapter = 4 * trainable * bytes_per
+    value_head = 4 * (hidden + 1) * bytes_per
     seq = prompt_tokens + new_tokens
     kv = 2 * layers * kv_heads * head_dim * seq * num_envs * bytes_per
     logits = 2 * new_tokens * vocab
@@ -170,12 +174,13 @@ def memory_estimate(
     return {
         "weights": weights,
         "adapter_and_optimizer": adapter,
+        "value_head": value_head,
         "rollout_kv_cache": kv,
         "update_activations": activations,
         "update_activations_checkpointed": checkpointed,
         "rollout_total": weights + adapter + kv,
-        "update_total": weights + adapter + activations,
-        "update_total_checkpointed": weights + adapter + checkpointed,
+        "update_total": weights + adapter + value_head + activations,
+        "update_total_checkpointed": weights + adapter + value_head + checkpointed,
     }
 
 
@@ -346,4 +351,9 @@ def format_report(report: dict[str, Any]) -> str:
             f"  {preset:<10} rollout {_mb(b['rollout_total']):>10}   update {_mb(b['update_total']):>10}   "
             f"update, --activation-checkpointing {_mb(b['update_total_checkpointed']):>10}"
         )
+    head = next(iter(est["bytes"].values()))["value_head"]
+    lines.append(
+        f"  value head (the critic: one linear layer on the shared backbone, with its gradient and AdamW moments): "
+        f"{head:,} bytes, all that a critic head on another device would free"
+    )
     return "\n".join(lines)

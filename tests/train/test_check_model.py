@@ -43,8 +43,12 @@ def test_tiny_renders_tools_and_its_markers_are_single_tokens(tiny_folder: Path)
     mem = report["memory_estimate"]["bytes"]["small"]
     assert mem["weights"] == 4 * report["parameters"]
     assert mem["update_total"] > mem["weights"]
+    # the critic is one hidden -> 1 layer (weight + bias), kept with its gradient and AdamW's two moments
+    hidden = json.loads((tiny_folder / "config.json").read_text())["hidden_size"]
+    assert mem["value_head"] == 4 * 4 * (hidden + 1)
     text = format_report(report)
     assert "renders tools itself" in text and "AgentRL/SQL-v0" in text
+    assert f"{mem['value_head']:,} bytes, all that a critic head on another device would free" in text
 
 
 def test_longest_prompt_is_the_last_step_and_grows_with_the_horizon(tiny_folder: Path) -> None:
