@@ -3,8 +3,8 @@
 
 ``yaml.safe_load`` builds no objects but plain ones, yet it is not safe against a small hostile
 file: aliases share one object, so 326 bytes of nested anchors (the "billion laughs") load at once
-into a value whose ``repr``, ``json.dumps`` or validation walks 10**9 nodes, which the project's
-error messages used to do. :func:`load_yaml` therefore refuses, while composing and before any value
+into a value whose ``repr``, ``json.dumps`` or validation walks 10**9 nodes, as an error message
+quoting the value would. :func:`load_yaml` therefore refuses, while composing and before any value
 is built:
 
 - a text over ``max_bytes`` (default :data:`MAX_YAML_BYTES`, 1 MiB; configs and plans are a few KB);

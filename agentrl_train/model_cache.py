@@ -18,7 +18,7 @@
 
 :func:`save_model` writes a model on any rank: transformers 5's ``save_pretrained`` writes nothing on
 a rank other than 0 once ``torch.distributed`` is initialised, even with ``is_main_process=True``,
-and a cache built by rank 1 under ``torchrun`` used to be committed without weights.
+so a cache built by rank 1 under ``torchrun`` would be committed without weights.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ why); both are off in process and set by ``agentrl-envs serve`` (:mod:`simulator
 """
 
 # Why the routes are split by hand (match_route) and served by a plain ASGI callable, not by
-# Starlette (issue #15). Measured with `nice -n 19 .venv/bin/python benchmarks/bench_router.py` on
+# Starlette. Measured with `nice -n 19 .venv/bin/python benchmarks/bench_router.py` on
 # the project's shared 2-core machine (load average ~10; ratios from one run are what counts): on the
 # same routes and handlers, Starlette 1.10 with Request/Response endpoints serves 0.78x the requests
 # per core in process and 0.76x over uvicorn (+45 us of CPU a request; a SQL point lookup 153 -> 197

@@ -1,4 +1,4 @@
-"""The open episodes of a simulator, with idle expiry and a cap (issue #33: ``serve`` kept them all).
+"""The open episodes of a simulator, with idle expiry and a cap.
 
 :class:`EpisodeTable` keeps episodes in least-recently-used order (an ``OrderedDict``): a call on
 an episode moves it to the end, so the ones idle longest are always at the front, and expiry looks

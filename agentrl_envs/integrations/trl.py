@@ -153,9 +153,9 @@ def _action_text(name: str, arguments: dict[str, Any]) -> str:
 
     Built from the method's arguments with :func:`~agentrl_envs.core.actions.format_call`, which escapes the
     ``<tool_call>`` markers inside JSON strings: the env parses back exactly these arguments, so code or
-    a query that mentions ``<tool_call>`` runs as written (a plain ``json.dumps`` made it read as a
-    second call, a format error). Values JSON cannot hold used to go to the env as their ``repr``
-    string, which a string argument accepted: ``sql(query=b"SELECT 1")`` ran the SQL ``b'SELECT 1'``.
+    a query that mentions ``<tool_call>`` runs as written (a plain ``json.dumps`` would make it read as
+    a second call, a format error). A value JSON cannot hold is an error, never its ``repr`` string,
+    which a string argument would accept: ``sql(query=b"SELECT 1")`` would run the SQL ``b'SELECT 1'``.
     """
     try:
         return format_call(name, arguments, default=_numpy_value)

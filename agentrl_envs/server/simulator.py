@@ -27,15 +27,14 @@ refusing a call that would have waited less only makes it slower), and never mor
 ``max_queued_bytes``. A call past any bound is answered at once with 429 ``server_busy`` and a
 ``Retry-After`` (the ``http`` backend waits and retries it).
 
-Why a wait and not only a count (issue #16): at 500 point lookups/s per process, the old fixed
-bound of 36 calls was 72 ms of arrivals, and a server process on a shared 2-core machine stops
-that long now and then (the OS runs something else; a full collection while episodes open): a
-few of 60,000 calls were answered 429 although each would have waited well under a second. A
-point lookup holds a worker ~0.3-2 ms, so the SQL lane now queues up to its cap (1,004 calls, ~2 s
-of arrivals at that rate), while a lane of 2 s queries or 5 s Python runs admits only what it can
-start within a second.
+Why a wait and not only a count: at 500 point lookups/s per process, a fixed bound of 36 calls
+is 72 ms of arrivals, and a server process on a shared 2-core machine stops that long now and then
+(the OS runs something else; a full collection while episodes open), so a count alone answers 429
+to calls that would each have waited well under a second. A point lookup holds a worker ~0.3-2 ms,
+so the SQL lane queues up to its cap (1,004 calls, ~2 s of arrivals at that rate), while a lane of
+2 s queries or 5 s Python runs admits only what it can start within a second.
 
-Episodes (issue #33): one server process holds at most ``max_episodes`` (8,192) open episodes
+Episodes: one server process holds at most ``max_episodes`` (8,192) open episodes
 and closes any without a call for ``episode_idle_s`` (15 minutes); a client that opens one past
 the cap gets 503 ``too_many_episodes``, and a call on an expired one 404 ``unknown_episode``
 saying why. The bookkeeping is O(1) per request (:mod:`simulators.episode_table`).

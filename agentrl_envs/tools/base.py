@@ -181,7 +181,7 @@ def render_error(tool: str, response: ToolResponse) -> str:
     return f"{tool} error [{response.error_type}, status {response.status}]: {response.error}"
 
 
-# Tool arguments are checked by pydantic (issue #15): a strict TypeAdapter built once per schema from
+# Tool arguments are checked by pydantic: a strict TypeAdapter built once per schema from
 # the tool's ``parameters`` (still the one source; ``_arguments_type``), so the checking is the
 # library's and only the wording of its errors is ours (``_explain``, the hand-written checker's
 # messages word for word). Measured with ``nice -n 19 .venv/bin/python benchmarks/bench_arguments.py``

@@ -50,8 +50,8 @@ MAX_RECORDED_SEED = 2**63 - 1
 def _check_seed(seed: Any, span: int = 1) -> None:
     """ValueError for an int seed the trajectory cannot store (``span``: a vector env's sub-envs get seed + i).
 
-    Other values are the env's to judge. Raised before the env resets: the seed used to fail inside
-    protobuf ("Value out of range") after the env had reset, leaving that episode unrecorded.
+    Other values are the env's to judge. Raised before the env resets, so no episode runs that the
+    trajectory cannot store (protobuf would refuse the seed, "Value out of range", only when writing it).
     """
     if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) and int(seed) > MAX_RECORDED_SEED - (span - 1):
         top = MAX_RECORDED_SEED - (span - 1)

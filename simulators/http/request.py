@@ -4,7 +4,7 @@ A call is ``{"method", "path", "body"?, "query"?}``. The path is always relative
 base URL: an absolute URL, a scheme-relative ``//host`` path, a backslash, a ``?`` or ``#`` (the
 query goes in ``query``), whitespace or a control character (CR/LF header injection) is refused,
 so a call can never name another host or smuggle a header. So is a dot segment in any spelling a
-gateway in front of a real service might resolve (issue #33): the path is read as the most lenient
+gateway in front of a real service might resolve: the path is read as the most lenient
 gateway reads it (percent-escapes decoded until nothing changes, ``%uXXXX``, NFKC, backslash as
 slash, ``;`` parameters cut off, trailing dots and spaces trimmed), and no segment of that reading
 may be ``.``, ``..`` or empty, so the path stays under the base URL however it is normalized. Bodies are JSON objects of at most :data:`MAX_BODY_BYTES`, sent only with

@@ -1,4 +1,4 @@
-"""One sandbox service per user and machine, shared by every process of that user (issue #16, item 3).
+"""One sandbox service per user and machine, shared by every process of that user.
 
 A :class:`~simulators.python.sandbox.shared.SharedSandbox` with ``scope="process"`` gives one
 service per process; an async vector env has a process per sub-env, so 16 workers started 16

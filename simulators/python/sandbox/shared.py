@@ -1,7 +1,7 @@
 """One sandbox service per process, shared by every simulator (and so every env) in it.
 
-Each :class:`~simulators.app.SimulatorApp` used to start its own :class:`SandboxRunner` (a zygote
-and its warm slots, ~6 processes and ~30 MiB): 64 envs in one process cost 64 of them. A
+A :class:`SandboxRunner` is a zygote and its warm slots, ~6 processes and ~30 MiB: one per
+:class:`~simulators.app.SimulatorApp` would make 64 envs in one process cost 64 of them. A
 :class:`SharedSandbox` is a lease on the process's one service for its settings (``allow_unsafe``,
 numpy, the workspace caps): the first lease starts it, every lease runs through it with its own
 limits, and the last lease to close shuts it down. Runs of different leases never share anything
