@@ -25,9 +25,9 @@ import gymnasium as gym
 
 import agentrl_envs
 from agentrl_envs.core.actions import format_call
-from agentrl_envs.errors import ConfigError, EpisodeError
+from agentrl_envs.errors import AgentRLError, ConfigError, EpisodeError
 
-__all__ = ["SESSION_KWARGS", "Episode", "StepOutcome", "check_env_id", "session_kwargs"]
+__all__ = ["SESSION_KWARGS", "Episode", "StepOutcome", "check_env_id", "session_kwargs", "tool_result"]
 
 #: ``gym.make`` keywords a client may set per session (OpenEnv reset keywords). The values are
 #: checked by :func:`session_kwargs` and then by the env itself.
@@ -188,6 +188,20 @@ class Episode:
 
     def close(self) -> None:
         self.env.close()
+
+
+def tool_result(episode: Episode, name: str, arguments: Any) -> tuple[str, dict[str, Any] | None, bool]:
+    """One tool call as an MCP tool result: ``(text, structured_content, is_error)``.
+
+    The text is the observation and the structured content :meth:`StepOutcome.as_dict`; the result
+    is an error when the tool did not answer ``ok``. A call the episode cannot take (before a reset,
+    after its end) is an error result with no structured content and steps nothing.
+    """
+    try:
+        outcome = episode.call(name, arguments)
+    except AgentRLError as exc:
+        return f"error: {exc}", None, True
+    return outcome.observation, outcome.as_dict(), not outcome.ok
 
 
 def _json_values(info: dict[str, Any]) -> dict[str, Any]:

@@ -56,7 +56,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import agentrl_envs
 from agentrl_envs.errors import AgentRLError, ConfigError
-from agentrl_envs.integrations.episode import Episode, StepOutcome, check_env_id
+from agentrl_envs.integrations.episode import Episode, check_env_id, tool_result
 
 __all__ = ["MCPLimits", "MCPToolServer", "serve_mcp"]
 
@@ -156,14 +156,12 @@ class MCPToolServer:
                     text, data = await anyio.to_thread.run_sync(self._reset, session, arguments)
                     return types.CallToolResult(content=[_text(text)], structured_content=data)
                 episode = await self._started(session)
-                outcome: StepOutcome = await anyio.to_thread.run_sync(episode.call, params.name, arguments)
+                observation, step, failed = await anyio.to_thread.run_sync(tool_result, episode, params.name, arguments)
             except AgentRLError as exc:
                 return types.CallToolResult(content=[_text(f"error: {exc}")], is_error=True)
             finally:
                 session.last_used = time.monotonic()
-        return types.CallToolResult(
-            content=[_text(outcome.observation)], structured_content=outcome.as_dict(), is_error=not outcome.ok
-        )
+        return types.CallToolResult(content=[_text(observation)], structured_content=step, is_error=failed)
 
     async def _list_resources(
         self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None

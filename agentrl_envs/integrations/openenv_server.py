@@ -10,11 +10,20 @@
         result = env.reset(seed=3, error_profile="flaky")          # reset keywords pick the session's env
         result = env.step({"tool": "sql", "arguments": {"query": "SELECT 1"}})
 
+    # the same tools through OpenEnv's MCP client (ListToolsAction / CallToolAction over /ws)
+    from openenv.core.mcp_client import MCPToolClient
+    with MCPToolClient(base_url="http://127.0.0.1:8000").sync() as env:
+        env.reset(seed=3, env_id="AgentRL/SQL-v0")
+        tools = env.list_tools()                                     # sql, finish: the env's JSON schemas
+        step = env.call_tool("sql", query="SELECT 1")                # observation, reward, done, info, ...
+
 One :func:`make_app` call over OpenEnv's ``create_app``, with a typed :class:`AgentRLEnvironment`
-(``openenv.core.env_server.Environment``) whose wire types are pydantic models:
+(OpenEnv's ``MCPEnvironment``) whose wire types are pydantic models:
 
 - :class:`AgentRLAction`: ``{"tool": NAME, "arguments": {...}}`` (one tool call), or ``{"text": ...}``
-  (a raw text action in any format the env parses, e.g. a model's ``<tool_call>`` output);
+  (a raw text action in any format the env parses, e.g. a model's ``<tool_call>`` output), or
+  OpenEnv's MCP actions ``{"type": "list_tools"}`` and ``{"type": "call_tool", "tool_name": NAME,
+  "arguments": {...}}`` (what its ``MCPToolClient`` sends);
 - :class:`AgentRLObservation`: ``text`` (the observation), ``terminated``, ``truncated``, ``info`` and, at a
   reset, ``tools`` (the env's JSON schemas); OpenEnv's ``reward`` and ``done`` carry the step's reward
   and the episode's end;
@@ -31,25 +40,58 @@ among ``sim`` and ``direct``, ``candidates``, ...), over the server's own. OpenE
 ``/metadata`` and the one-shot ``/reset`` and ``/step`` (a fresh env per request, OpenEnv's
 stateless HTTP mode). At most ``max_sessions`` WebSocket sessions are open at once (OpenEnv answers
 one more with its ``CAPACITY_REACHED`` error) and one without a message for ``idle_s`` is closed.
+
+MCP: each session's environment holds a FastMCP server whose tools are its episode's (``sql``,
+``python``, ``smtp``, ``http``, ``finish``, as the env has them, with the env's JSON schemas; a reset
+to another id swaps them). A tool call is one step of the session's episode, as in
+:mod:`agentrl_envs.integrations.mcp_server`: the result's text is the observation, its structured
+content holds ``observation``, ``reward``, ``terminated``, ``truncated``, ``done``,
+``episode_return`` and ``info``, and it is an error when the tool did not answer ``ok`` (a refused
+call, an SQL error, an injected fault); a call before any reset starts an episode with the server's
+seed. OpenEnv reaches the tools by
+
+- ``ListToolsAction`` / ``CallToolAction`` steps over ``/ws`` (``MCPToolClient``; the session's
+  reset picks the id and the keywords as above): a call's observation also carries the step's
+  ``reward`` and ``done``, and an error result sets its ``error`` (``MCPToolClient.call_tool``
+  raises it) next to the ``result``;
+- JSON-RPC ``tools/list`` and ``tools/call`` at ``POST /mcp`` (the server's default id and keywords;
+  ``openenv/session/create`` gives a session, ``session_id`` in the params keeps one episode; an
+  error result comes back as a JSON-RPC error), at the WebSocket ``/mcp`` (a session per
+  connection) and as ``{"type": "mcp"}`` messages in a ``/ws`` session. ``reset`` is one of
+  OpenEnv's reserved tool names: episodes start with OpenEnv's reset, or at the first call.
 """
 
 from __future__ import annotations
 
 import contextlib
 import socket
+import threading
 from functools import partial
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
-from openenv.core.env_server import Action, ConcurrencyConfig, Environment, Observation, State, create_app
+import anyio.to_thread
+from fastmcp import FastMCP
+from fastmcp.tools import Tool as FastMCPTool
+from fastmcp.tools.base import ToolResult
+from openenv.core.env_server import Action, ConcurrencyConfig, Observation, State, create_app
+from openenv.core.env_server.mcp_environment import MCPEnvironment
+from openenv.core.env_server.mcp_types import (
+    CallToolAction,
+    CallToolObservation,
+    ListToolsAction,
+    ToolError,
+    ToolErrorType,
+)
 from openenv.core.env_server.types import EnvironmentMetadata
 from pydantic import Field, model_validator
+from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from starlette.websockets import WebSocketDisconnect
 
 from agentrl_envs.errors import ConfigError
-from agentrl_envs.integrations.episode import Episode, check_env_id, session_kwargs
+from agentrl_envs.integrations.episode import Episode, check_env_id, session_kwargs, tool_result
 
 __all__ = ["AgentRLAction", "AgentRLEnvironment", "AgentRLObservation", "AgentRLState", "make_app", "serve_openenv"]
 
@@ -58,21 +100,39 @@ MAX_MESSAGE_BYTES = 1 << 20
 
 
 class AgentRLAction(Action):
-    """One tool call (``tool`` and ``arguments``) or one raw text action (``text``)."""
+    """One tool call (``tool`` and ``arguments``), one raw text action (``text``), or an MCP action (``type``)."""
 
     tool: str | None = Field(default=None, max_length=200, description="the tool to call, e.g. 'sql' or 'finish'")
     arguments: dict[str, Any] = Field(default_factory=dict, description="the tool's arguments (its JSON schema: reset's tools)")
     text: str | None = Field(default=None, description="a raw text action instead, in any tool-call format the env parses")
+    type: Literal["list_tools", "call_tool"] | None = Field(
+        default=None, description="OpenEnv's MCP actions: 'list_tools', or 'call_tool' with 'tool_name' and 'arguments'"
+    )
+    tool_name: str | None = Field(default=None, max_length=200, description="with type 'call_tool': the MCP tool to call")
 
     @model_validator(mode="after")
     def _one_kind(self) -> AgentRLAction:
         # PydanticCustomError, not ValueError: OpenEnv 0.3 sends the errors as JSON, and a ValueError
         # in them cannot be sent: its WebSocket handler then ends the session.
-        if (self.tool is None) == (self.text is None):
-            raise PydanticCustomError("one_kind", "give either 'tool' (with 'arguments') or 'text', not both or neither")
+        if [self.tool, self.text, self.type].count(None) != 2:
+            raise PydanticCustomError(
+                "one_kind", "give one of 'tool' (with 'arguments'), 'text', or an MCP action's 'type', not several or none"
+            )
         if self.text is not None and self.arguments:
             raise PydanticCustomError("one_kind", "'arguments' go with 'tool'; a 'text' action holds its own")
+        if (self.tool_name is not None) != (self.type == "call_tool"):
+            raise PydanticCustomError("one_kind", "'tool_name' goes with type 'call_tool', which needs it")
+        if self.type == "list_tools" and self.arguments:
+            raise PydanticCustomError("one_kind", "type 'list_tools' takes no 'arguments'")
         return self
+
+    def mcp_action(self) -> ListToolsAction | CallToolAction | None:
+        """OpenEnv's own MCP action for an MCP ``type``; None for a tool call or a text action."""
+        if self.type == "list_tools":
+            return ListToolsAction()
+        if self.type == "call_tool":
+            return CallToolAction(tool_name=str(self.tool_name), arguments=self.arguments)
+        return None
 
 
 class AgentRLObservation(Observation):
@@ -95,8 +155,26 @@ class AgentRLState(State):
     done: bool = Field(default=False, description="whether the episode has ended")
 
 
-class AgentRLEnvironment(Environment[AgentRLAction, AgentRLObservation, AgentRLState]):
-    """One session's agentrl env behind OpenEnv's ``Environment`` interface.
+class _EpisodeTool(FastMCPTool):
+    """One of the env's tools on a session's FastMCP server: a call is one step of the session's episode."""
+
+    call: SkipJsonSchema[Any] = Field(exclude=True)
+
+    async def run(self, arguments: dict[str, Any]) -> ToolResult:
+        text, data, failed = await anyio.to_thread.run_sync(self.call, self.name, arguments)
+        return ToolResult(content=text, structured_content=data, is_error=failed)
+
+
+class _Listed(NamedTuple):
+    """A listed tool, as MCPEnvironment reads one."""
+
+    name: str
+    description: str | None
+    inputSchema: dict[str, Any]
+
+
+class AgentRLEnvironment(MCPEnvironment):
+    """One session's agentrl env behind OpenEnv's ``Environment`` interface, its tools also as MCP tools.
 
     Args:
         env_id: the default registered id.
@@ -108,12 +186,15 @@ class AgentRLEnvironment(Environment[AgentRLAction, AgentRLObservation, AgentRLS
     SUPPORTS_CONCURRENT_SESSIONS = True
 
     def __init__(self, env_id: str, make_kwargs: dict[str, Any] | None = None, seed: int | None = None) -> None:
-        super().__init__()
         self.env_id = check_env_id(env_id)
         self.make_kwargs = dict(make_kwargs or {})
         self.seed = seed
-        self._episode: Episode | None = None
+        self._lock = threading.Lock()  # one call at a time: /ws, /mcp and the MCP tools reach the same episode
+        self._episode = Episode(self.env_id, **self.make_kwargs)
         self._episode_id: str | None = None
+        super().__init__(FastMCP("agentrl", version=_version()))
+        self._tool_names: list[str] = []
+        self._set_tools()
 
     def reset(
         self,
@@ -125,23 +206,35 @@ class AgentRLEnvironment(Environment[AgentRLAction, AgentRLObservation, AgentRLS
     ) -> AgentRLObservation:
         chosen = check_env_id(env_id or self.env_id)
         make_kwargs = {**self.make_kwargs, **session_kwargs(kwargs)}
-        episode = self._episode
-        if episode is None or episode.env_id != chosen or episode.make_kwargs != make_kwargs:
-            fresh = Episode(chosen, **make_kwargs)  # a refused keyword leaves the session's env as it was
-            if episode is not None:
+        with self._lock:
+            episode = self._episode
+            if episode.env_id != chosen or episode.make_kwargs != make_kwargs:
+                fresh = Episode(chosen, **make_kwargs)  # a refused keyword leaves the session's env as it was
                 episode.close()
-            episode = self._episode = fresh
-        instruction, info = episode.reset(seed=self.seed if seed is None else seed, task_seed=task_seed)
-        self._episode_id = episode_id or info["task_id"]
+                episode = self._episode = fresh
+                self._set_tools()
+            instruction, info = episode.reset(seed=self.seed if seed is None else seed, task_seed=task_seed)
+            self._episode_id = episode_id or info["task_id"]
         return AgentRLObservation(text=instruction, info=info, tools=episode.tools, reward=0.0, done=False)
 
-    def step(self, action: AgentRLAction, timeout_s: float | None = None, **kwargs: Any) -> AgentRLObservation:
-        if self._episode is None:
-            raise ConfigError("no episode in progress: send a reset first")
-        if action.text is not None:
-            outcome = self._episode.step(action.text)
-        else:
-            outcome = self._episode.call(str(action.tool), action.arguments)
+    def step(self, action: Action, timeout_s: float | None = None, **kwargs: Any) -> Observation:
+        mcp = action.mcp_action() if isinstance(action, AgentRLAction) else None
+        return super().step(mcp or action, timeout_s=timeout_s, **kwargs)
+
+    async def step_async(self, action: Action, timeout_s: float | None = None, **kwargs: Any) -> Observation:
+        mcp = action.mcp_action() if isinstance(action, AgentRLAction) else None
+        return await super().step_async(mcp or action, timeout_s=timeout_s, **kwargs)
+
+    def _step_impl(self, action: Action, timeout_s: float | None = None, **kwargs: Any) -> AgentRLObservation:
+        if not isinstance(action, AgentRLAction):
+            raise ConfigError(f"unexpected action {type(action).__name__}")
+        with self._lock:
+            if not self._episode.started:
+                raise ConfigError("no episode in progress: send a reset first")
+            if action.text is not None:
+                outcome = self._episode.step(action.text)
+            else:
+                outcome = self._episode.call(str(action.tool), action.arguments)
         return AgentRLObservation(
             text=outcome.observation,
             terminated=outcome.terminated,
@@ -151,11 +244,61 @@ class AgentRLEnvironment(Environment[AgentRLAction, AgentRLObservation, AgentRLS
             done=outcome.done,
         )
 
+    # -- MCP -------------------------------------------------------------------------------------
+
+    def _set_tools(self) -> None:
+        """The FastMCP server's tools: the episode's."""
+        server = self._require_mcp_server()
+        for name in self._tool_names:
+            server.local_provider.remove_tool(name)
+        schemas = self._episode.tools
+        for schema in schemas:
+            server.add_tool(
+                _EpisodeTool(
+                    name=schema["name"], description=schema["description"], parameters=schema["parameters"], call=self._call
+                )
+            )
+        self._tool_names = [schema["name"] for schema in schemas]
+
+    def _call(self, name: str, arguments: Any) -> tuple[str, dict[str, Any] | None, bool]:
+        """One MCP tool call (in a worker thread): a step of the episode, started with the server's seed if need be."""
+        with self._lock:
+            episode = self._episode
+            if not episode.started:
+                info = episode.reset(seed=self.seed)[1]
+                self._episode_id = info["task_id"]
+            return tool_result(episode, name, arguments)
+
+    async def _async_list_tools(self) -> list[Any]:
+        async with self.mcp_session() as client:
+            return [_Listed(t.name, t.description, t.input_schema) for t in await client.list_tools()]
+
+    async def _async_call_tool(self, tool_name: str, arguments: dict[str, Any]) -> Any:
+        async with self.mcp_session() as client:
+            return await client.call_tool(tool_name, arguments, raise_on_error=False)
+
+    async def _async_handle_call_tool(self, action: CallToolAction, timeout_s: float | None = None) -> CallToolObservation:
+        """OpenEnv's call, with the step's reward and done, and an error result as its ``error`` too."""
+        observation = await super()._async_handle_call_tool(action, timeout_s=timeout_s)
+        result = observation.result
+        update: dict[str, Any] = {}
+        step = getattr(result, "structured_content", None)
+        if isinstance(step, dict) and "reward" in step:
+            update.update(reward=step["reward"], done=step["done"])
+        if getattr(result, "is_error", False):
+            texts = [getattr(block, "text", "") for block in getattr(result, "content", [])]
+            known = action.tool_name in self._tool_names
+            kind = ToolErrorType.EXECUTION_ERROR if known else ToolErrorType.TOOL_NOT_FOUND
+            update["error"] = ToolError(error_type=kind, message="".join(texts))
+        return observation.model_copy(update=update) if update else observation
+
+    # -- state -----------------------------------------------------------------------------------
+
     @property
     def state(self) -> AgentRLState:
         episode = self._episode
-        if episode is None:
-            return AgentRLState(env_id=self.env_id, make_kwargs=self.make_kwargs)
+        if not episode.started:
+            return AgentRLState(env_id=episode.env_id, make_kwargs=_json_safe(episode.make_kwargs))
         return AgentRLState(
             episode_id=self._episode_id,
             step_count=episode.steps,
@@ -167,18 +310,24 @@ class AgentRLEnvironment(Environment[AgentRLAction, AgentRLObservation, AgentRLS
         )
 
     def get_metadata(self) -> EnvironmentMetadata:
-        import agentrl_envs
-
         return EnvironmentMetadata(
             name=self.env_id,
             description=f"agentrl {self.env_id}: a tool-using agent task with faults and a virtual clock",
-            version=agentrl_envs.__version__,
+            version=_version(),
         )
 
     def close(self) -> None:
-        if self._episode is not None:
+        if self.mcp_server is None:  # closed already
+            return
+        with self._lock:
             self._episode.close()
-            self._episode = None
+        super().close()
+
+
+def _version() -> str:
+    import agentrl_envs
+
+    return str(agentrl_envs.__version__)
 
 
 def _json_safe(kwargs: dict[str, Any]) -> dict[str, Any]:

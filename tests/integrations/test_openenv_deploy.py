@@ -162,10 +162,11 @@ def test_running_server_passes_openenv_validate(url: str) -> None:
     assert metadata["actual"]["name"] == ENV_ID
 
 
-def test_mcp_criterion_is_only_the_json_rpc_envelope(url: str) -> None:
-    """mcp_endpoint passes on any JSON-RPC answer: the env has no MCP tools (its tools are the action's)."""
+def test_mcp_endpoint_lists_the_env_tools(url: str) -> None:
+    """POST /mcp ``tools/list`` (OpenEnv's MCP route): the env's tools with their JSON schemas."""
     listed = httpx.post(url + "/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, timeout=30.0).json()
-    assert listed["error"]["message"] == "Environment does not support MCP"
+    tools = {t["name"]: t["input_schema"] for t in listed["result"]["tools"]}
+    assert list(tools) == ["sql", "finish"] and tools["sql"]["required"] == ["query"]
 
 
 def test_main_refuses_a_port_in_use() -> None:
