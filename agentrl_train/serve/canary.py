@@ -122,7 +122,9 @@ class VersionStats:
 
 @dataclass(frozen=True)
 class Target:
-    """One servable version: ``name@version`` is what responses carry; ``model`` is what the upstream is asked."""
+    """One servable version, and the server's one record of it: ``name@version`` is what responses carry;
+    ``model`` is what the upstream is asked (a local :class:`~agentrl_train.serve.engine.Engine`'s slot, or
+    an upstream's model name). The deployment holds it; requests, loads and decisions read it from there."""
 
     name: str
     version: int

@@ -2,15 +2,17 @@
 
 Every forward pass runs on one worker thread, one request at a time, so a request is served entirely
 by the weights that were in place when it started. A hot reload reads and checks the new weights on
-the caller's thread (safetensors from disk, key set, shapes, LoRA scaling, base model), and only then
-copies them into the adapter's slot *on the worker thread*, between two requests: no request ever
-sees a half-copied adapter and a refused adapter changes nothing. Weights are copied in place, so
-memory does not grow with the number of swaps; a canary gets a second slot of the same shape, which
-is kept for the next canary after a promotion or a rollback.
+the caller's thread (safetensors from disk, key set, shapes, LoRA scaling, base model:
+:mod:`agentrl_train.serve.weights`), and only then copies them into the adapter's slot *on the worker
+thread*, between two requests: no request ever sees a half-copied adapter and a refused adapter
+changes nothing. Weights are copied in place, so memory does not grow with the number of swaps; a
+canary gets a second slot of the same shape, which is kept for the next canary after a promotion or a
+rollback.
 
-Adapters are read in peft's layout (``adapter_config.json`` + ``adapter_model.safetensors``, or a
-run's ``final/`` folder with one such subfolder) or from a trainer checkpoint
-(``checkpoints/update-N/trainable.safetensors``).
+A slot is a name (``slot1``, ``slot2``, ...) and the weights under it, nothing more: which adapter
+version a slot serves, where it came from and what clients are shown is the router's
+:class:`~agentrl_train.serve.canary.Target` (its ``model`` is the slot). The engine counts the swaps
+(:attr:`Engine.swaps`).
 
 An adapter trained with added tool-call tokens (``--add-tool-tokens``: ``tool_tokens.json`` beside
 its weights) needs the base with the same tokens added (a larger vocabulary): the first adapter
@@ -23,53 +25,38 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 
 from agentrl_envs.errors import ConfigError
-from agentrl_train.tool_tokens import ToolTokens, add_tool_tokens, read_tool_tokens
+from agentrl_train.serve.prompts import Placeholders, PromptTooLargeError, fit_turns
+from agentrl_train.serve.weights import (
+    ROWS,
+    AdapterMismatchError,
+    Family,
+    Prepared,
+    check_fit,
+    check_model_fit,
+    config_key,
+    lora_config,
+    lora_scaling,
+    read_adapter,
+    tokens_refusal,
+)
+from agentrl_train.tool_tokens import ToolTokens, add_tool_tokens
 
-__all__ = ["AdapterMismatchError", "Engine", "Markup", "Prepared", "PromptTooLargeError", "Sampled", "find_adapter_files"]
+__all__ = ["Engine", "Sampled", "SwapStats"]
 
 T = TypeVar("T")
-_TRAINABLE = re.compile(r"^lm\.(.+)\.lora_([AB])\.[^.]+\.weight$")
-_TRAINABLE_ROWS = re.compile(r"^lm\.(.+\.token_adapter\.trainable_tokens_delta)\.[^.]+$")
-_ROWS = ".token_adapter.trainable_tokens_delta"  #: peft's key of an adapter's added-token rows
-_WORD = re.compile(r"\w{0,64}", re.ASCII)
 #: slots of unloaded names kept for a later name of the same LoRA config (a trainer loads one name per update)
 MAX_SPARE_SLOTS = 4
-
-
-class AdapterMismatchError(ConfigError):
-    """An adapter folder does not fit the adapter it would replace (keys, shapes, scaling or base model)."""
-
-
-class PromptTooLargeError(ConfigError):
-    """A conversation has more tokens than the server takes in one request, before old turns are dropped."""
-
-
-class Markup(str):
-    """Text the server itself wrote into a message (the ``<tool_call>`` tags around a call): its
-    special-token spellings are special tokens. Every other string of a message is the client's and
-    is tokenized as text."""
-
-
-@dataclass
-class Prepared:
-    """Checked weights of one adapter, ready to copy into a slot."""
-
-    path: str  #: the folder they came from
-    tensors: dict[str, torch.Tensor]  #: peft-saved keys (no adapter name) -> weights on the model's device
-    config: dict[str, Any]  #: its adapter_config.json (empty for a trainer checkpoint)
-    tool_tokens: ToolTokens | None = None  #: the tool-call tokens it was trained with (tool_tokens.json)
 
 
 @dataclass
@@ -82,37 +69,16 @@ class Sampled:
     top: list[list[tuple[int, float]]]  #: per id, the ``top`` most likely ids and their log-probs (empty lists for 0)
 
 
-@dataclass
-class _Family:
-    """The adapters served under one name: their shared LoRA config and the slots that hold them."""
+@dataclass(frozen=True)
+class SwapStats:
+    """Adapter weights swapped into a served slot (hot reloads and canaries; not a name's first load).
 
-    config: Any  #: peft LoraConfig shared by every slot of this name
-    shapes: dict[str, tuple[int, ...]]  #: peft-saved key -> shape
-    scaling: dict[str, float]  #: r / alpha facts checked on every load
-    free: list[str] = field(default_factory=list)  #: slots kept for reuse
-    count: int = 0
-
-
-def find_adapter_files(folder: str | Path) -> tuple[Path, Path | None]:
-    """The weights file of an adapter folder and its ``adapter_config.json`` (None for a checkpoint).
-
-    Raises:
-        ConfigError: no ``adapter_model.safetensors`` or ``trainable.safetensors`` there.
+    Replaced whole after each swap, so a reader on another thread sees one consistent record.
     """
-    folder = Path(folder).expanduser()
-    if not folder.is_dir():
-        raise ConfigError(f"adapter path {str(folder)[:200]!r} is not a folder; point at a run's final/ or an adapter folder")
-    subs = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
-    for sub in (folder, *subs):
-        if (sub / "adapter_model.safetensors").is_file():
-            cfg = sub / "adapter_config.json"
-            return sub / "adapter_model.safetensors", cfg if cfg.is_file() else None
-    if (folder / "trainable.safetensors").is_file():
-        return folder / "trainable.safetensors", None
-    raise ConfigError(
-        f"adapter path {str(folder)[:200]!r} holds no adapter_model.safetensors (peft layout) or "
-        "trainable.safetensors (a trainer checkpoint); point at a run's final/ or checkpoints/update-N/"
-    )
+
+    count: int = 0
+    seconds_sum: float = 0.0
+    seconds_last: float = 0.0
 
 
 class Engine:
@@ -147,14 +113,13 @@ class Engine:
         self.max_positions = int(getattr(self.lm.config, "max_position_embeddings", 4096) or 4096)
         self.peft: Any = None
         self.log = log
-        self.families: dict[str, _Family] = {}
-        self.swaps = 0
-        self.swap_seconds: list[float] = []
+        self.families: dict[str, Family] = {}
+        self.swaps = SwapStats()  #: replaced by each swap into a served slot (:meth:`install`)
         self._params: dict[str, dict[str, torch.nn.Parameter]] = {}
         self.tool_tokens: ToolTokens | None = None  #: the tool-call tokens added to the base (by the first adapter)
         self._active: str | None = None
         self._slot_count = 0
-        self._spare: list[tuple[str, str, _Family]] = []  #: (LoRA config key, slot, its old family) of unloaded names
+        self._spare: list[tuple[str, str, Family]] = []  #: (LoRA config key, slot, its old family) of unloaded names
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentrl-serve-model")
         self._read_tokenizer()
         # A fast tokenizer keeps split_special_tokens as one flag of its backend, set by each call: two
@@ -191,51 +156,12 @@ class Engine:
             ConfigError: no adapter files there, or they cannot be read.
             AdapterMismatchError: keys, shapes, LoRA scaling or base model differ from ``family``'s.
         """
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
-        weights, cfg_file = find_adapter_files(path)
-        config: dict[str, Any] = {}
-        try:
-            if cfg_file is not None:
-                config = json.loads(cfg_file.read_text())
-            raw = load_file(weights, device="cpu")
-        except (OSError, ValueError, RecursionError, SafetensorError) as exc:
-            raise ConfigError(f"adapter {str(path)[:200]!r}: cannot read it ({type(exc).__name__}: {str(exc)[:200]})") from None
-        if not isinstance(config, dict):
-            raise ConfigError(
-                f"adapter {str(path)[:200]!r}: adapter_config.json holds a {type(config).__name__}, not a JSON object; "
-                "save the adapter again with peft (the old version keeps serving)"
-            )
-        _scaling(config, str(path))  # r / lora_alpha that are not numbers are refused here, before any slot exists
-        tensors = _peft_keys(raw, weights.name == "trainable.safetensors")
-        tokens = read_tool_tokens(weights.parent) if cfg_file is not None else self.tool_tokens
-        if self.peft is not None and tokens != self.tool_tokens:
-            raise AdapterMismatchError(_tokens_refusal(str(path), tokens, self.tool_tokens))
-        if cfg_file is not None and tokens is not None and not any(k.endswith(_ROWS) for k in tensors):
-            raise AdapterMismatchError(
-                f"adapter {str(path)[:200]!r}: tool_tokens.json says it trains added tool-call tokens, but its weights "
-                "hold no rows for them; save the adapter again"
-            )
-        if not tensors:
-            raise AdapterMismatchError(f"adapter {str(path)[:200]!r}: {weights.name} holds no LoRA weights")
-        for key, tensor in tensors.items():
-            if not tensor.is_floating_point():
-                raise AdapterMismatchError(
-                    f"adapter {str(path)[:200]!r}: {key} holds {tensor.dtype} values, LoRA weights are floating point; "
-                    "the file is not an adapter (the old version keeps serving)"
-                )
-        base = config.get("base_model_name_or_path")
-        if base and Path(str(base)).name != Path(self.base_path).name:
-            raise AdapterMismatchError(
-                f"adapter {str(path)[:200]!r} was trained on base {base!r}, this server serves {self.base_path!r}; "
-                "serve it with that --model (the old version keeps serving)"
-            )
+        tensors, config, tokens = read_adapter(path, self.tool_tokens, self.peft is None, self.base_path)
         fam = self.families.get(family) if family is not None else None
         if fam is not None:
-            _check_fit(str(path), fam, tensors, config)
+            check_fit(str(path), fam, tensors, config)
         else:
-            self._check_model_fit(str(path), tensors)
+            check_model_fit(str(path), tensors, dict(self.lm.named_modules()))
         dtype = next(self.lm.parameters()).dtype
         for k, v in tensors.items():
             # after the cast: a finite float32 weight can overflow a float16/bfloat16 model's range
@@ -252,7 +178,7 @@ class Engine:
         """Create the first slot of a new adapter name (at start-up) and fill it; returns the slot."""
         from peft import PeftModel, get_peft_model
 
-        config = _lora_config(name, prepared)
+        config = lora_config(name, prepared)
         slot = self._new_slot_name()
         if self.peft is None and prepared.tool_tokens is not None:
             self._add_tool_tokens(name, prepared)
@@ -264,8 +190,8 @@ class Engine:
             self.peft.add_adapter(slot, config)
         self._index(slot)
         shapes = {k: tuple(p.shape) for k, p in self._params[slot].items()}
-        fam = _Family(config, shapes, _scaling(prepared.config, prepared.path), count=1)
-        _check_fit(prepared.path, fam, prepared.tensors, prepared.config)
+        fam = Family(config, shapes, lora_scaling(prepared.config, prepared.path), count=1)
+        check_fit(prepared.path, fam, prepared.tensors, prepared.config)
         self.families[name] = fam
         self._copy(slot, prepared)
         return slot
@@ -283,11 +209,11 @@ class Engine:
         return self.submit(self._load_family, name, prepared)
 
     def _load_family(self, name: str, prepared: Prepared) -> str:
-        key = _config_key(_lora_config(name, prepared))
+        key = config_key(lora_config(name, prepared))
         for i, (k, slot, old) in enumerate(self._spare):
             if k == key:
-                fam = _Family(old.config, old.shapes, _scaling(prepared.config, prepared.path), count=1)
-                _check_fit(prepared.path, fam, prepared.tensors, prepared.config)
+                fam = Family(old.config, old.shapes, lora_scaling(prepared.config, prepared.path), count=1)
+                check_fit(prepared.path, fam, prepared.tensors, prepared.config)
                 del self._spare[i]
                 self.families[name] = fam
                 self._copy(slot, prepared)
@@ -316,7 +242,7 @@ class Engine:
 
     def _drop_family(self, name: str, slots: list[str]) -> None:
         fam = self.families.pop(name)
-        key = _config_key(fam.config)
+        key = config_key(fam.config)
         self._spare += [(key, slot, fam) for slot in [*slots, *fam.free]]
         while len(self._spare) > MAX_SPARE_SLOTS:
             self._delete_slot(self._spare.pop(0)[1])
@@ -336,7 +262,7 @@ class Engine:
         added = add_tool_tokens(self.lm, self.tokenizer, self.model_name, self.log)
         if added != prepared.tool_tokens:
             raise AdapterMismatchError(
-                f"adapter {name}={prepared.path[:200]}: " + _tokens_refusal(prepared.path, prepared.tool_tokens, added)
+                f"adapter {name}={prepared.path[:200]}: " + tokens_refusal(prepared.path, prepared.tool_tokens, added)
             )
         self.tool_tokens = added
         self._read_tokenizer()
@@ -364,8 +290,14 @@ class Engine:
 
     def install(self, slot: str, prepared: Prepared) -> Future[float]:
         """Queue the copy of checked weights into ``slot``: it runs after the requests already queued and
-        before any queued later. The future gives the swap's seconds."""
-        return self.submit(self._copy, slot, prepared)
+        before any queued later. The future gives the swap's seconds, also counted in :attr:`swaps`."""
+        return self.submit(self._swap, slot, prepared)
+
+    def _swap(self, slot: str, prepared: Prepared) -> float:
+        seconds = self._copy(slot, prepared)
+        done = self.swaps
+        self.swaps = SwapStats(done.count + 1, done.seconds_sum + seconds, seconds)
+        return seconds
 
     def _copy(self, slot: str, prepared: Prepared) -> float:
         t0 = time.perf_counter()
@@ -375,10 +307,7 @@ class Engine:
                 params[key].copy_(tensor)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
-        seconds = time.perf_counter() - t0
-        self.swaps += 1
-        self.swap_seconds = [*self.swap_seconds[-999:], seconds]
-        return seconds
+        return time.perf_counter() - t0
 
     def _new_slot_name(self) -> str:
         self._slot_count += 1
@@ -387,34 +316,9 @@ class Engine:
     def _index(self, slot: str) -> None:
         marker = f".{slot}."
         params = {n.replace(marker, "."): p for n, p in self.peft.named_parameters() if marker in n and ".lora_" in n}
-        rows = f"{_ROWS}.{slot}"
+        rows = f"{ROWS}.{slot}"
         params.update({n.removesuffix(f".{slot}"): p for n, p in self.peft.named_parameters() if n.endswith(rows)})
         self._params[slot] = params
-
-    def _check_model_fit(self, path: str, tensors: dict[str, torch.Tensor]) -> None:
-        """Before a first slot exists: every LoRA pair must sit on a layer of this base with its in/out sizes."""
-        modules = dict(self.lm.named_modules())
-        for key, tensor in tensors.items():
-            if key.endswith(_ROWS):  # added tokens' rows: the base is resized for them, and their shape checked in add_family
-                continue
-            m = re.match(r"^base_model\.model\.(.+)\.lora_([AB])\.weight$", key)
-            layer = modules.get(m.group(1)) if m else None
-            if tensor.ndim != 2:
-                raise AdapterMismatchError(
-                    f"adapter {path[:200]!r}: {key} has shape {tuple(tensor.shape)}, a LoRA weight is a matrix; "
-                    "the file is damaged or not a LoRA adapter"
-                )
-            if layer is None or not hasattr(layer, "in_features"):
-                raise AdapterMismatchError(
-                    f"adapter {path[:200]!r}: {key} is not a layer of this base; it was trained on another model"
-                )
-            size = tensor.shape[1] if m and m.group(2) == "A" else tensor.shape[0]
-            want = layer.in_features if m and m.group(2) == "A" else layer.out_features
-            if size != want:
-                raise AdapterMismatchError(
-                    f"adapter {path[:200]!r}: {key} has shape {tuple(tensor.shape)}, this base's layer is "
-                    f"{layer.in_features}->{layer.out_features}; it was trained on another model"
-                )
 
     # -- generation (worker thread only) ---------------------------------------------------------
 
@@ -534,44 +438,16 @@ class Engine:
         each string of the messages and tools, its own text is tokenized with special tokens on, and each
         client string with ``split_special_tokens=True`` (a user writing ``<|im_start|>system`` gets
         those characters, not a forged turn). A message's ``content`` is a string or a list of strings
-        and :class:`Markup` (text the server wrote, such as tool-call tags).
+        and :class:`~agentrl_train.serve.prompts.Markup` (text the server wrote, such as tool-call tags).
 
         Raises:
             PromptTooLargeError: the client's strings are over ``max_total`` tokens (before any drop).
             ConfigError: the prompt is over ``max_tokens`` even with every old turn dropped.
         """
-        texts: list[str] = []  # the client's strings, by placeholder number
-        nonce = secrets.token_hex(8)  # placeholders a client cannot write in advance
-        pattern = re.compile(f"AGENTRLPH{nonce}N(\\d+)X")
-
-        def hold(text: str) -> str:
-            texts.append(text)
-            return f"AGENTRLPH{nonce}N{len(texts) - 1}X"
-
-        def held(value: Any) -> Any:  # the strings of a tool schema, keys included, but plain words
-            if isinstance(value, str):
-                return value if self._plain(value) else hold(value)  # "function", "type": the template may look
-            if isinstance(value, dict):
-                return {held(k) if isinstance(k, str) else k: held(v) for k, v in value.items()}
-            if isinstance(value, list):
-                return [held(v) for v in value]
-            return value
-
-        def content(value: Any) -> str:
-            pieces = value if isinstance(value, list) else [value or ""]
-            return "".join(p if isinstance(p, Markup) else hold(str(p)) for p in pieces)
-
-        messages = [{**m, "content": content(m.get("content"))} for m in messages]
-        tools = held(tools) if tools else None
-        total, token_cache = 0, {}
-        for i, text in enumerate(texts):  # each client string once; the count stops at the first past the cap
-            token_cache[i] = self._text_ids(text)
-            total += len(token_cache[i])
-            if max_total is not None and total > max_total:
-                raise PromptTooLargeError(
-                    f"the conversation is over {max_total} tokens; this server takes at most {max_total} in one request "
-                    "(old turns are dropped to fit the context only below that): send the recent turns only"
-                )
+        held = Placeholders(self._specials)
+        messages = [{**m, "content": held.content(m.get("content"))} for m in messages]
+        tools = held.held(tools) if tools else None
+        client_ids = self._client_ids(held.texts, max_total)
         head, turns = messages[:2], messages[2:]
 
         def render(drop: int) -> list[int]:  # the prompt without the oldest 2 * drop turns
@@ -580,39 +456,33 @@ class Engine:
             )
             ids: list[int] = []
             start = 0
-            for m in pattern.finditer(text):
+            for m in held.pattern.finditer(text):
                 ids += self._template_ids(text[start : m.start()])
                 n = int(m.group(1))
                 quoted = text[m.start() - 1 : m.start()] == '"' and text[m.end() : m.end() + 1] == '"'
                 # inside a JSON string (a template's tojson of the tools) the text goes in JSON-escaped
-                ids += self._text_ids(json.dumps(texts[n], ensure_ascii=False)[1:-1]) if quoted else token_cache[n]
+                ids += self._text_ids(json.dumps(held.texts[n], ensure_ascii=False)[1:-1]) if quoted else client_ids[n]
                 start = m.end()
             return ids + self._template_ids(text[start:])
 
-        ids = render(0)
-        if len(ids) <= max_tokens:
-            return ids
-        # Fewer turns, fewer tokens: bisect on how many pairs to drop (a turn at a time re-rendered a
-        # 4,000-turn conversation 2,000 times, minutes of CPU for one request).
-        lo, hi = 0, (len(turns) + 1) // 2  # lo is too long; hi drops every turn
-        best = render(hi)
-        if len(best) > max_tokens:
-            raise ConfigError(
-                f"the prompt is {len(best)} tokens after dropping old turns; this model takes {max_tokens} "
-                "(its context minus max_tokens): send a shorter system prompt or instruction, or lower max_tokens"
-            )
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            ids = render(mid)
-            if len(ids) <= max_tokens:
-                hi, best = mid, ids
-            else:
-                lo = mid
-        return best
+        return fit_turns(render, len(turns), max_tokens)
 
-    def _plain(self, text: str) -> bool:
-        """A word of ASCII letters, digits and ``_`` that spells no special token: safe as template text."""
-        return _WORD.fullmatch(text) is not None and not any(t in text for t in self._specials)
+    def _client_ids(self, texts: list[str], max_total: int | None) -> list[list[int]]:
+        """Each client string's ids, tokenized once; the count stops at the first string past ``max_total`` tokens.
+
+        Raises:
+            PromptTooLargeError: the strings are over ``max_total`` tokens.
+        """
+        total, out = 0, []
+        for text in texts:
+            out.append(self._text_ids(text))
+            total += len(out[-1])
+            if max_total is not None and total > max_total:
+                raise PromptTooLargeError(
+                    f"the conversation is over {max_total} tokens; this server takes at most {max_total} in one request "
+                    "(old turns are dropped to fit the context only below that): send the recent turns only"
+                )
+        return out
 
     def _template_ids(self, text: str) -> list[int]:
         if not text:
@@ -644,29 +514,6 @@ class Engine:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
 
-def _lora_config(name: str, prepared: Prepared) -> Any:
-    """The peft ``LoraConfig`` of an adapter's adapter_config.json (for inference)."""
-    from peft import LoraConfig
-
-    if not prepared.config:
-        raise ConfigError(f"adapter {name}={prepared.path}: the first version needs adapter_config.json (peft layout)")
-    try:
-        config = LoraConfig(**{k: v for k, v in prepared.config.items() if k in LoraConfig.__dataclass_fields__})
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(
-            f"adapter {name}={prepared.path}: adapter_config.json is not a LoRA config peft accepts "
-            f"({type(exc).__name__}: {str(exc)[:200]}); save the adapter again with peft"
-        ) from None
-    config.inference_mode = True
-    return config
-
-
-def _config_key(config: Any) -> str:
-    """What a slot's layers depend on in a ``LoraConfig``: two adapters with equal keys can share a slot."""
-    facts = {k: v for k, v in config.to_dict().items() if k not in ("base_model_name_or_path", "revision", "peft_version")}
-    return json.dumps(facts, sort_keys=True, default=lambda v: sorted(map(str, v)) if isinstance(v, (set, frozenset)) else str(v))
-
-
 def _probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """softmax(logits / temperature) in float64, finite for any temperature > 0.
 
@@ -676,78 +523,3 @@ def _probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """
     scores = logits.double()
     return torch.softmax((scores - scores.max()) / temperature, dim=-1)
-
-
-def _peft_keys(raw: dict[str, torch.Tensor], trainable: bool) -> dict[str, torch.Tensor]:
-    """LoRA weights under peft's saved names (``...q_proj.lora_A.weight``), from either file layout."""
-    if not trainable:
-        return {k: v for k, v in raw.items() if ".lora_" in k or k.endswith(_ROWS)}
-    out = {}
-    for k, v in raw.items():
-        m = _TRAINABLE.match(k)
-        if m:
-            out[f"{m.group(1)}.lora_{m.group(2)}.weight"] = v
-        elif rows := _TRAINABLE_ROWS.match(k):
-            out[rows.group(1)] = v
-    return out
-
-
-def _tokens_refusal(path: str, tokens: ToolTokens | None, served: ToolTokens | None) -> str:
-    def what(t: ToolTokens | None) -> str:
-        return f"added tool-call tokens {', '.join(t.tokens)} at ids {list(t.ids)}" if t else "no added tool-call tokens"
-
-    return (
-        f"adapter {path[:200]!r} was trained with {what(tokens)}, and this server's base has {what(served)}; "
-        "an adapter with added tokens needs a base resized for them and cannot be served beside adapters without "
-        "them (or with others): serve it from its own agentrl-train serve (the old version keeps serving)"
-    )
-
-
-def _scaling(config: dict[str, Any], path: str = "") -> dict[str, float]:
-    """The r / alpha facts two versions of one name must share.
-
-    Raises:
-        AdapterMismatchError: one of them is not a number (or a pattern is not a JSON object).
-    """
-    facts: dict[str, float] = {}
-    items: list[tuple[str, Any]] = [("r", config.get("r", 0)), ("lora_alpha", config.get("lora_alpha", 0))]
-    for kind in ("rank_pattern", "alpha_pattern"):
-        pattern = config.get(kind) or {}
-        if not isinstance(pattern, dict):
-            raise AdapterMismatchError(
-                f"adapter {path[:200]!r}: adapter_config.json {kind} is {str(pattern)[:60]!r}, not a JSON object of numbers"
-            )
-        items += [(f"{kind}.{k}", v) for k, v in sorted(pattern.items())]
-    for key, value in items:
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            raise AdapterMismatchError(
-                f"adapter {path[:200]!r}: adapter_config.json {key} is {str(value)[:60]!r}, not a number; "
-                "save the adapter again with peft (the old version keeps serving)"
-            )
-        facts[key] = float(value)
-    return facts
-
-
-def _check_fit(path: str, fam: _Family, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
-    missing = sorted(set(fam.shapes) - set(tensors))
-    extra = sorted(set(tensors) - set(fam.shapes))
-    if missing or extra:
-        what = f"missing {missing[0]}" if missing else f"unexpected {extra[0]}"
-        raise AdapterMismatchError(
-            f"adapter {path[:200]!r} does not fit: {what} ({len(missing)} missing, {len(extra)} unexpected); "
-            "it targets other layers or another base model (the old version keeps serving)"
-        )
-    for key, shape in fam.shapes.items():
-        if tuple(tensors[key].shape) != shape:
-            raise AdapterMismatchError(
-                f"adapter {path[:200]!r} does not fit: {key} has shape {tuple(tensors[key].shape)}, the served one {shape}; "
-                "a different rank or base model needs its own --adapter name (the old version keeps serving)"
-            )
-    if config:
-        got = _scaling(config, path)
-        for key, want in fam.scaling.items():
-            if got.get(key) != want:
-                raise AdapterMismatchError(
-                    f"adapter {path[:200]!r} does not fit: {key} is {got.get(key)}, the served one {want}; "
-                    "serve it under its own --adapter name (the old version keeps serving)"
-                )

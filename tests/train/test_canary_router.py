@@ -257,7 +257,7 @@ def test_proxy_upstream_failures_say_what_came_back(status: int, content: bytes,
 
 def test_proxy_reads_an_upstream_answer_up_to_a_cap() -> None:
     """A huge or endless upstream body is a 502 naming the cap, read no further than the cap (it was read whole)."""
-    from agentrl_train.serve.app import MAX_UPSTREAM_BYTES
+    from agentrl_train.serve.upstream import MAX_UPSTREAM_BYTES
 
     app = _proxy()
     body = {"model": "tools", "messages": [{"role": "user", "content": "go"}]}

@@ -329,7 +329,7 @@ FORGED = ["<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<|endoft
 
 
 def test_client_text_never_becomes_special_tokens(engine: Any) -> None:
-    from agentrl_train.serve.app import _flatten, _Message
+    from agentrl_train.serve.chat import _Message, flatten
 
     tok = engine.tokenizer
     special_ids = {tok.convert_tokens_to_ids(t) for t in FORGED}
@@ -354,7 +354,7 @@ def test_client_text_never_becomes_special_tokens(engine: Any) -> None:
     call = _Message.model_validate(
         {"role": "assistant", "tool_calls": [{"function": {"name": "sql", "arguments": '{"q": "<|im_end|>"}'}}]}
     )
-    ids = engine.encode([*plain, _flatten(call)], None, 10**6)
+    ids = engine.encode([*plain, flatten(call)], None, 10**6)
     call_ids = {tok.convert_tokens_to_ids("<tool_call>"), tok.convert_tokens_to_ids("</tool_call>")}
     assert sum(i in call_ids for i in ids) == 2
     assert (

@@ -290,7 +290,8 @@ def test_fuse_and_remap_refuse_added_tokens_by_name(twin: Path, tmp_path: Path) 
 
 
 def test_serve_resizes_its_base_for_an_adapter_with_added_tokens_and_refuses_mixing(twin: Path, tmp_path: Path) -> None:
-    from agentrl_train.serve.engine import AdapterMismatchError, Engine
+    from agentrl_train.serve.engine import Engine
+    from agentrl_train.serve.weights import AdapterMismatchError
 
     policy = build_policy(_cfg(tmp_path / "a", twin), log=lambda *a: None)
     ids = _seq(policy)
