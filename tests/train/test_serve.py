@@ -239,11 +239,14 @@ def test_hot_reload_under_load(server: tuple[str, Any, list[str]], adapters: dic
     url, app, logs = server
     with httpx.Client(base_url=url, timeout=120) as c:
         ref = {}
+        version_of: dict[str, str] = {}  # every version the clients may see -> its adapter
         for key in ("a", "b"):
-            assert c.post("/v1/adapters/load", json={"path": str(adapters[key])}).status_code == 200
+            r = c.post("/v1/adapters/load", json={"path": str(adapters[key])})
+            assert r.status_code == 200
+            version_of[r.json()["version"]] = key  # "b"'s serves the clients' first requests until the first swap
             ref[key] = _text(_chat(c, "load", max_tokens=4))
         assert ref["a"] != ref["b"], "the two adapters must answer differently, or the test cannot fail"
-        version_of: dict[str, str] = {}
+        swapped: list[str] = []
         results: list[tuple[str, str]] = []
         failures: list[str] = []
         stop = threading.Event()
@@ -272,6 +275,7 @@ def test_hot_reload_under_load(server: tuple[str, Any, list[str]], adapters: dic
                 assert r.status_code == 200, r.text
                 version = r.json()["version"]
                 version_of[version] = key
+                swapped.append(version)
                 seen = len(results)
                 for _ in range(100_000):  # a hang bound: wait for a reply from this version
                     if failures or any(v == version for v, _ in results[seen:]):
@@ -285,7 +289,7 @@ def test_hot_reload_under_load(server: tuple[str, Any, list[str]], adapters: dic
                 t.join(timeout=120)
     assert failures == []
     assert len(results) >= 100
-    assert set(version_of) <= {v for v, _ in results}, "every swapped-in version served a request"
+    assert set(swapped) <= {v for v, _ in results}, "every swapped-in version served a request"
     for version, text in results:
         assert version in version_of, version
         assert text == ref[version_of[version]], f"{version} answered like the other adapter"
