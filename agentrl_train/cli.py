@@ -81,7 +81,8 @@ def _check_init_adapter(cfg: Any) -> None:
 
 
 def _cmd_ppo(args: argparse.Namespace) -> int:
-    from agentrl_train.config import ConfigError, load_config
+    from agentrl_train.config import ConfigError
+    from agentrl_train.config_io import load_config
 
     if args.nproc < 1:
         raise ConfigError(f"--nproc {args.nproc}: the number of processes must be at least 1")
@@ -92,7 +93,7 @@ def _cmd_ppo(args: argparse.Namespace) -> int:
     from agentrl_train import distributed
 
     if args.nproc > 1:
-        from agentrl_train.config import make_run_dir
+        from agentrl_train.config_io import make_run_dir
         from agentrl_train.env_checks import check_env_config
 
         check_env_config(cfg.env)
@@ -107,7 +108,8 @@ def _cmd_ppo(args: argparse.Namespace) -> int:
 
 
 def _cmd_sft(args: argparse.Namespace) -> int:
-    from agentrl_train.config import ConfigError, TrainConfig, load_config, option_value
+    from agentrl_train.config import ConfigError, TrainConfig, option_value
+    from agentrl_train.config_io import load_config
     from agentrl_train.sft import sft
 
     overrides = _overrides(args)

@@ -11,7 +11,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from agentrl_train.rollout import EpisodeStates, act_many, episode_seed
+from agentrl_train.episodes import EpisodeStates, episode_seed
+from agentrl_train.rollout import act_many
 
 __all__ = ["EVAL_SEED", "evaluate", "evaluate_run", "evaluate_splits", "load_run", "markdown_table"]
 
@@ -35,7 +36,7 @@ def evaluate(
     in one batch); episode ``j`` always has the seed ``episode_seed(EVAL_SEED, j, 0)`` and, with
     ``sample=True``, draws its actions from a generator seeded by ``j`` alone, so the results do not
     depend on how many run at once. The policy reads each episode through
-    :class:`~agentrl_train.rollout.EpisodeStates`, as in training: generate mode sees the same
+    :class:`~agentrl_train.episodes.EpisodeStates`, as in training: generate mode sees the same
     token stream (token in, token out) as a rollout.
 
     ``sample=True`` gives the stochastic policy's success, which a greedy evaluation can hide (a
@@ -228,7 +229,8 @@ def load_run(run: str, checkpoint: str | None = None) -> tuple[Any, Any]:
     from pathlib import Path
 
     from agentrl_envs.errors import ConfigError
-    from agentrl_train.config import CRITIC_ADVANTAGES, read_run_config
+    from agentrl_train.config import CRITIC_ADVANTAGES
+    from agentrl_train.config_io import read_run_config
     from agentrl_train.policy import build_policy
 
     folder = Path(run)
