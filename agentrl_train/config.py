@@ -299,66 +299,8 @@ class TrainConfig:
     def validate(self) -> TrainConfig:
         """Check every value; raise ConfigError naming the option. Returns self."""
         m, e, p, r = self.model, self.env, self.ppo, self.run
-        _choice("lora_preset", m.lora_preset, ("seed", "mlp-heavy", "uniform", "small"))
-        _choice("device", m.device, ("auto", "cpu", "cuda"))
-        _choice("reference", m.reference, ("initial", "base"))
-        parse_rope_scaling(m.rope_scaling)
-        _choice("mode", e.mode, ("candidates", "generate"))
-        _choice("vectorization", e.vectorization, ("async", "sync"))
-        _choice("split", e.split, ("train", "test", "heldout"))
-        _choice("advantage", p.advantage, ADVANTAGES)
-        _choice("loss_agg", p.loss_agg, ("auto", *LOSS_AGGS))
-        _choice("group_score", p.group_score, GROUP_SCORES)
-        _choice("clip_mode", p.clip_mode, ("per-layer", "global"))
-        _choice("reward_norm", p.reward_norm, ("scale", "zscore", "none"))
-        _choice("critic_grad", p.critic_grad, ("shared", "head"))
-        _choice("lr_schedule", p.lr_schedule, ("constant", "linear"))
-        _choice("scoring", p.scoring, ("mean", "sum"))
-        _choice("score_baseline", p.score_baseline, ("none", "reference"))
-        for name in ("num_envs", "updates", "rollout_steps", "epochs", "micro_batch", "max_new_tokens", "max_prompt_tokens"):
-            _positive(name, option_value(self, name))
-        _non_negative("micro_batch_tokens", p.micro_batch_tokens)
-        for name in ("tiny_corpus_episodes", "keep_checkpoints", "replay_mb"):
-            _positive(name, option_value(self, name))
-        if r.eval_episodes < 1:
-            raise ConfigError(
-                f"--eval-episodes={r.eval_episodes}: use a value > 0 (to skip evaluation: --eval-every 0 --final-eval-splits '[]')"
-            )
-        _at_most("seed", r.seed, MAX_SEED, "numpy seeds are 32-bit")
-        _at_most("replay_mb", r.replay_mb, MAX_REPLAY_MB, "the buffer is one file of that size in the run folder")
-        _at_most("num_envs", e.num_envs, MAX_NUM_ENVS, "per process; under async each sub-env is a process")
-        for name in ("episodes", "sft_epochs", "sft_batch", "sft_lr"):
-            _positive(name, option_value(self, name))
-        for name in ("lr", "value_lr", "temperature", "grad_clip", "lora_alpha_ratio", "min_sigma", "rollout_timeout"):
-            _positive(name, option_value(self, name))
-        for name in (
-            "accumulation",
-            "sync_batch",
-            "critic_warmup",
-            "eval_every",
-            "checkpoint_every",
-            "tiny_pretrain_steps",
-            "max_updates_this_call",
-            "seed",
-            "threads",
-        ):
-            _non_negative(name, option_value(self, name))
-        for name in (
-            "clip",
-            "value_clip",
-            "vf_coef",
-            "kl_coef",
-            "ent_start",
-            "ent_end",
-            "target_kl",
-            "lora_dropout",
-            "anchor_coef",
-        ):
-            _non_negative(name, option_value(self, name))
-        for name in ("clip_low", "clip_high", "group_size", "rollout_retries", "logprob_tolerance"):
-            _non_negative(name, option_value(self, name))
-        if p.clip_low >= 1:
-            raise ConfigError(f"--clip-low={short_repr(p.clip_low)}: use a value in [0, 1) (the ratio stays above 1 - it)")
+        _check_choices(self)
+        _check_ranges(self)
         _check_group_options(self)
         _check_rollout_options(self)
         for name in ("gamma", "lam", "reference_weight"):
@@ -428,6 +370,76 @@ def option_value(cfg: TrainConfig, name: str) -> Any:
     """The value of option ``name`` (a flat name, e.g. ``out``) in ``cfg``."""
     section, _ = option_names()[name]
     return getattr(getattr(cfg, section), name)
+
+
+def _check_choices(cfg: TrainConfig) -> None:
+    """Every option with a fixed set of values holds one of them (and ``--rope-scaling`` parses)."""
+    m, e, p = cfg.model, cfg.env, cfg.ppo
+    _choice("lora_preset", m.lora_preset, ("seed", "mlp-heavy", "uniform", "small"))
+    _choice("device", m.device, ("auto", "cpu", "cuda"))
+    _choice("reference", m.reference, ("initial", "base"))
+    parse_rope_scaling(m.rope_scaling)
+    _choice("mode", e.mode, ("candidates", "generate"))
+    _choice("vectorization", e.vectorization, ("async", "sync"))
+    _choice("split", e.split, ("train", "test", "heldout"))
+    _choice("advantage", p.advantage, ADVANTAGES)
+    _choice("loss_agg", p.loss_agg, ("auto", *LOSS_AGGS))
+    _choice("group_score", p.group_score, GROUP_SCORES)
+    _choice("clip_mode", p.clip_mode, ("per-layer", "global"))
+    _choice("reward_norm", p.reward_norm, ("scale", "zscore", "none"))
+    _choice("critic_grad", p.critic_grad, ("shared", "head"))
+    _choice("lr_schedule", p.lr_schedule, ("constant", "linear"))
+    _choice("scoring", p.scoring, ("mean", "sum"))
+    _choice("score_baseline", p.score_baseline, ("none", "reference"))
+
+
+def _check_ranges(cfg: TrainConfig) -> None:
+    """Counts, rates and coefficients lie in their ranges: > 0, >= 0 or below a cap."""
+    e, p, r = cfg.env, cfg.ppo, cfg.run
+    for name in ("num_envs", "updates", "rollout_steps", "epochs", "micro_batch", "max_new_tokens", "max_prompt_tokens"):
+        _positive(name, option_value(cfg, name))
+    _non_negative("micro_batch_tokens", p.micro_batch_tokens)
+    for name in ("tiny_corpus_episodes", "keep_checkpoints", "replay_mb"):
+        _positive(name, option_value(cfg, name))
+    if r.eval_episodes < 1:
+        raise ConfigError(
+            f"--eval-episodes={r.eval_episodes}: use a value > 0 (to skip evaluation: --eval-every 0 --final-eval-splits '[]')"
+        )
+    _at_most("seed", r.seed, MAX_SEED, "numpy seeds are 32-bit")
+    _at_most("replay_mb", r.replay_mb, MAX_REPLAY_MB, "the buffer is one file of that size in the run folder")
+    _at_most("num_envs", e.num_envs, MAX_NUM_ENVS, "per process; under async each sub-env is a process")
+    for name in ("episodes", "sft_epochs", "sft_batch", "sft_lr"):
+        _positive(name, option_value(cfg, name))
+    for name in ("lr", "value_lr", "temperature", "grad_clip", "lora_alpha_ratio", "min_sigma", "rollout_timeout"):
+        _positive(name, option_value(cfg, name))
+    for name in (
+        "accumulation",
+        "sync_batch",
+        "critic_warmup",
+        "eval_every",
+        "checkpoint_every",
+        "tiny_pretrain_steps",
+        "max_updates_this_call",
+        "seed",
+        "threads",
+    ):
+        _non_negative(name, option_value(cfg, name))
+    for name in (
+        "clip",
+        "value_clip",
+        "vf_coef",
+        "kl_coef",
+        "ent_start",
+        "ent_end",
+        "target_kl",
+        "lora_dropout",
+        "anchor_coef",
+    ):
+        _non_negative(name, option_value(cfg, name))
+    for name in ("clip_low", "clip_high", "group_size", "rollout_retries", "logprob_tolerance"):
+        _non_negative(name, option_value(cfg, name))
+    if p.clip_low >= 1:
+        raise ConfigError(f"--clip-low={short_repr(p.clip_low)}: use a value in [0, 1) (the ratio stays above 1 - it)")
 
 
 def _check_group_options(cfg: TrainConfig) -> None:

@@ -48,9 +48,7 @@ def evaluate(
     ``seed``, ``task_id``, ``instruction``, ``steps`` (each ``action``, ``observation``, ``reward``,
     ``tool``, ``call_format``), ``success``, ``return``, ``length``, ``faults``.
     """
-    kwargs: dict[str, Any] = {"split": split, "error_profile": error_profile or cfg.env.error_profile, **cfg.env.env_kwargs}
-    if cfg.env.mode == "candidates":
-        kwargs["candidates"] = cfg.env.candidates
+    kwargs = _make_kwargs(cfg, split, error_profile)
     width = max(1, min(episodes, int(getattr(cfg.env, "num_envs", 1) or 1)))
     envs = [gym.make(cfg.env.env, **kwargs) for _ in range(width)]
     slots = EpisodeStates(width)
@@ -83,23 +81,9 @@ def evaluate(
                 ep["return"] += float(r)
                 ep["length"] += 1
                 if transcripts is not None:
-                    heads[ep["episode"]]["steps"].append(
-                        {
-                            "action": tr.action_text,
-                            "observation": obs,
-                            "reward": float(r),
-                            "tool": info.get("tool"),
-                            "call_format": info.get("call_format"),
-                        }
-                    )
+                    heads[ep["episode"]]["steps"].append(_transcript_step(tr.action_text, obs, r, info))
                 if term or trunc:
-                    fs = info.get("fault_stats") or {}
-                    results[ep["episode"]] = {
-                        "success": bool(info.get("success")),
-                        "return": ep["return"],
-                        "length": ep["length"],
-                        "faults": int(fs.get("faults", 0) or 0),
-                    }
+                    results[ep["episode"]] = _episode_result(ep, info)
                     del running[k]
                     if next_episode < episodes:
                         begin(k)
@@ -111,11 +95,46 @@ def evaluate(
     done = [results[j] for j in sorted(results)]
     if transcripts is not None:
         transcripts.extend({**heads[j], **results[j]} for j in sorted(results))
+    return _summary(done, split, episodes, kwargs["error_profile"], sample)
+
+
+def _make_kwargs(cfg: Any, split: str, error_profile: str | None) -> dict[str, Any]:
+    """``gym.make`` keywords of an evaluation env: the run's env options on ``split`` (and ``error_profile``)."""
+    kwargs: dict[str, Any] = {"split": split, "error_profile": error_profile or cfg.env.error_profile, **cfg.env.env_kwargs}
+    if cfg.env.mode == "candidates":
+        kwargs["candidates"] = cfg.env.candidates
+    return kwargs
+
+
+def _transcript_step(action: str, obs: Any, reward: Any, info: dict[str, Any]) -> dict[str, Any]:
+    """One step of an episode's transcript."""
+    return {
+        "action": action,
+        "observation": obs,
+        "reward": float(reward),
+        "tool": info.get("tool"),
+        "call_format": info.get("call_format"),
+    }
+
+
+def _episode_result(ep: dict[str, Any], info: dict[str, Any]) -> dict[str, Any]:
+    """An ended episode's outcome (``info``: its last step's)."""
+    fs = info.get("fault_stats") or {}
+    return {
+        "success": bool(info.get("success")),
+        "return": ep["return"],
+        "length": ep["length"],
+        "faults": int(fs.get("faults", 0) or 0),
+    }
+
+
+def _summary(done: list[dict[str, Any]], split: str, episodes: int, error_profile: str, sample: bool) -> dict[str, Any]:
+    """The evaluation's row: success, return and length over the episodes ``done``, and recovery from faults."""
     faulted = [r for r in done if r["faults"] > 0]
     return {
         "split": split,
         "episodes": episodes,
-        "error_profile": kwargs["error_profile"],
+        "error_profile": error_profile,
         "policy": "sampled" if sample else "greedy",
         "success_rate": float(np.mean([r["success"] for r in done])) if done else math.nan,
         "mean_return": float(np.mean([r["return"] for r in done])) if done else math.nan,
