@@ -4,7 +4,7 @@ The loop (:func:`agentrl_train.train.train`) takes an optimizer step over ``--mi
 pieces of its samples: :func:`micro_batches_per_step` says how many make a step (``--sync-batch`` or
 ``--accumulation``), :func:`episode_micro_batches` cuts a step's samples so that each env's
 transitions stay together, and :func:`accumulate` sums their gradients, across ranks through the
-DDP wrapper of :func:`wrap_trainable`. Stages and tests call these directly.
+DDP wrapper of :func:`wrap_trainable`.
 """
 
 from __future__ import annotations
