@@ -206,9 +206,8 @@ def check_model(
             model refuses ``rope_scaling`` (checked on the config and the model's rotary module).
     """
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    from agentrl_train.chat_template import ensure_tools_template, tools_problem
     from agentrl_train.models import resolve_model
     from agentrl_train.rope import apply_rope_scaling, check_rope_applied, parse_rope_scaling
 
@@ -216,32 +215,8 @@ def check_model(
         raise ConfigError(f"--episodes {episodes!r}: use a whole number from 1 to 1000")
     scaling = parse_rope_scaling(rope_scaling)
     path = resolve_model(model, tiny_spec=tiny_spec, log=log)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        config = AutoConfig.from_pretrained(path, local_files_only=True)
-    except Exception as exc:
-        raise ConfigError(
-            f"--model {model}: cannot load its tokenizer or config ({type(exc).__name__}: {str(exc)[:200]})"
-        ) from None
-    if not getattr(tokenizer, "chat_template", None):
-        raise ConfigError(
-            f"--model {model}: its tokenizer has no chat template; set tokenizer.chat_template (e.g. to Qwen2.5's, "
-            "which renders tools) and save it with the model"
-        )
-    problem = tools_problem(tokenizer)
-    ensure_tools_template(tokenizer, model, log=lambda *_: None)  # raises when neither template can show tools
-    template = {
-        "renders_tools": problem is None,
-        "problem": problem,
-        "used": "the model's own" if problem is None else "the trainer's ChatML template (agentrl_train.chat_template)",
-    }
-    probe = [
-        {"role": "system", "content": "s"},
-        {"role": "user", "content": "u"},
-        {"role": "assistant", "content": '<tool_call>{"name": "sql", "arguments": {}}</tool_call>'},
-        {"role": "tool", "content": "t"},
-    ]
-    rendering = str(tokenizer.apply_chat_template(probe, tools=[], tokenize=False, add_generation_prompt=True))
+    tokenizer, config = _tokenizer_and_config(model, path)
+    template, rendering = _chat_template(tokenizer, model)
     original_context = int(getattr(config, "max_position_embeddings", 0) or 0)
     context = apply_rope_scaling(config, scaling, model)
     with torch.device("meta"):
@@ -286,6 +261,49 @@ def check_model(
             "bytes": memory,
         },
     }
+
+
+def _tokenizer_and_config(model: str, path: Any) -> tuple[Any, Any]:
+    """The model's tokenizer and config from its folder, or ConfigError; a tokenizer without a chat template is refused."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except Exception as exc:
+        raise ConfigError(
+            f"--model {model}: cannot load its tokenizer or config ({type(exc).__name__}: {str(exc)[:200]})"
+        ) from None
+    if not getattr(tokenizer, "chat_template", None):
+        raise ConfigError(
+            f"--model {model}: its tokenizer has no chat template; set tokenizer.chat_template (e.g. to Qwen2.5's, "
+            "which renders tools) and save it with the model"
+        )
+    return tokenizer, config
+
+
+def _chat_template(tokenizer: Any, model: str) -> tuple[dict[str, Any], str]:
+    """The report's ``chat_template`` row (which template the trainer uses) and the rendering of a probe chat.
+
+    The probe (system, user, a tool call, a tool answer) shows the template's own markers to :func:`markers`.
+    """
+    from agentrl_train.chat_template import ensure_tools_template, tools_problem
+
+    problem = tools_problem(tokenizer)
+    ensure_tools_template(tokenizer, model, log=lambda *_: None)  # raises when neither template can show tools
+    template = {
+        "renders_tools": problem is None,
+        "problem": problem,
+        "used": "the model's own" if problem is None else "the trainer's ChatML template (agentrl_train.chat_template)",
+    }
+    probe = [
+        {"role": "system", "content": "s"},
+        {"role": "user", "content": "u"},
+        {"role": "assistant", "content": '<tool_call>{"name": "sql", "arguments": {}}</tool_call>'},
+        {"role": "tool", "content": "t"},
+    ]
+    rendering = str(tokenizer.apply_chat_template(probe, tools=[], tokenize=False, add_generation_prompt=True))
+    return template, rendering
 
 
 def _rope_theta(config: Any) -> float | None:

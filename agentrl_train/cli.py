@@ -81,7 +81,8 @@ def _check_init_adapter(cfg: Any) -> None:
 
 
 def _cmd_ppo(args: argparse.Namespace) -> int:
-    from agentrl_train.config import ConfigError, load_config
+    from agentrl_train.config import ConfigError
+    from agentrl_train.config_io import load_config
 
     if args.nproc < 1:
         raise ConfigError(f"--nproc {args.nproc}: the number of processes must be at least 1")
@@ -92,7 +93,7 @@ def _cmd_ppo(args: argparse.Namespace) -> int:
     from agentrl_train import distributed
 
     if args.nproc > 1:
-        from agentrl_train.config import make_run_dir
+        from agentrl_train.config_io import make_run_dir
         from agentrl_train.env_checks import check_env_config
 
         check_env_config(cfg.env)
@@ -107,7 +108,8 @@ def _cmd_ppo(args: argparse.Namespace) -> int:
 
 
 def _cmd_sft(args: argparse.Namespace) -> int:
-    from agentrl_train.config import ConfigError, TrainConfig, load_config, option_value
+    from agentrl_train.config import ConfigError, TrainConfig, option_value
+    from agentrl_train.config_io import load_config
     from agentrl_train.sft import sft
 
     overrides = _overrides(args)
@@ -291,6 +293,15 @@ def _add_serve_parser(sub: Any) -> None:
         help="serve adapters behind an OpenAI-compatible endpoint (hot reload, canary rollout)",
         description="Serve a base model and LoRA adapters on /v1/chat/completions; swap adapters in place and roll out canaries.",
     )
+    _add_serve_model_options(p)
+    _add_serve_access_options(p)
+    _add_serve_limit_options(p)
+    _add_canary_options(p)
+    p.set_defaults(func=_cmd_serve)
+
+
+def _add_serve_model_options(p: argparse.ArgumentParser) -> None:
+    """What is served: a base model and its adapters, or a route to another server."""
     p.add_argument(
         "--model",
         default=None,
@@ -309,6 +320,10 @@ def _add_serve_parser(sub: Any) -> None:
         metavar="URL",
         help="route in front of another OpenAI-compatible server (e.g. vLLM) instead of --model; NAME=UPSTREAM_MODEL",
     )
+
+
+def _add_serve_access_options(p: argparse.ArgumentParser) -> None:
+    """Where it listens, who may call it, and where adapters may be loaded or watched from."""
     p.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1; any other needs a token)")
     p.add_argument("--port", type=_port, default=8000, help="port, 0 for any free one (default: 8000)")
     p.add_argument(
@@ -329,6 +344,10 @@ def _add_serve_parser(sub: Any) -> None:
     p.add_argument(
         "--watch", action="append", metavar="[NAME=]DIR", help="hot-reload the newest adapter a trainer writes under DIR"
     )
+
+
+def _add_serve_limit_options(p: argparse.ArgumentParser) -> None:
+    """Request limits, --watch's interval, and the model's device, threads, context and token budget."""
     for flag, kind, default, what in (
         ("--max-messages", _int_in(1, 1_000_000), 1024, "messages per chat request"),
         ("--max-prompt-chars", _int_in(1, 1 << 30), 262_144, "characters of messages and tools per chat request"),
@@ -352,6 +371,10 @@ def _add_serve_parser(sub: Any) -> None:
         metavar="N",
         help="default and cap of max_tokens, 1-32768 (default: 256)",
     )
+
+
+def _add_canary_options(p: argparse.ArgumentParser) -> None:
+    """The rules that promote or roll back a canary adapter."""
     p.add_argument(
         "--canary-min-episodes",
         type=int,
@@ -376,7 +399,6 @@ def _add_serve_parser(sub: Any) -> None:
     p.add_argument(
         "--canary-auto", action=argparse.BooleanOptionalAction, default=True, help="apply the rules automatically (default: on)"
     )
-    p.set_defaults(func=_cmd_serve)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -4,7 +4,8 @@ A run's configuration is :class:`TrainConfig`: five sections (``model``, ``env``
 each a dataclass whose fields carry their help text. Every field is also a command-line option
 (``num_envs`` -> ``--num-envs``; names are unique across sections), a YAML config (``--config
 run.yaml``) nests them by section, and options given on the command line override the file. The
-resolved configuration is written into the run folder as ``config.yaml``.
+resolved configuration is written into the run folder as ``config.yaml``. Reading and writing
+configurations (YAML files, flag values, run folders) is :mod:`agentrl_train.config_io`.
 
 Bad values raise :class:`ConfigError` naming the option and what to use instead.
 """
@@ -12,15 +13,11 @@ Bad values raise :class:`ConfigError` naming the option and what to use instead.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import yaml
-
 from agentrl_envs.errors import ConfigError
-from agentrl_envs.yamlsafe import load_yaml, read_yaml_file, short_repr
+from agentrl_envs.yamlsafe import short_repr
 from agentrl_train.rope import parse_rope_scaling
 
 __all__ = [
@@ -37,12 +34,9 @@ __all__ = [
     "RunConfig",
     "SFTConfig",
     "TrainConfig",
-    "load_config",
-    "make_run_dir",
     "option_commands",
     "option_names",
     "option_value",
-    "read_run_config",
 ]
 
 MAX_SEED = 2**32 - 1  #: numpy's legacy seeding takes seeds in [0, 2**32 - 1]
@@ -305,66 +299,8 @@ class TrainConfig:
     def validate(self) -> TrainConfig:
         """Check every value; raise ConfigError naming the option. Returns self."""
         m, e, p, r = self.model, self.env, self.ppo, self.run
-        _choice("lora_preset", m.lora_preset, ("seed", "mlp-heavy", "uniform", "small"))
-        _choice("device", m.device, ("auto", "cpu", "cuda"))
-        _choice("reference", m.reference, ("initial", "base"))
-        parse_rope_scaling(m.rope_scaling)
-        _choice("mode", e.mode, ("candidates", "generate"))
-        _choice("vectorization", e.vectorization, ("async", "sync"))
-        _choice("split", e.split, ("train", "test", "heldout"))
-        _choice("advantage", p.advantage, ADVANTAGES)
-        _choice("loss_agg", p.loss_agg, ("auto", *LOSS_AGGS))
-        _choice("group_score", p.group_score, GROUP_SCORES)
-        _choice("clip_mode", p.clip_mode, ("per-layer", "global"))
-        _choice("reward_norm", p.reward_norm, ("scale", "zscore", "none"))
-        _choice("critic_grad", p.critic_grad, ("shared", "head"))
-        _choice("lr_schedule", p.lr_schedule, ("constant", "linear"))
-        _choice("scoring", p.scoring, ("mean", "sum"))
-        _choice("score_baseline", p.score_baseline, ("none", "reference"))
-        for name in ("num_envs", "updates", "rollout_steps", "epochs", "micro_batch", "max_new_tokens", "max_prompt_tokens"):
-            _positive(name, option_value(self, name))
-        _non_negative("micro_batch_tokens", p.micro_batch_tokens)
-        for name in ("tiny_corpus_episodes", "keep_checkpoints", "replay_mb"):
-            _positive(name, option_value(self, name))
-        if r.eval_episodes < 1:
-            raise ConfigError(
-                f"--eval-episodes={r.eval_episodes}: use a value > 0 (to skip evaluation: --eval-every 0 --final-eval-splits '[]')"
-            )
-        _at_most("seed", r.seed, MAX_SEED, "numpy seeds are 32-bit")
-        _at_most("replay_mb", r.replay_mb, MAX_REPLAY_MB, "the buffer is one file of that size in the run folder")
-        _at_most("num_envs", e.num_envs, MAX_NUM_ENVS, "per process; under async each sub-env is a process")
-        for name in ("episodes", "sft_epochs", "sft_batch", "sft_lr"):
-            _positive(name, option_value(self, name))
-        for name in ("lr", "value_lr", "temperature", "grad_clip", "lora_alpha_ratio", "min_sigma", "rollout_timeout"):
-            _positive(name, option_value(self, name))
-        for name in (
-            "accumulation",
-            "sync_batch",
-            "critic_warmup",
-            "eval_every",
-            "checkpoint_every",
-            "tiny_pretrain_steps",
-            "max_updates_this_call",
-            "seed",
-            "threads",
-        ):
-            _non_negative(name, option_value(self, name))
-        for name in (
-            "clip",
-            "value_clip",
-            "vf_coef",
-            "kl_coef",
-            "ent_start",
-            "ent_end",
-            "target_kl",
-            "lora_dropout",
-            "anchor_coef",
-        ):
-            _non_negative(name, option_value(self, name))
-        for name in ("clip_low", "clip_high", "group_size", "rollout_retries", "logprob_tolerance"):
-            _non_negative(name, option_value(self, name))
-        if p.clip_low >= 1:
-            raise ConfigError(f"--clip-low={short_repr(p.clip_low)}: use a value in [0, 1) (the ratio stays above 1 - it)")
+        _check_choices(self)
+        _check_ranges(self)
         _check_group_options(self)
         _check_rollout_options(self)
         for name in ("gamma", "lam", "reference_weight"):
@@ -423,91 +359,6 @@ def option_commands(name: str) -> tuple[str, ...]:
     return commands
 
 
-def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> TrainConfig:
-    """Defaults, then the YAML file (sections or flat keys), then ``overrides`` (flat option names)."""
-    cfg = TrainConfig()
-    if path:
-        try:
-            data = read_yaml_file(path, f"--config {path}")  # size, alias and depth caps; regular files only
-        except FileNotFoundError:
-            raise ConfigError(f"--config {path}: no such file") from None
-        except IsADirectoryError:
-            raise ConfigError(f"--config {path}: is a folder; point at a YAML file (e.g. run.yaml)") from None
-        except NotADirectoryError:
-            raise ConfigError(f"--config {path}: a part of that path is a file, not a folder") from None
-        if data is None:
-            data = {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"--config {path}: the top level must be a mapping of sections (model, env, ppo, run)")
-        for key, value in data.items():
-            if key in SECTIONS:
-                if not isinstance(value, dict):
-                    raise ConfigError(f"--config {path}: section {short_repr(key)} must be a mapping")
-                for name, v in value.items():
-                    _set(cfg, str(name), v, section=key)
-            else:
-                _set(cfg, str(key), value)
-    for name, value in (overrides or {}).items():
-        _set(cfg, name, value)
-    return cfg.validate()
-
-
-def make_run_dir(cfg: TrainConfig) -> Path:
-    """Create the run folder ``--out`` (and its parents); ConfigError if a file is in the way."""
-    out = Path(cfg.run.out)
-    if not cfg.run.out:
-        raise ConfigError("--out='': name a run folder (e.g. runs/ppo)")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise ConfigError(f"--out {out}: a file (not a folder) is in the way; name a run folder instead") from None
-    except NotADirectoryError:
-        raise ConfigError(f"--out {out}: a part of that path is a file, not a folder; name a run folder instead") from None
-    except OSError as exc:
-        raise ConfigError(f"--out {out}: cannot create the run folder ({exc.strerror or exc})") from None
-    return out
-
-
-def dump_config(cfg: TrainConfig, path: Path) -> None:
-    path.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False), encoding="utf-8")
-
-
-def config_from_dict(data: dict[str, Any]) -> TrainConfig:
-    """A TrainConfig from :meth:`TrainConfig.to_dict` output (a run folder's config.yaml)."""
-    cfg = TrainConfig()
-    for section, values in data.items():
-        if section not in SECTIONS or not isinstance(values, dict):
-            raise ConfigError(f"config section {short_repr(section)}: expected one of {sorted(SECTIONS)}")
-        for name, v in values.items():
-            _set(cfg, str(name), v, section=section)
-    return cfg.validate()
-
-
-def read_run_config(folder: str | Path, option: str = "--run") -> TrainConfig:
-    """The TrainConfig of a run folder (its ``config.yaml``), or ConfigError naming that file.
-
-    Args:
-        folder: a ``--out`` folder of a ppo or sft run.
-        option: the option the folder came from, for the message (``--run``).
-    """
-    f = Path(folder) / "config.yaml"
-    if not f.is_file():
-        raise ConfigError(f"{option} {folder}: not a run folder (no config.yaml); point at the --out folder of a ppo or sft run")
-    try:
-        data = read_yaml_file(f, str(f))  # size, alias and depth caps: a run folder may come from someone else
-    except ConfigError as exc:
-        reason = str(exc).removeprefix(f"{f}: ")
-        raise ConfigError(f"{option} {folder}: {f} is damaged (not readable YAML: {reason})") from None
-    except OSError as exc:
-        raise ConfigError(f"{option} {folder}: {f} is damaged (not readable: {exc.strerror or type(exc).__name__})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{option} {folder}: {f} is damaged (not a mapping of sections model/env/ppo/sft/run)")
-    try:
-        return config_from_dict(data)
-    except ConfigError as exc:
-        raise ConfigError(f"{option} {folder}: {f} is damaged ({exc})") from None
-
-
 # -- internals -----------------------------------------------------------------------------------
 
 
@@ -521,77 +372,74 @@ def option_value(cfg: TrainConfig, name: str) -> Any:
     return getattr(getattr(cfg, section), name)
 
 
-def _set(cfg: TrainConfig, name: str, value: Any, section: str | None = None) -> None:
-    name = name.replace("-", "_")
-    options = option_names()
-    if name not in options or (section is not None and options[name][0] != section):
-        pool = [n for n, (s, _) in options.items() if section is None or s == section]
-        near = difflib.get_close_matches(name, pool, n=1)
-        hint = f"; did you mean {short_repr(near[0])}?" if near else f"; known options: {', '.join(sorted(pool))}"
-        where = f" in section {short_repr(section)}" if section else ""
-        raise ConfigError(f"unknown option {short_repr(name)}{where}{hint}")
-    sec, f = options[name]
-    setattr(getattr(cfg, sec), name, _coerce(name, f, value))
+def _check_choices(cfg: TrainConfig) -> None:
+    """Every option with a fixed set of values holds one of them (and ``--rope-scaling`` parses)."""
+    m, e, p = cfg.model, cfg.env, cfg.ppo
+    _choice("lora_preset", m.lora_preset, ("seed", "mlp-heavy", "uniform", "small"))
+    _choice("device", m.device, ("auto", "cpu", "cuda"))
+    _choice("reference", m.reference, ("initial", "base"))
+    parse_rope_scaling(m.rope_scaling)
+    _choice("mode", e.mode, ("candidates", "generate"))
+    _choice("vectorization", e.vectorization, ("async", "sync"))
+    _choice("split", e.split, ("train", "test", "heldout"))
+    _choice("advantage", p.advantage, ADVANTAGES)
+    _choice("loss_agg", p.loss_agg, ("auto", *LOSS_AGGS))
+    _choice("group_score", p.group_score, GROUP_SCORES)
+    _choice("clip_mode", p.clip_mode, ("per-layer", "global"))
+    _choice("reward_norm", p.reward_norm, ("scale", "zscore", "none"))
+    _choice("critic_grad", p.critic_grad, ("shared", "head"))
+    _choice("lr_schedule", p.lr_schedule, ("constant", "linear"))
+    _choice("scoring", p.scoring, ("mean", "sum"))
+    _choice("score_baseline", p.score_baseline, ("none", "reference"))
 
 
-def _coerce(name: str, f: dataclasses.Field[Any], value: Any) -> Any:
-    kind = type(f.default) if f.default is not dataclasses.MISSING else type(f.default_factory())  # type: ignore[misc,operator]
-    flag = f"--{_flag(name)}"
-    if kind is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on", "false", "0", "no", "off"):
-            return value.lower() in ("true", "1", "yes", "on")
-        raise ConfigError(f"{flag}={short_repr(value)}: use true or false")
-    if kind is int:
-        if isinstance(value, bool) or not isinstance(value, (int, str)):
-            raise ConfigError(f"{flag}={short_repr(value)}: use an integer")
-        try:
-            return int(value)
-        except ValueError:
-            raise ConfigError(f"{flag}={short_repr(value)}: use an integer") from None
-    if kind is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise ConfigError(f"{flag}={short_repr(value)}: use a number")
-        try:
-            out = float(value)
-        except ValueError:
-            raise ConfigError(f"{flag}={short_repr(value)}: use a number") from None
-        if out != out or out in (float("inf"), float("-inf")):
-            raise ConfigError(f"{flag}={short_repr(value)}: use a finite number")
-        return out
-    if kind is str:
-        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-            raise ConfigError(f"{flag}={short_repr(value)}: use a string")
-        return str(value)
-    if kind in (dict, list):
-        if isinstance(value, str):
-            try:
-                value = load_yaml(value, flag)
-            except ConfigError as exc:
-                raise ConfigError(f"{flag}={short_repr(value)}: use a YAML/JSON {kind.__name__} ({exc})") from None
-            if value is None:
-                value = kind()
-            if kind is list and isinstance(value, str):
-                value = [v.strip() for v in value.split(",") if v.strip()]
-        head, _, rest = value.partition(":") if isinstance(value, str) else ("", "", "")
-        if kind is dict and rest and head.strip().isidentifier() and rest[0] != "/":  # 'attn:8' is text, not a mapping
-            raise ConfigError(
-                f"{flag}={short_repr(value)}: use a dict; with no space after its colon YAML reads this as one string: "
-                f"write {{{head.strip()[:40]}: {rest.strip()[:40]}}}"
-            )
-        if not isinstance(value, kind):
-            raise ConfigError(f"{flag}={repr(value)[:100]}: use a {kind.__name__}")
-        if kind is dict:
-            for key, item in dict(value).items():  # {attn:8} is a key "attn:8" with no value
-                name, _, rest = key.partition(":") if isinstance(key, str) else ("", "", "")
-                if rest and name.strip().isidentifier() and item is None:
-                    raise ConfigError(
-                        f"{flag}: {short_repr(key)} reads as one key with no value; put a space after its colon, "
-                        f"as YAML needs: {name.strip()[:40]}: {rest.strip()[:40]}"
-                    )
-        return value
-    raise ConfigError(f"{flag}: unsupported option type {short_repr(kind)}")  # pragma: no cover
+def _check_ranges(cfg: TrainConfig) -> None:
+    """Counts, rates and coefficients lie in their ranges: > 0, >= 0 or below a cap."""
+    e, p, r = cfg.env, cfg.ppo, cfg.run
+    for name in ("num_envs", "updates", "rollout_steps", "epochs", "micro_batch", "max_new_tokens", "max_prompt_tokens"):
+        _positive(name, option_value(cfg, name))
+    _non_negative("micro_batch_tokens", p.micro_batch_tokens)
+    for name in ("tiny_corpus_episodes", "keep_checkpoints", "replay_mb"):
+        _positive(name, option_value(cfg, name))
+    if r.eval_episodes < 1:
+        raise ConfigError(
+            f"--eval-episodes={r.eval_episodes}: use a value > 0 (to skip evaluation: --eval-every 0 --final-eval-splits '[]')"
+        )
+    _at_most("seed", r.seed, MAX_SEED, "numpy seeds are 32-bit")
+    _at_most("replay_mb", r.replay_mb, MAX_REPLAY_MB, "the buffer is one file of that size in the run folder")
+    _at_most("num_envs", e.num_envs, MAX_NUM_ENVS, "per process; under async each sub-env is a process")
+    for name in ("episodes", "sft_epochs", "sft_batch", "sft_lr"):
+        _positive(name, option_value(cfg, name))
+    for name in ("lr", "value_lr", "temperature", "grad_clip", "lora_alpha_ratio", "min_sigma", "rollout_timeout"):
+        _positive(name, option_value(cfg, name))
+    for name in (
+        "accumulation",
+        "sync_batch",
+        "critic_warmup",
+        "eval_every",
+        "checkpoint_every",
+        "tiny_pretrain_steps",
+        "max_updates_this_call",
+        "seed",
+        "threads",
+    ):
+        _non_negative(name, option_value(cfg, name))
+    for name in (
+        "clip",
+        "value_clip",
+        "vf_coef",
+        "kl_coef",
+        "ent_start",
+        "ent_end",
+        "target_kl",
+        "lora_dropout",
+        "anchor_coef",
+    ):
+        _non_negative(name, option_value(cfg, name))
+    for name in ("clip_low", "clip_high", "group_size", "rollout_retries", "logprob_tolerance"):
+        _non_negative(name, option_value(cfg, name))
+    if p.clip_low >= 1:
+        raise ConfigError(f"--clip-low={short_repr(p.clip_low)}: use a value in [0, 1) (the ratio stays above 1 - it)")
 
 
 def _check_group_options(cfg: TrainConfig) -> None:

@@ -11,7 +11,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from agentrl_train.rollout import EpisodeStates, act_many, episode_seed
+from agentrl_train.episodes import EpisodeStates, episode_seed
+from agentrl_train.rollout import act_many
 
 __all__ = ["EVAL_SEED", "evaluate", "evaluate_run", "evaluate_splits", "load_run", "markdown_table"]
 
@@ -35,7 +36,7 @@ def evaluate(
     in one batch); episode ``j`` always has the seed ``episode_seed(EVAL_SEED, j, 0)`` and, with
     ``sample=True``, draws its actions from a generator seeded by ``j`` alone, so the results do not
     depend on how many run at once. The policy reads each episode through
-    :class:`~agentrl_train.rollout.EpisodeStates`, as in training: generate mode sees the same
+    :class:`~agentrl_train.episodes.EpisodeStates`, as in training: generate mode sees the same
     token stream (token in, token out) as a rollout.
 
     ``sample=True`` gives the stochastic policy's success, which a greedy evaluation can hide (a
@@ -47,9 +48,7 @@ def evaluate(
     ``seed``, ``task_id``, ``instruction``, ``steps`` (each ``action``, ``observation``, ``reward``,
     ``tool``, ``call_format``), ``success``, ``return``, ``length``, ``faults``.
     """
-    kwargs: dict[str, Any] = {"split": split, "error_profile": error_profile or cfg.env.error_profile, **cfg.env.env_kwargs}
-    if cfg.env.mode == "candidates":
-        kwargs["candidates"] = cfg.env.candidates
+    kwargs = _make_kwargs(cfg, split, error_profile)
     width = max(1, min(episodes, int(getattr(cfg.env, "num_envs", 1) or 1)))
     envs = [gym.make(cfg.env.env, **kwargs) for _ in range(width)]
     slots = EpisodeStates(width)
@@ -82,23 +81,9 @@ def evaluate(
                 ep["return"] += float(r)
                 ep["length"] += 1
                 if transcripts is not None:
-                    heads[ep["episode"]]["steps"].append(
-                        {
-                            "action": tr.action_text,
-                            "observation": obs,
-                            "reward": float(r),
-                            "tool": info.get("tool"),
-                            "call_format": info.get("call_format"),
-                        }
-                    )
+                    heads[ep["episode"]]["steps"].append(_transcript_step(tr.action_text, obs, r, info))
                 if term or trunc:
-                    fs = info.get("fault_stats") or {}
-                    results[ep["episode"]] = {
-                        "success": bool(info.get("success")),
-                        "return": ep["return"],
-                        "length": ep["length"],
-                        "faults": int(fs.get("faults", 0) or 0),
-                    }
+                    results[ep["episode"]] = _episode_result(ep, info)
                     del running[k]
                     if next_episode < episodes:
                         begin(k)
@@ -110,11 +95,46 @@ def evaluate(
     done = [results[j] for j in sorted(results)]
     if transcripts is not None:
         transcripts.extend({**heads[j], **results[j]} for j in sorted(results))
+    return _summary(done, split, episodes, kwargs["error_profile"], sample)
+
+
+def _make_kwargs(cfg: Any, split: str, error_profile: str | None) -> dict[str, Any]:
+    """``gym.make`` keywords of an evaluation env: the run's env options on ``split`` (and ``error_profile``)."""
+    kwargs: dict[str, Any] = {"split": split, "error_profile": error_profile or cfg.env.error_profile, **cfg.env.env_kwargs}
+    if cfg.env.mode == "candidates":
+        kwargs["candidates"] = cfg.env.candidates
+    return kwargs
+
+
+def _transcript_step(action: str, obs: Any, reward: Any, info: dict[str, Any]) -> dict[str, Any]:
+    """One step of an episode's transcript."""
+    return {
+        "action": action,
+        "observation": obs,
+        "reward": float(reward),
+        "tool": info.get("tool"),
+        "call_format": info.get("call_format"),
+    }
+
+
+def _episode_result(ep: dict[str, Any], info: dict[str, Any]) -> dict[str, Any]:
+    """An ended episode's outcome (``info``: its last step's)."""
+    fs = info.get("fault_stats") or {}
+    return {
+        "success": bool(info.get("success")),
+        "return": ep["return"],
+        "length": ep["length"],
+        "faults": int(fs.get("faults", 0) or 0),
+    }
+
+
+def _summary(done: list[dict[str, Any]], split: str, episodes: int, error_profile: str, sample: bool) -> dict[str, Any]:
+    """The evaluation's row: success, return and length over the episodes ``done``, and recovery from faults."""
     faulted = [r for r in done if r["faults"] > 0]
     return {
         "split": split,
         "episodes": episodes,
-        "error_profile": kwargs["error_profile"],
+        "error_profile": error_profile,
         "policy": "sampled" if sample else "greedy",
         "success_rate": float(np.mean([r["success"] for r in done])) if done else math.nan,
         "mean_return": float(np.mean([r["return"] for r in done])) if done else math.nan,
@@ -228,7 +248,8 @@ def load_run(run: str, checkpoint: str | None = None) -> tuple[Any, Any]:
     from pathlib import Path
 
     from agentrl_envs.errors import ConfigError
-    from agentrl_train.config import CRITIC_ADVANTAGES, read_run_config
+    from agentrl_train.config import CRITIC_ADVANTAGES
+    from agentrl_train.config_io import read_run_config
     from agentrl_train.policy import build_policy
 
     folder = Path(run)

@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from agentrl_train.rollout import EnvPool, Rollout, Transition, act_many, sub_info
+from agentrl_train.episodes import EnvPool, Transition, sub_info
+from agentrl_train.rollout import Rollout, act_many
 
 __all__ = ["collect_groups"]
 

@@ -16,7 +16,8 @@ import torch
 
 from agentrl_envs.rewards.advantages import gae, hierarchical_gae
 from agentrl_train.config import TrainConfig
-from agentrl_train.rollout import Transition, candidate_logprobs
+from agentrl_train.episodes import Transition
+from agentrl_train.rollout import candidate_logprobs
 
 if TYPE_CHECKING:
     from agentrl_train.policy import Policy

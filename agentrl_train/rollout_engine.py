@@ -326,7 +326,8 @@ def rollout_state(roll: Any) -> dict[str, Any]:
 
 def rollout_from_state(state: dict[str, Any]) -> Any:
     """The rollout :func:`rollout_state` wrote; a :class:`ConfigError` when the state is not one."""
-    from agentrl_train.rollout import Rollout, Transition
+    from agentrl_train.episodes import Transition
+    from agentrl_train.rollout import Rollout
 
     try:
         transitions = [[None if tr is None else Transition(**tr) for tr in row] for row in state["transitions"]]

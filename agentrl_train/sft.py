@@ -27,8 +27,9 @@ import agentrl_envs  # noqa: F401  (registers the ids)
 from agentrl_envs.agents import OracleAgent
 from agentrl_envs.errors import ConfigError
 from agentrl_train import evaluate
-from agentrl_train.config import TrainConfig, dump_config, make_run_dir
-from agentrl_train.rollout import episode_seed
+from agentrl_train.config import TrainConfig
+from agentrl_train.config_io import dump_config, make_run_dir
+from agentrl_train.episodes import episode_seed
 
 __all__ = ["encode_transcript", "oracle_transcripts", "sft"]
 

@@ -153,7 +153,7 @@ def _short(env_id: str) -> str:
 
 
 def _cfg(plan: dict[str, Any], out: Path, **opts: Any) -> Any:
-    from agentrl_train.config import load_config
+    from agentrl_train.config_io import load_config
 
     base = {"model": plan["model"], "seed": plan["seed"], "progress": False, "tensorboard": False, "record": False}
     # The stage's eval is probe()'s (every probe env, one policy); the ppo run's own final table is skipped.

@@ -33,8 +33,8 @@ def baselines(episodes: int) -> dict[str, dict[str, float]]:
 
     import agentrl_envs  # noqa: F401
     from agentrl_envs.agents import OverlapAgent, RandomCandidateAgent
+    from agentrl_train.episodes import episode_seed
     from agentrl_train.evaluate import EVAL_SEED
-    from agentrl_train.rollout import episode_seed
 
     out: dict[str, dict[str, float]] = {}
     for name, cls in (("random candidate", RandomCandidateAgent), ("overlap heuristic", OverlapAgent)):

@@ -41,7 +41,7 @@ def worker(args: argparse.Namespace, setting: str) -> dict[str, Any]:
     """One setting, in this process."""
     import torch
 
-    from agentrl_train.config import load_config
+    from agentrl_train.config_io import load_config
     from agentrl_train.policy import build_policy
 
     with tempfile.TemporaryDirectory() as tmp:

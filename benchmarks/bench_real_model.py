@@ -40,7 +40,7 @@ PHASES = ("decode", "zero-shot", "sft", "ppo", "control")
 
 
 def _config(spec: dict[str, Any]) -> Any:
-    from agentrl_train.config import load_config
+    from agentrl_train.config_io import load_config
 
     return load_config(None, spec["options"])
 

@@ -66,7 +66,7 @@ def start_server(model: str, root: Path, threads: int, max_new_tokens: int) -> t
 
 def run(engine: str, args: argparse.Namespace, root: Path, url: str) -> dict[str, Any]:
     """One PPO run with ``engine``; its metrics rows summarised."""
-    from agentrl_train.config import load_config
+    from agentrl_train.config_io import load_config
     from agentrl_train.train import train
 
     opts: dict[str, Any] = {

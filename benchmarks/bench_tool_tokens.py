@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
 
-    from agentrl_train.config import load_config
+    from agentrl_train.config_io import load_config
     from agentrl_train.policy import build_policy
     from agentrl_train.sft import oracle_transcripts
 

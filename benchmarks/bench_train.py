@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from agentrl_train.config import load_config
+from agentrl_train.config_io import load_config
 from agentrl_train.train import train
 
 

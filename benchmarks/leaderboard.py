@@ -77,7 +77,7 @@ class Budget:
 
 
 def eval_seeds(n: int) -> list[int]:
-    """``agentrl_train.rollout.episode_seed(EVAL_SEED, j, 0)`` for j < n, without importing torch."""
+    """``agentrl_train.episodes.episode_seed(EVAL_SEED, j, 0)`` for j < n, without importing torch."""
     return [int(np.random.SeedSequence([EVAL_SEED, j, 0, 0]).generate_state(1)[0] & 0x7FFFFFFF) for j in range(n)]
 
 
@@ -220,7 +220,7 @@ def _evaluate_run(b: Budget, folder: Path, difficulties: tuple[str | None, ...])
     Raises:
         DamagedRun: its config.yaml or saved adapter cannot be read.
     """
-    from agentrl_train.config import read_run_config
+    from agentrl_train.config_io import read_run_config
     from agentrl_train.evaluate import evaluate
     from agentrl_train.policy import build_policy
 
@@ -284,7 +284,7 @@ def entry_trl_grpo(b: Budget, runs: Path, retrain: bool) -> Rows:
     if not _reusable(folder, budget, "model/config.json", retrain):
         train_grpo(b.env, steps=b.trl_steps, max_new_tokens=b.max_new_tokens, seed=b.seed, save_to=folder / "model")
         # A run folder agentrl's evaluation reads: generate mode over the saved model (a fresh LoRA is the identity).
-        from agentrl_train.config import dump_config, load_config
+        from agentrl_train.config_io import dump_config, load_config
 
         folder.mkdir(parents=True, exist_ok=True)
         cfg = load_config(None, {"model": str(folder / "model"), "env": b.env, "mode": "generate"})

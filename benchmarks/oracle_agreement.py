@@ -41,7 +41,8 @@ from agentrl_envs.agents import OracleAgent  # noqa: E402
 from agentrl_envs.core.actions import parse_action  # noqa: E402
 from agentrl_envs.errors import ActionError, AgentRLError  # noqa: E402
 from agentrl_train import evaluate  # noqa: E402
-from agentrl_train.rollout import candidate_policy, episode_seed, greedy_candidate  # noqa: E402
+from agentrl_train.episodes import episode_seed  # noqa: E402
+from agentrl_train.rollout import candidate_policy, greedy_candidate  # noqa: E402
 
 
 def policy_logprobs(

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 import agentrl_envs  # noqa: F401  (registers the AgentRL/* ids)
-from agentrl_train.config import load_config
+from agentrl_train.config_io import load_config
 from agentrl_train.policy import Policy, build_policy
 
 

@@ -1,4 +1,4 @@
-"""No module over 600 lines and no function over 80 in agentrl_envs and simulators (STYLE.md: split past ~600).
+"""No module over 600 lines and no function over 80 in agentrl_envs, simulators and agentrl_train (STYLE.md: split past ~600).
 
 The exceptions are listed with the reason each is kept; an exception that no longer exceeds its limit fails
 too, so the list only shrinks.
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("agentrl_envs", "simulators")
+PACKAGES = ("agentrl_envs", "simulators", "agentrl_train")
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 80
 
@@ -20,6 +20,10 @@ MODULE_EXCEPTIONS: dict[str, str] = {
     "agentrl_envs/core/registered_envs.py": "six env cards, one class per id as in Gymnasium; almost all docstring",
     "agentrl_envs/data/replay.py": "one class (ReplayBuffer) over one mmap ring's private state; not split in #37",
     "agentrl_envs/data/shards.py": "the shard writer and readers share one column layout; not split in #37",
+    "agentrl_train/policy.py": (
+        "one class, Policy: candidate scoring, generation and the update's forward share the prompt cache, the "
+        "value head and the adapter switching; its text side (chat_codec) and LoRA targets (lora) are split out"
+    ),
     "simulators/app.py": "the simulator's HTTP app; simulators are outside #37's env-side part",
     "simulators/python/sandbox/service.py": "the sandbox service; simulators are outside #37's env-side part",
 }

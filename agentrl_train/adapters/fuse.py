@@ -502,6 +502,26 @@ def _copy_tokenizer_files(src: Path, dst: Path) -> None:
             shutil.copy2(f, dst / f.name)
 
 
+def _write_fused(
+    tmp: Path, model: nn.Module, base: Any, name: str | None, fused: dict[str, LoraModule], merge: bool, ids: torch.Tensor
+) -> torch.Tensor:
+    """Write the fused adapter (``merge``: the merged model, with ``base``'s tokenizer files) to ``tmp``; its logits read back."""
+    if merge:
+        merged = copy.deepcopy(model).float()
+        _merge_into(merged, fused)
+        merged.save_pretrained(str(tmp))  # type: ignore[operator]
+        del merged
+        if not isinstance(base, nn.Module):
+            _copy_tokenizer_files(Path(base), tmp)
+        from transformers import AutoModelForCausalLM
+
+        return logits_of(AutoModelForCausalLM.from_pretrained(str(tmp), dtype=torch.float32), ids)
+    from peft import PeftModel
+
+    LoraAdapter(fused, name, "<fused>").save(tmp)
+    return logits_of(PeftModel.from_pretrained(copy.deepcopy(model).float(), str(tmp)), ids)
+
+
 def fuse_adapters(
     base_model: str | os.PathLike[str] | nn.Module,
     adapters: Mapping[str, AdapterSource],
@@ -554,23 +574,7 @@ def fuse_adapters(
             else:
                 dirs.append(loaded[name].save(Path(scratch) / f"adapter{i}"))
         reference = stacked_logits(model, dirs, input_ids)
-
-        if merge:
-            merged = copy.deepcopy(model).float()
-            _merge_into(merged, fused)
-            merged.save_pretrained(str(tmp))  # type: ignore[operator]
-            del merged
-            if not isinstance(base_model, nn.Module):
-                _copy_tokenizer_files(Path(base_model), tmp)
-            from transformers import AutoModelForCausalLM
-
-            candidate = logits_of(AutoModelForCausalLM.from_pretrained(str(tmp), dtype=torch.float32), input_ids)
-        else:
-            from peft import PeftModel
-
-            LoraAdapter(fused, model_name, "<fused>").save(tmp)
-            candidate = logits_of(PeftModel.from_pretrained(copy.deepcopy(model).float(), str(tmp)), input_ids)
-
+        candidate = _write_fused(tmp, model, base_model, model_name, fused, merge, input_ids)
         diff = float((candidate - reference).abs().max())
         if not math.isfinite(diff) or diff > atol:
             raise FusionCheckError(

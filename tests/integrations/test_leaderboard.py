@@ -73,10 +73,10 @@ def _module():  # type: ignore[no-untyped-def]
 
 def test_same_seeds_as_agentrl_train_eval() -> None:
     leaderboard = _module()
-    rollout = pytest.importorskip("agentrl_train.rollout")
+    episodes = pytest.importorskip("agentrl_train.episodes")
     evaluate = pytest.importorskip("agentrl_train.evaluate")
     assert leaderboard.EVAL_SEED == evaluate.EVAL_SEED
-    assert leaderboard.eval_seeds(5) == [rollout.episode_seed(evaluate.EVAL_SEED, j, 0) for j in range(5)]
+    assert leaderboard.eval_seeds(5) == [episodes.episode_seed(evaluate.EVAL_SEED, j, 0) for j in range(5)]
 
 
 @pytest.mark.parametrize(
@@ -92,7 +92,7 @@ def test_bad_options_are_clear_errors(args: tuple[str, ...], message: str, tmp_p
 
 
 def test_a_damaged_run_folder_is_skipped_with_a_warning(tmp_path: Path, capsys, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    pytest.importorskip("agentrl_train.config")
+    pytest.importorskip("agentrl_train.config_io")
     from agentrl_envs.errors import ConfigError
 
     leaderboard = _module()

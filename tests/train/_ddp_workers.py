@@ -147,8 +147,8 @@ def ppo_grads(rank: int, world: int, port: int, policy: object, cfg: object, sam
     """Rank r takes its half of a fixed batch in micro-batches of 1 (no_sync on all but the last) through
     the real PPO loss under DDP; rank 0 saves the summed gradients."""
 
+    from agentrl_train.accumulation import accumulate, wrap_trainable
     from agentrl_train.distributed import Dist
-    from agentrl_train.train import accumulate, wrap_trainable
 
     _init(rank, world, port)
     dist = Dist(rank, world)

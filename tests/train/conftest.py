@@ -56,7 +56,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def small_config(tmp_path: Any, **overrides: Any) -> Any:
-    from agentrl_train.config import load_config
+    from agentrl_train.config_io import load_config
 
     opts: dict[str, Any] = {
         **SMALL,

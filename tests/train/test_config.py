@@ -7,7 +7,8 @@ import yaml
 
 from agentrl_envs.errors import ConfigError
 from agentrl_train.cli import build_parser, main
-from agentrl_train.config import TrainConfig, load_config, option_names
+from agentrl_train.config import TrainConfig, option_names
+from agentrl_train.config_io import load_config
 
 
 def test_defaults_validate_and_options_are_unique() -> None:

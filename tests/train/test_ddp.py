@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from agentrl_envs.errors import ConfigError
+from agentrl_train.accumulation import accumulate, micro_batches_per_step
 from agentrl_train.cli import main
 from agentrl_train.distributed import Dist, wrap_trainable
-from agentrl_train.train import accumulate, micro_batches_per_step
 
 from . import _ddp_workers as workers
 from .conftest import SMALL, small_config

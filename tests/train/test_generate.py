@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from agentrl_envs.errors import ConfigError
-from agentrl_train.rollout import EnvPool, EpisodeStates, act_many, action_text, collect, episode_seed
+from agentrl_train.episodes import EnvPool, EpisodeStates, episode_seed
+from agentrl_train.rollout import act_many, action_text, collect
 
 from .conftest import small_config
 

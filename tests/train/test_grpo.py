@@ -13,10 +13,11 @@ import torch
 from agentrl_envs.error_profiles import available
 
 from agentrl_train import ppo
+from agentrl_train.accumulation import accumulate
 from agentrl_train.distributed import Dist
+from agentrl_train.episodes import EnvPool
 from agentrl_train.group_rollout import collect_groups
-from agentrl_train.rollout import EnvPool
-from agentrl_train.train import accumulate, train
+from agentrl_train.train import train
 
 from .conftest import small_config
 
@@ -380,7 +381,7 @@ def test_dr_grpo_in_generate_mode(tmp_path: Path) -> None:
 
 def test_a_group_advantage_on_several_ranks_refuses_accumulation(tmp_path: Path) -> None:
     from agentrl_envs.errors import ConfigError
-    from agentrl_train.train import micro_batches_per_step
+    from agentrl_train.accumulation import micro_batches_per_step
 
     cfg = small_config(tmp_path, advantage="grpo", group_size=2, num_envs=4, accumulation=2)
     assert micro_batches_per_step(cfg, 1) == 2  # one rank: any split of a rollout of any length

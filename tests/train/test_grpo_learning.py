@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl_train.config import load_config
+from agentrl_train.config_io import load_config
 from agentrl_train.train import train
 
 from .test_learning import OPTS, _rows

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from agentrl_train.config import load_config
+from agentrl_train.config_io import load_config
 from agentrl_train.train import train
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]  # a hang detector: the first run builds the tiny model

@@ -288,7 +288,7 @@ def test_the_gguf_hash_is_remembered_by_path_size_and_mtime(tmp_path: Path, monk
 def test_the_small_lora_preset_is_accepted_and_fits_a_narrow_model() -> None:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from agentrl_train.config import load_config
+    from agentrl_train.config_io import load_config
     from agentrl_train.lora import lora_targets
 
     assert load_config(None, {"lora_preset": "small"}).model.lora_preset == "small"

@@ -24,7 +24,8 @@ import torch
 
 from agentrl_envs.core.actions import parse_action
 from agentrl_envs.errors import AgentRLError
-from agentrl_train.rollout import EnvPool, EpisodeStates, act_many, collect
+from agentrl_train.episodes import EnvPool, EpisodeStates
+from agentrl_train.rollout import act_many, collect
 
 from ..conftest import require_integration
 from .conftest import small_config

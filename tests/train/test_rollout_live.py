@@ -70,7 +70,7 @@ def _engine(policy: Any, url: str, **kw: Any) -> Any:
 
 
 def _pool(cfg: Any) -> Any:
-    from agentrl_train.rollout import EnvPool
+    from agentrl_train.episodes import EnvPool
 
     pool = EnvPool(cfg.env.env, cfg.env.num_envs, run_seed=cfg.run.seed, vectorization="sync", make_kwargs={"split": "train"})
     pool.reset()
@@ -79,7 +79,8 @@ def _pool(cfg: Any) -> Any:
 
 def _play(policy: Any, cfg: Any, steps: int, engine: Any = None) -> list[Any]:
     """``steps`` greedy steps of the config's envs; every transition."""
-    from agentrl_train.rollout import act_many, sub_info
+    from agentrl_train.episodes import sub_info
+    from agentrl_train.rollout import act_many
 
     pool, out = _pool(cfg), []
     try:

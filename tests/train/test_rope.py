@@ -14,7 +14,7 @@ from transformers import AutoConfig, GPT2Config
 from agentrl_envs.errors import ConfigError
 from agentrl_train.check_model import check_model, format_report
 from agentrl_train.cli import main
-from agentrl_train.config import load_config
+from agentrl_train.config_io import load_config
 from agentrl_train.models import load_base, resolve_model
 from agentrl_train.rope import apply_rope_scaling, check_rope_applied, ntk_exponent, parse_rope_scaling
 from agentrl_train.tiny import TinySpec

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl_train.config import load_config
+from agentrl_train.config_io import load_config
 from agentrl_train.runlog import RunLogger
 
 

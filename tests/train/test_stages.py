@@ -68,7 +68,7 @@ def test_short_plan_writes_the_separation_table(stages_run: dict[str, Any]) -> N
 def test_exec_stage_trains_only_its_adapter_and_keeps_earlier_ones_frozen(stages_run: dict[str, Any]) -> None:
     from safetensors.torch import load_file
 
-    from agentrl_train.config import config_from_dict
+    from agentrl_train.config_io import config_from_dict
     from agentrl_train.policy import build_policy
 
     out = Path(stages_run["out"])
@@ -137,7 +137,7 @@ def test_missing_plan_and_bad_frozen_adapter(tmp_path: Path, small_policy: Any) 
         policy.add_frozen_adapter("earlier", tmp_path / "missing")
     with pytest.raises(ConfigError, match="already used"):
         policy.add_frozen_adapter(policy.adapter, tmp_path)
-    from agentrl_train.config import load_config
+    from agentrl_train.config_io import load_config
 
     with pytest.raises(ConfigError, match="NAME=DIR"):
         load_config(None, {"frozen_adapters": ["no-equals-sign"]})

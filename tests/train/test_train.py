@@ -11,10 +11,12 @@ import pytest
 import torch
 
 from agentrl_train import checkpoint
+from agentrl_train.accumulation import accumulate
 from agentrl_train.cli import main
 from agentrl_train.distributed import Dist
-from agentrl_train.rollout import EnvPool, collect
-from agentrl_train.train import accumulate, train
+from agentrl_train.episodes import EnvPool
+from agentrl_train.rollout import collect
+from agentrl_train.train import train
 
 from .conftest import small_config
 
@@ -131,7 +133,7 @@ def test_microbatch_1_x_accumulation_8_equals_microbatch_8(small_policy) -> None
 
 
 def test_a_steps_micro_batches_keep_each_envs_transitions_together(small_policy) -> None:
-    from agentrl_train.train import episode_micro_batches
+    from agentrl_train.accumulation import episode_micro_batches
 
     policy, cfg = small_policy
     samples = _fixed_batch(policy, cfg)  # rows of 2 envs: env 0, env 1, env 0, ...
@@ -149,7 +151,7 @@ def test_a_steps_micro_batches_keep_each_envs_transitions_together(small_policy)
 
 def test_micro_batches_cut_by_tokens_stay_under_the_budget(small_policy) -> None:
     """--micro-batch-tokens: each micro-batch holds at most that many tokens (one longer transition alone)."""
-    from agentrl_train.train import episode_micro_batches
+    from agentrl_train.accumulation import episode_micro_batches
 
     policy, cfg = small_policy
     samples = _fixed_batch(policy, cfg)
@@ -487,7 +489,8 @@ def test_sft_that_diverges_saves_no_nan_adapter(tmp_path) -> None:
 
 def test_eval_refuses_empty_options_by_name(tmp_path, capsys) -> None:
     """``--checkpoint ''`` evaluated final/ and ``--error-profile ''`` the run's profile, silently; ``--run ''`` said ``--run .``."""
-    from agentrl_train.config import TrainConfig, dump_config
+    from agentrl_train.config import TrainConfig
+    from agentrl_train.config_io import dump_config
 
     run = tmp_path / "run"
     run.mkdir()

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from agentrl_envs.errors import ConfigError
-from agentrl_train.config import load_config, read_run_config
+from agentrl_train.config_io import load_config, read_run_config
 from agentrl_train.stages import load_plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -50,7 +50,7 @@ _CHILD = textwrap.dedent(
     import json, sys
     from pathlib import Path
     from agentrl_envs.errors import ConfigError
-    from agentrl_train.config import load_config, read_run_config
+    from agentrl_train.config_io import load_config, read_run_config
     from agentrl_train.stages import load_plan
 
     out = {}
@@ -110,7 +110,7 @@ def test_fifos_are_refused_without_blocking(tmp_path: Path) -> None:
         import sys
         from pathlib import Path
         from agentrl_envs.errors import ConfigError
-        from agentrl_train.config import load_config, read_run_config
+        from agentrl_train.config_io import load_config, read_run_config
         from agentrl_train.stages import load_plan
         root = Path(sys.argv[1])
         for load in (lambda: load_config(root / "run.yaml"), lambda: load_plan(str(root / "plan.yaml")),
