@@ -65,7 +65,8 @@ bench: $(STAMP)
 bench-real: $(STAMP)
 	$(BIN)/python benchmarks/bench_real_model.py $(BENCH_REAL_ARGS)
 
-# Baselines and trained agents on the same fixed episodes: docs/results/leaderboard-table.md and docs/img/leaderboard.png.
+# Baselines, trained agents and the trainer's algorithms (3 seeds each) on the same fixed episodes:
+# docs/results/leaderboard-table.md and docs/img/leaderboard.png.
 # Trained runs in runs/leaderboard are reused when their budget matches; LEADERBOARD_ARGS=--retrain trains again.
 leaderboard: $(STAMP)
 	$(BIN)/python benchmarks/leaderboard.py $(LEADERBOARD_ARGS)

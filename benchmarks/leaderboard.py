@@ -14,16 +14,25 @@ difficulties (easy, hard). Entries:
 - ``trl-grpo``: TRL's ``GRPOTrainer(environment_factory=...)`` on the same tiny model (its weights and
   tokenizer, with TRL's Qwen 2.5 chat template so TRL can parse tool calls), evaluated greedily like
   the agentrl policies.
+- ``algo-ppo-hierarchical``, ``algo-grpo``, ``algo-grpo-rtg``, ``algo-dr_grpo``, ``algo-rloo``, ``algo-ppo-gae``:
+  the trainer's algorithms, trained by ``benchmarks/bench_algorithms.py`` (its runs and its equal
+  env-step budget, ``--algo-budget``) on the easy candidates view, once per seed of ``--algo-seeds``;
+  each cell is the mean (min-max) over the seeds, and a second table gives each algorithm's difference
+  to PPO (hierarchical), bold where it is larger than the seed spread.
 
 Trained entries train on the train split with the profile ``none`` and are then evaluated everywhere.
 Their runs live in ``--runs`` (default ``runs/leaderboard``) and are reused when a run with the same
 budget is there (``--retrain`` trains again); every entry's rows are also saved in
 ``RUNS/results/ENTRY.json``, and ``--reuse-results`` takes them from there instead of evaluating again
-(so entries can be run one at a time and the table assembled at the end). Outputs: ``--md`` (Markdown table, its caption says the
+(so entries can be run one at a time and the table assembled at the end). The algorithm rows' runs live
+in ``RUNS/algorithms/budgetB/ALGO-seedS`` (``python benchmarks/bench_algorithms.py --out RUNS/algorithms``
+trains the same runs) and keep their evaluation there, so an interrupted run resumes. Outputs: ``--md`` (Markdown table, its caption says the
 budgets and the command), ``--png`` and ``--json``::
 
     python benchmarks/leaderboard.py                                   # make leaderboard
     python benchmarks/leaderboard.py --entries random,overlap,oracle --episodes 8
+    python benchmarks/leaderboard.py --entries random,overlap,oracle,sb3-ppo,agentrl-candidates,agentrl-generate,trl-grpo
+                                                                       # without the algorithm rows
 
 Only the trained entries import torch (lazily).
 """
@@ -34,6 +43,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -49,12 +59,17 @@ import agentrl_envs  # noqa: F401 - registers the envs
 from agentrl_envs.agents import OracleAgent, OverlapAgent, RandomCandidateAgent
 from agentrl_envs.errors import ConfigError
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_algorithms as algorithms  # a sibling script, not a package
+
 ROOT = Path(__file__).resolve().parents[1]
 EVAL_SEED = 1_000_003  #: agentrl_train.evaluate.EVAL_SEED: every entry plays the episodes `agentrl-train eval` plays
 SPLITS = ("train", "test", "heldout")
 PROFILES = ("none", "realistic")
 DIFFICULTIES = ("easy", "hard")
-ENTRIES = ("random", "overlap", "oracle", "sb3-ppo", "agentrl-candidates", "agentrl-generate", "trl-grpo")
+ALGO_ENTRIES = {f"algo-{a}": a for a in algorithms.ALGOS}  #: entry -> bench_algorithms' algorithm
+ALGO_VIEW = "easy"  #: the candidate difficulty bench_algorithms trains on (the env's default)
+ENTRIES = ("random", "overlap", "oracle", "sb3-ppo", "agentrl-candidates", "agentrl-generate", "trl-grpo", *ALGO_ENTRIES)
 CELLS = [(s, p) for s in SPLITS for p in PROFILES]
 
 
@@ -73,7 +88,9 @@ class Budget:
     #: token budget of one generated action (agentrl generate and TRL): the trainer's default, which holds
     #: the longest oracle call of every env (tiny tokens: 111 on SQLPythonSMTP-v0; `agentrl-train check-model tiny`)
     max_new_tokens: int = 160
-    seed: int = 0  #: seed of every training run
+    seed: int = 0  #: seed of every training run (but the algorithm rows')
+    algo_budget: int = 512  #: env steps of every algorithm row's runs (bench_algorithms' equal budget)
+    algo_seeds: str = "0,1,2"  #: the algorithm rows' training seeds, comma-separated
 
 
 def eval_seeds(n: int) -> list[int]:
@@ -294,6 +311,44 @@ def entry_trl_grpo(b: Budget, runs: Path, retrain: bool) -> Rows:
     return _evaluate_run(b, folder, (None,))
 
 
+def parse_seeds(b: Budget) -> list[int]:
+    """``--algo-seeds`` as a list.
+
+    Raises:
+        ConfigError: empty, not integers, or repeated.
+    """
+    try:
+        seeds = [int(s) for s in b.algo_seeds.split(",") if s.strip()]
+    except ValueError:
+        raise ConfigError(f"--algo-seeds {b.algo_seeds!r}: use comma-separated integers, e.g. 0,1,2") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ConfigError(f"--algo-seeds {b.algo_seeds!r}: use distinct comma-separated integers, e.g. 0,1,2")
+    return seeds
+
+
+def entry_algorithm(algo: str, b: Budget, runs: Path, retrain: bool) -> Rows:
+    """One algorithm's runs (one per seed) at the equal budget, each evaluated on every cell; mean and per-seed values."""
+    root = runs / "algorithms" / f"budget{b.algo_budget}"
+    seeds = parse_seeds(b)
+    if retrain:
+        for seed in seeds:
+            shutil.rmtree(root / f"{algo}-seed{seed}", ignore_errors=True)
+    ev = algorithms.Evaluation(
+        cells=tuple(CELLS), episodes=b.episodes, env_kwargs={"candidates_difficulty": ALGO_VIEW}, name="leaderboard"
+    )
+    results, missing = algorithms.run_matrix([algo], seeds, b.algo_budget, root.resolve(), ev)
+    if missing:
+        raise RuntimeError(f"{algo}: runs {', '.join(missing)} failed; their logs are beside them in {root}")
+    seed_runs = results[algo]
+    cells = {}
+    for split, profile in CELLS:
+        key = f"{split}/{profile}"
+        per_seed = [r["cells"][key]["success_rate"] for r in seed_runs]
+        returns = [r["cells"][key]["mean_return"] for r in seed_runs]
+        cells[key] = {"success_rate": float(np.mean(per_seed)), "mean_return": float(np.mean(returns)), "per_seed": per_seed}
+    return {f"candidates {ALGO_VIEW}": cells}
+
+
 RUNNERS: dict[str, Callable[[Budget, Path, bool], Rows]] = {
     "random": entry_random,
     "overlap": entry_overlap,
@@ -302,6 +357,7 @@ RUNNERS: dict[str, Callable[[Budget, Path, bool], Rows]] = {
     "agentrl-candidates": entry_agentrl_candidates,
     "agentrl-generate": entry_agentrl_generate,
     "trl-grpo": entry_trl_grpo,
+    **{e: (lambda b, runs, retrain, a=a: entry_algorithm(a, b, runs, retrain)) for e, a in ALGO_ENTRIES.items()},
 }
 
 
@@ -316,6 +372,7 @@ def caption(b: Budget, entries: list[str], command: str, seconds: dict[str, floa
         "trl-grpo": f"TRL GRPO {b.trl_steps} steps x 4 prompts x 2 generations",
     }
     trained = [budgets[e] for e in entries if e in budgets]
+    algos = [e for e in entries if e in ALGO_ENTRIES]
     text = (
         f"Success rate on `{b.env}`, {b.episodes} fixed episodes per cell (the seeds of `agentrl-train eval`; trained "
         f"policies act greedily), candidates K={b.candidates}."
@@ -325,17 +382,47 @@ def caption(b: Budget, entries: list[str], command: str, seconds: dict[str, floa
             f" Training budgets: {'; '.join(trained)}; the tiny model (`--model tiny`) for agentrl and TRL, generated actions"
             f" of at most {b.max_new_tokens} tokens; every run on the train split, profile none, seed {b.seed}."
         )
+    if algos:
+        cap = algorithms.STEPS_PER_UPDATE_MAX
+        text += (
+            f" Algorithm rows ({', '.join(algos)}): `agentrl-train ppo --mode candidates` with the tiny model on easy"
+            f" candidates (K=4), {algorithms.NUM_ENVS} envs x windows of {algorithms.WINDOW} steps, training episodes of"
+            f" at most {algorithms.WINDOW} steps, groups of {algorithms.GROUP}, the train split, profile none; every run"
+            f" trained to {b.algo_budget} env steps (the update that reaches the budget finishes, so a run ends within"
+            f" [{b.algo_budget}, {b.algo_budget + cap}) steps; `benchmarks/bench_algorithms.py`'s equal budget), once per"
+            f" seed {', '.join(map(str, parse_seeds(b)))}; each cell is the mean (min-max) over the seeds of the greedy"
+            f" success of the run's last checkpoint on the same episodes as the other rows (the env's own step limit)."
+        )
     timing = ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items())
     return f"{text} Wall time (training + evaluation): {timing}. Command: `{command}`."
 
 
+def _label(entry: str, rows: Rows) -> str:
+    """The table's name of an entry: an algorithm row says the algorithm and its seeds."""
+    if entry not in ALGO_ENTRIES:
+        return entry
+    n = len(next(iter(next(iter(rows.values())).values()))["per_seed"])
+    return f"{algorithms.ALGOS[ALGO_ENTRIES[entry]][0]}, {n} seed{'s' if n > 1 else ''}"
+
+
+def _value(cell: dict[str, Any]) -> str:
+    """A success rate, or ``mean (min-max)`` over seeds for an algorithm row."""
+    return algorithms.spread(cell["per_seed"]) if "per_seed" in cell else f"{cell['success_rate']:.2f}"
+
+
 def markdown(results: dict[str, Rows], b: Budget, command: str, seconds: dict[str, float]) -> str:
-    head = "| entry | view | " + " | ".join(f"{s} / {p}" for s, p in CELLS) + " |"
-    lines = [head, "|---|---|" + "---|" * len(CELLS)]
+    """The table, the algorithm rows' differences to PPO (hierarchical) (or the first algorithm row), the caption."""
+    keys = {f"{s}/{p}": f"{s} / {p}" for s, p in CELLS}
+    lines = ["| entry | view | " + " | ".join(keys.values()) + " |", "|---|---|" + "---|" * len(CELLS)]
     for entry, rows in results.items():
         for view, cells in rows.items():
-            values = " | ".join(f"{cells[f'{s}/{p}']['success_rate']:.2f}" for s, p in CELLS)
-            lines.append(f"| {entry} | {view} | {values} |")
+            lines.append(f"| {_label(entry, rows)} | {view} | " + " | ".join(_value(cells[k]) for k in keys) + " |")
+    algo_rows = {_label(e, r): next(iter(r.values())) for e, r in results.items() if e in ALGO_ENTRIES}
+    if len(algo_rows) > 1:
+        ref = f"algo-{algorithms.REFERENCE}"
+        reference = _label(ref, results[ref]) if ref in results else next(iter(algo_rows))
+        values = {label: {k: cells[k]["per_seed"] for k in keys} for label, cells in algo_rows.items()}
+        lines += ["", *algorithms.difference_table(values, reference, keys)]
     return "\n".join(lines) + "\n\n" + caption(b, list(results), command, seconds) + "\n"
 
 
@@ -345,19 +432,20 @@ def plot(results: dict[str, Rows], b: Budget, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [f"{e} ({v})" for e, rows in results.items() for v in rows]
-    grid = np.array(
-        [[cells[f"{s}/{p}"]["success_rate"] for s, p in CELLS] for rows in results.values() for cells in rows.values()]
-    )
-    fig, ax = plt.subplots(figsize=(8.5, 0.45 * len(labels) + 1.6))
+    labels = [f"{_label(e, rows)} ({v})" for e, rows in results.items() for v in rows]
+    table = [[cells[f"{s}/{p}"] for s, p in CELLS] for rows in results.values() for cells in rows.values()]
+    grid = np.array([[c["success_rate"] for c in row] for row in table])
+    fig, ax = plt.subplots(figsize=(9.5, 0.5 * len(labels) + 1.6))
     ax.imshow(grid, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
     ax.set_xticks(range(len(CELLS)), [f"{s}\n{p}" for s, p in CELLS])
     ax.set_yticks(range(len(labels)), labels)
     for i, j in np.ndindex(grid.shape):
-        ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", color="white" if grid[i, j] < 0.6 else "black")
+        text = _value(table[i][j]).replace(" ", "\n")  # an algorithm row: the mean over (min-max)
+        ax.text(j, i, text, ha="center", va="center", color="white" if grid[i, j] < 0.6 else "black", fontsize=8)
+    note = "; algorithm rows: mean (min-max) over seeds " + b.algo_seeds if any(e in ALGO_ENTRIES for e in results) else ""
     ax.set_title(
         f"success rate, {b.env}, {b.episodes} episodes per cell, seed {b.seed}\n"
-        "(random, overlap and oracle rows are the baselines)",
+        f"(random, overlap and oracle rows are the baselines{note})",
         fontsize=9,
     )
     fig.tight_layout()
@@ -371,28 +459,13 @@ BUDGET_FIELDS = {
     "agentrl-candidates": ("ppo_updates",),
     "agentrl-generate": ("sft_episodes", "gen_updates", "max_new_tokens"),
     "trl-grpo": ("trl_steps", "max_new_tokens"),
+    **{e: ("algo_budget", "algo_seeds") for e in ALGO_ENTRIES},
 }
 
 
 def entry_budget(b: Budget, entry: str) -> dict[str, Any]:
     """The part of the budget an entry's results depend on (the key of its saved results)."""
     return {k: getattr(b, k) for k in ("env", "episodes", "candidates", "seed", *BUDGET_FIELDS.get(entry, ()))}
-
-
-def _saved_results(cache: Path, budget: dict[str, Any]) -> dict[str, Any] | None:
-    """An entry's saved rows when ``cache`` holds them for ``budget``; None otherwise (a damaged cache is evaluated again)."""
-    if not cache.exists():
-        return None
-    try:
-        saved = json.loads(cache.read_text(encoding="utf-8"))
-        if saved["budget"] != budget:
-            return None
-        if not isinstance(saved["rows"], dict) or not isinstance(saved["seconds"], (int, float)):
-            raise ValueError("rows or seconds of the wrong type")
-    except (ValueError, OSError, KeyError, TypeError) as exc:
-        print(f"leaderboard: warning: {cache} is damaged ({exc}); evaluating again", file=sys.stderr, flush=True)
-        return None
-    return saved
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -421,6 +494,15 @@ def main(argv: list[str] | None = None) -> int:
     b = Budget(**{k: getattr(args, k) for k in asdict(defaults)})
     if b.episodes < 1:
         raise ConfigError(f"--episodes {b.episodes}: use a positive number")
+    if any(e in ALGO_ENTRIES for e in entries):
+        parse_seeds(b)
+        if b.algo_budget < 1:
+            raise ConfigError(f"--algo-budget {b.algo_budget}: use a positive number of env steps (default 512)")
+        if (b.env, b.candidates) != (algorithms.ENV, 4):
+            raise ConfigError(
+                f"--env {b.env} --candidates {b.candidates}: the algorithm rows train on {algorithms.ENV} with K=4;"
+                " use those, or leave the algo-* entries out of --entries"
+            )
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     # The command that reproduces the numbers: the entries and every budget option off its default (output,
     # cache and reuse options do not change a number: the episodes are fixed and every run is seeded).
@@ -432,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
     seconds: dict[str, float] = {}
     for entry in entries:
         cache = Path(args.runs) / "results" / f"{entry}.json"
-        saved = _saved_results(cache, entry_budget(b, entry)) if args.reuse_results else None
+        saved = algorithms.saved_results(cache, entry_budget(b, entry), "leaderboard") if args.reuse_results else None
         if saved is not None:
             results[entry], seconds[entry] = saved["rows"], saved["seconds"]
             print(f"leaderboard: {entry}: reusing the results in {cache}", flush=True)
