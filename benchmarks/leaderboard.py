@@ -442,12 +442,10 @@ def plot(results: dict[str, Rows], b: Budget, path: Path) -> None:
     for i, j in np.ndindex(grid.shape):
         text = _value(table[i][j]).replace(" ", "\n")  # an algorithm row: the mean over (min-max)
         ax.text(j, i, text, ha="center", va="center", color="white" if grid[i, j] < 0.6 else "black", fontsize=8)
-    note = "; algorithm rows: mean (min-max) over seeds " + b.algo_seeds if any(e in ALGO_ENTRIES for e in results) else ""
-    ax.set_title(
-        f"success rate, {b.env}, {b.episodes} episodes per cell, seed {b.seed}\n"
-        f"(random, overlap and oracle rows are the baselines{note})",
-        fontsize=9,
-    )
+    title = f"success rate, {b.env}, {b.episodes} episodes per cell, seed {b.seed}\n(random, overlap and oracle rows are the baselines)"
+    if any(e in ALGO_ENTRIES for e in results):
+        title += f"\nalgorithm rows: mean (min-max) over the seeds {b.algo_seeds}"
+    ax.set_title(title, fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
