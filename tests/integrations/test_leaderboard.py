@@ -142,6 +142,7 @@ def _body(text: str) -> list[list[str]]:
 SPREAD = re.compile(r"^(\d\.\d\d) \((\d\.\d\d)-(\d\.\d\d)\)$")  # mean (min-max)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)  # one tiny-model run of one update, evaluated on 6 cells x 1 episode
 def test_algorithm_rows_miniature_train_evaluate_and_resume(tmp_path: Path) -> None:
     pytest.importorskip("torch")

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
+import pytest
 
 import agentrl_envs  # noqa: F401 - registers the env ids
 from agentrl_envs.core.actions import format_call
@@ -72,6 +73,7 @@ def _check(idle: dict[Any, tuple[Any, ...]], busy: dict[Any, tuple[Any, ...]]) -
         assert stdout == ("started\n" if key[0] == "print_then_spin" else "") and stderr == "", key
 
 
+@pytest.mark.slow
 def test_sandbox_runs_past_their_limits_the_same_on_a_busy_machine(full: SandboxRunner, tmp_path: Path) -> None:
     def run(code: str, limits: RunLimits) -> Any:
         return full.run(code, str(tmp_path), limits)
@@ -82,6 +84,7 @@ def test_sandbox_runs_past_their_limits_the_same_on_a_busy_machine(full: Sandbox
     _check(idle, busy)
 
 
+@pytest.mark.slow
 def test_basic_runner_runs_past_their_limits_the_same_on_a_busy_machine(tmp_path: Path) -> None:
     runner = PythonRunner(SUITE_LIMITS)
     try:

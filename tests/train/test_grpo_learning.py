@@ -18,7 +18,10 @@ from agentrl_train.train import train
 
 from .test_learning import OPTS, _rows
 
-pytestmark = pytest.mark.timeout(3600)  # a hang detector: the first run builds the tiny model
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(3600),
+]  # a learning run; the timeout is a hang detector (the first run builds the tiny model)
 
 
 def test_tiny_learns_sqlpythonsmtp_candidates_with_grpo(tmp_path: Path) -> None:

