@@ -1,11 +1,16 @@
-"""Helpers for the integration tests: run an example script as a subprocess."""
+"""Helpers for the integration tests: run an example script as a subprocess; one OpenEnv server per module."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
+
+from agentrl_envs.testing import start_cli_server, stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,3 +40,13 @@ def require(module: str) -> None:
         if os.environ.get("AGENTRL_REQUIRE_INTEGRATION") == "1":
             pytest.fail(f"AGENTRL_REQUIRE_INTEGRATION=1: {reason}")
         pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def openenv_url() -> Iterator[str]:
+    """``agentrl-envs openenv AgentRL/SQL-v0 --max-sessions 4`` on 127.0.0.1 for one test module: its root URL."""
+    proc, root = start_cli_server(["openenv", "AgentRL/SQL-v0", "--max-sessions", "4"], "stdout")
+    try:
+        yield root
+    finally:
+        stop_process(proc)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import http.client
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import gymnasium as gym
@@ -26,15 +25,6 @@ from .conftest import require, run_example
 require("openenv.core.env_server")
 
 from openenv.core import GenericEnvClient  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def url() -> Iterator[str]:
-    proc, root = start_cli_server(["openenv", "AgentRL/SQL-v0", "--max-sessions", "4"], "stdout")
-    try:
-        yield root
-    finally:
-        stop_process(proc)
 
 
 def _play(remote: object, env_id: str, seed: int, profile: str) -> None:
@@ -63,24 +53,24 @@ def _play(remote: object, env_id: str, seed: int, profile: str) -> None:
 
 
 @pytest.mark.parametrize("profile", ["none", "flaky"])
-def test_openenv_client_solves_every_id_with_gym_make_rewards(url: str, profile: str) -> None:
-    with GenericEnvClient(base_url=url).sync() as remote:
+def test_openenv_client_solves_every_id_with_gym_make_rewards(openenv_url: str, profile: str) -> None:
+    with GenericEnvClient(base_url=openenv_url).sync() as remote:
         for env_id in agentrl_envs.ENV_IDS:
             for seed in (0, 1):
                 _play(remote, env_id, seed, profile)
 
 
-def test_health_schema_and_one_shot_http_reset(url: str) -> None:
-    assert httpx.get(url + "/health").json()["status"] == "healthy"
-    schema = httpx.get(url + "/schema").json()
+def test_health_schema_and_one_shot_http_reset(openenv_url: str) -> None:
+    assert httpx.get(openenv_url + "/health").json()["status"] == "healthy"
+    schema = httpx.get(openenv_url + "/schema").json()
     assert {"tool", "arguments", "text"} <= set(schema["action"]["properties"])
     assert {"text", "terminated", "truncated", "info", "tools"} <= set(schema["observation"]["properties"])
-    reset = httpx.post(url + "/reset", json={"seed": 5, "split": "test"}).json()
+    reset = httpx.post(openenv_url + "/reset", json={"seed": 5, "split": "test"}).json()
     assert reset["observation"]["text"] == gym.make("AgentRL/SQL-v0", split="test").reset(seed=5)[0]
 
 
-def test_hostile_input_gets_errors_and_other_sessions_keep_working(url: str) -> None:
-    with GenericEnvClient(base_url=url).sync() as good, GenericEnvClient(base_url=url).sync() as bad:
+def test_hostile_input_gets_errors_and_other_sessions_keep_working(openenv_url: str) -> None:
+    with GenericEnvClient(base_url=openenv_url).sync() as good, GenericEnvClient(base_url=openenv_url).sync() as bad:
         good.reset(seed=3)
         refusals = {
             "session keyword": lambda: bad.reset(bogus=1),
@@ -101,12 +91,14 @@ def test_hostile_input_gets_errors_and_other_sessions_keep_working(url: str) -> 
         garbage = bad.step({"text": "<tool_call>{" * 50_000})
         assert "too_long" in garbage.observation["text"] or "bad_json" in garbage.observation["text"]
         _play(good, "AgentRL/SQL-v0", 3, "none")
-    assert httpx.post(url + "/reset", content=b"x" * (2 << 20)).status_code == 413
-    assert httpx.post(url + "/step", content=b"{not json", headers={"content-type": "application/json"}).status_code == 422
+    assert httpx.post(openenv_url + "/reset", content=b"x" * (2 << 20)).status_code == 413
+    assert (
+        httpx.post(openenv_url + "/step", content=b"{not json", headers={"content-type": "application/json"}).status_code == 422
+    )
 
 
-def test_session_limit(url: str) -> None:
-    clients = [GenericEnvClient(base_url=url).sync() for _ in range(5)]
+def test_session_limit(openenv_url: str) -> None:
+    clients = [GenericEnvClient(base_url=openenv_url).sync() for _ in range(5)]
     try:
         for client in clients[:4]:
             client.connect()
@@ -115,7 +107,7 @@ def test_session_limit(url: str) -> None:
         with pytest.raises(Exception):  # noqa: B017 - OpenEnv sends CAPACITY_REACHED and closes; its client reports either
             clients[4].reset(seed=0)
         clients[0].close()
-        with GenericEnvClient(base_url=url).sync() as again:  # a closed session frees its place
+        with GenericEnvClient(base_url=openenv_url).sync() as again:  # a closed session frees its place
             again.reset(seed=0)
         assert clients[1].state()["env_id"] == "AgentRL/SQL-v0"  # the others are untouched
     finally:

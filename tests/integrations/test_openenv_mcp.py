@@ -9,7 +9,6 @@ own id and profile from its ``--seed``. Hostile calls get tool errors and the se
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import gymnasium as gym
@@ -27,15 +26,6 @@ require("openenv.core.mcp_client")
 
 from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation, ToolErrorType  # noqa: E402
 from openenv.core.mcp_client import MCPToolClient  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def url() -> Iterator[str]:
-    proc, root = start_cli_server(["openenv", "AgentRL/SQL-v0", "--max-sessions", "4"], "stdout")
-    try:
-        yield root
-    finally:
-        stop_process(proc)
 
 
 def _schemas(env: gym.Env[Any, Any]) -> list[tuple[str, str, dict[str, Any]]]:
@@ -81,22 +71,22 @@ def _play(remote: Any, env_id: str, seed: int, profile: str) -> None:
 
 
 @pytest.mark.parametrize("profile", ["none", "flaky"])
-def test_mcp_tool_client_lists_the_tools_and_solves_every_id(url: str, profile: str) -> None:
-    with MCPToolClient(base_url=url).sync() as remote:
+def test_mcp_tool_client_lists_the_tools_and_solves_every_id(openenv_url: str, profile: str) -> None:
+    with MCPToolClient(base_url=openenv_url).sync() as remote:
         for env_id in agentrl_envs.ENV_IDS:
             _play(remote, env_id, 0 if profile == "none" else 1, profile)
 
 
-def test_tools_before_a_reset_are_the_server_ids_and_a_first_call_starts_an_episode(url: str) -> None:
-    with MCPToolClient(base_url=url).sync() as remote:
+def test_tools_before_a_reset_are_the_server_ids_and_a_first_call_starts_an_episode(openenv_url: str) -> None:
+    with MCPToolClient(base_url=openenv_url).sync() as remote:
         assert _listed(remote) == _schemas(gym.make("AgentRL/SQL-v0"))
         first = remote.call_tool("sql", query="SELECT 1")  # a call before any reset: an episode with a fresh seed
         assert first["info"]["step"] == 1 and first["observation"].startswith("sql ok")
         assert remote.state().step_count == 1
 
 
-def test_hostile_calls_get_tool_errors_and_the_server_keeps_answering(url: str) -> None:
-    with MCPToolClient(base_url=url).sync() as remote, MCPToolClient(base_url=url).sync() as other:
+def test_hostile_calls_get_tool_errors_and_the_server_keeps_answering(openenv_url: str) -> None:
+    with MCPToolClient(base_url=openenv_url).sync() as remote, MCPToolClient(base_url=openenv_url).sync() as other:
         other.reset(seed=3)
         remote.reset(seed=0)
         unknown = remote.step(CallToolAction(tool_name="no_such_tool", arguments={"x": 1})).observation
@@ -118,7 +108,7 @@ def test_hostile_calls_get_tool_errors_and_the_server_keeps_answering(url: str) 
             remote.step(CallToolAction.model_construct(tool_name="sql", arguments="SELECT 1"))
         _play(remote, "AgentRL/SQL-v0", 2, "none")  # the session still plays
         _play(other, "AgentRL/SQL-v0", 3, "none")  # and the other one too
-    mcp = url + "/mcp"
+    mcp = openenv_url + "/mcp"
     garbage = httpx.post(mcp, content=b"{not json", headers={"content-type": "application/json"}).json()
     assert garbage["error"]["code"] == -32700
     for body in (
