@@ -190,7 +190,7 @@ class Engine:
             self.peft.add_adapter(slot, config)
         self._index(slot)
         shapes = {k: tuple(p.shape) for k, p in self._params[slot].items()}
-        fam = Family(config, shapes, lora_scaling(prepared.config, prepared.path), count=1)
+        fam = Family(config, shapes, lora_scaling(prepared.config, prepared.path))
         check_fit(prepared.path, fam, prepared.tensors, prepared.config)
         self.families[name] = fam
         self._copy(slot, prepared)
@@ -212,7 +212,7 @@ class Engine:
         key = config_key(lora_config(name, prepared))
         for i, (k, slot, old) in enumerate(self._spare):
             if k == key:
-                fam = Family(old.config, old.shapes, lora_scaling(prepared.config, prepared.path), count=1)
+                fam = Family(old.config, old.shapes, lora_scaling(prepared.config, prepared.path))
                 check_fit(prepared.path, fam, prepared.tensors, prepared.config)
                 del self._spare[i]
                 self.families[name] = fam
@@ -275,7 +275,6 @@ class Engine:
 
         def create() -> str:
             slot = self._new_slot_name()
-            fam.count += 1
             self.peft.add_adapter(slot, fam.config)
             self.peft.eval()
             self._active = None  # set the adapter again before the next request, whatever peft did

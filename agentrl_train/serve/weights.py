@@ -62,7 +62,6 @@ class Family:
     shapes: dict[str, tuple[int, ...]]  #: peft-saved key -> shape
     scaling: dict[str, float]  #: r / alpha facts checked on every load
     free: list[str] = field(default_factory=list)  #: slots kept for reuse
-    count: int = 0
 
 
 def find_adapter_files(folder: str | Path) -> tuple[Path, Path | None]:
