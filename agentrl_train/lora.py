@@ -7,21 +7,34 @@ the layers a preset targets, and the folder checks that fail before a model is b
   ``lm_head``.
 - :func:`find_adapter_weights` / :func:`check_adapter_folder`: the ``adapter_model.safetensors`` a
   folder holds, checked from file headers only (a wrong ``--init-adapter`` fails in a second).
+- :func:`rescale_saved_lora`: a saved adapter's own per-module scaling folded into its ``B`` where it is
+  not the live adapter's (a fused or remapped adapter has ``alpha = r``), so loading it is exact.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from agentrl_envs.errors import ConfigError
 
-__all__ = ["ATTN", "LORA_PRESETS", "MLP", "check_adapter_folder", "find_adapter_weights", "lora_layers", "lora_targets"]
+__all__ = [
+    "ATTN",
+    "LORA_PRESETS",
+    "MLP",
+    "check_adapter_folder",
+    "find_adapter_weights",
+    "lora_layers",
+    "lora_targets",
+    "rescale_saved_lora",
+]
 
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj")
 MLP = ("gate_proj", "up_proj", "down_proj", "gate_up_proj")
@@ -135,3 +148,46 @@ def check_adapter_folder(folder: str, adapter: str, option: str = "--init-adapte
         raise ConfigError(f"{shown}: {weights} is not a safetensors file ({str(exc)[:200]}); save the adapter again") from None
     except OSError as exc:
         raise ConfigError(f"{shown}: cannot be read ({exc.strerror or type(exc).__name__}); {hint}") from None
+
+
+def rescale_saved_lora(weights: dict[str, torch.Tensor], config_file: Path, lm: nn.Module, adapter: str) -> int:
+    """Fold each saved module's scaling (``config_file``'s ``lora_alpha``/``alpha_pattern`` over its rank,
+    or its square root under rsLoRA) into its ``lora_B`` where it differs from the live adapter's, so
+    ``s_live * B' A = s_saved * B A``. Returns how many modules were rescaled (0 without a config file).
+
+    Without this, an adapter whose ``alpha`` is not the preset's (what fusion and remapping write, with
+    ``alpha = r``) would load with the preset's scaling and silently compute another model.
+
+    Raises:
+        ConfigError: ``config_file`` exists but is not a JSON object.
+    """
+    if not config_file.is_file():
+        return 0
+    try:
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+        config = None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{config_file} is not a JSON object; the adapter folder is damaged: save the adapter again")
+    from peft.tuners.lora import LoraLayer
+    from peft.utils.other import get_pattern_key
+
+    alpha0 = config.get("lora_alpha", 8)
+    pattern = config.get("alpha_pattern") or {}
+    if not isinstance(alpha0, (int, float)) or not isinstance(pattern, dict):
+        raise ConfigError(f"{config_file}: lora_alpha or alpha_pattern is not a number or a mapping; save the adapter again")
+    rescaled = 0
+    for name, layer in lm.named_modules():
+        key = f"{name}.lora_B.weight"
+        if not isinstance(layer, LoraLayer) or adapter not in layer.scaling or key not in weights:
+            continue
+        alpha = pattern.get(get_pattern_key(list(pattern), name.removeprefix("base_model.model.")), alpha0)
+        rank = int(weights[key].shape[1])
+        if not isinstance(alpha, (int, float)) or rank < 1:
+            raise ConfigError(f"{config_file}: module {name} has alpha {alpha!r} and rank {rank}; save the adapter again")
+        saved = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
+        live = float(layer.scaling[adapter])
+        if live and not math.isclose(saved, live, rel_tol=1e-12):
+            weights[key] = weights[key] * (saved / live)
+            rescaled += 1
+    return rescaled

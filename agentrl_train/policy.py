@@ -32,7 +32,7 @@ from torch import nn
 
 from agentrl_envs.errors import ConfigError
 from agentrl_train.chat_codec import ChatCodec
-from agentrl_train.lora import find_adapter_weights, lora_targets
+from agentrl_train.lora import find_adapter_weights, lora_targets, rescale_saved_lora
 from agentrl_train.tool_tokens import ToolTokens, check_same, peft_token_indices, read_tool_tokens, write_tool_tokens
 
 if TYPE_CHECKING:
@@ -164,6 +164,7 @@ class Policy(ChatCodec, nn.Module):
         if saved is not None or self.tool_tokens is None:
             check_same(saved, self.tool_tokens, f"{option} {folder}")
         weights = self._read_safetensors(f, option, folder)
+        rescale_saved_lora(weights, f.parent / "adapter_config.json", self.lm, self.adapter)
         if saved is None and self.tool_tokens is not None:  # the added rows stay at their start
             for n, p in self.lm.named_parameters():
                 if n.endswith(f".trainable_tokens_delta.{self.adapter}"):

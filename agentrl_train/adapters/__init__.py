@@ -12,7 +12,7 @@ Errors (all picklable, each message says what to do)::
     └── AdapterError               anything wrong with an adapter or what it is applied to
         ├── AdapterNotFoundError   a missing adapter or model folder (also a FileNotFoundError)
         ├── AdapterMismatchError   the adapter does not fit the model: unknown module names, other shapes
-        ├── UnsupportedAdapterError  a peft feature this code cannot fuse exactly (DoRA, biases, embeddings)
+        ├── UnsupportedAdapterError  a peft feature this code cannot fuse exactly (DoRA, biases, embedding LoRA)
         ├── RemapError             a module whose shape or name has no counterpart in the target layout
         └── FusionCheckError       the self-check failed: the fused result does not match the stacked adapters
 
@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 from agentrl_envs.errors import AgentRLError
 
 if TYPE_CHECKING:
-    from agentrl_train.adapters.fuse import FuseReport, LoraAdapter, LoraModule, fuse_adapters, load_adapter
+    from agentrl_train.adapters.adapter import LoraAdapter, LoraModule, load_adapter
+    from agentrl_train.adapters.fuse import FuseReport, fuse_adapters
     from agentrl_train.adapters.remap import RemapReport, remap_adapter
 
 __all__ = [
@@ -72,10 +73,10 @@ class FusionCheckError(AdapterError, RuntimeError):
 
 _LAZY = {
     "FuseReport": "fuse",
-    "LoraAdapter": "fuse",
-    "LoraModule": "fuse",
+    "LoraAdapter": "adapter",
+    "LoraModule": "adapter",
     "fuse_adapters": "fuse",
-    "load_adapter": "fuse",
+    "load_adapter": "adapter",
     "RemapReport": "remap",
     "remap_adapter": "remap",
 }

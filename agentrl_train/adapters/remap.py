@@ -13,6 +13,10 @@ split -> fused is exact with ranks added: ``A`` stacks the parts' ``A_i`` and ``
 Row sizes come from the target model (its layers, and for a join its config: heads x head_dim,
 key/value heads x head_dim, intermediate_size). With ``rank`` set, every target delta is cut to that rank
 by a truncated SVD and the relative Frobenius error ``||D - D_k|| / ||D||`` is reported per module.
+
+Embedding rows the adapter trains (``--add-tool-tokens``, peft ``trainable_token_indices``) are not
+touched by the layout and are copied as they are, with ``tool_tokens.json``; the target must have the
+same embedding modules, as wide as the rows.
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ from torch import nn
 
 from agentrl_envs.errors import ConfigError
 from agentrl_train.adapters import AdapterMismatchError, AdapterNotFoundError, RemapError
-from agentrl_train.adapters.fuse import LoraAdapter, LoraModule, check_fits, load_adapter, staged_output
+from agentrl_train.adapters.adapter import LoraAdapter, LoraModule, load_adapter, staged_output
+from agentrl_train.adapters.fuse import check_fits
+from agentrl_train.adapters.token_rows import check_rows_fit
 
 __all__ = ["FUSED_PARTS", "MappingRow", "RemapReport", "model_skeleton", "remap_adapter", "target_layers", "truncate_rank"]
 
@@ -357,8 +363,11 @@ def remap_adapter(
             check_fits("source", adapter, source_model, source_name)
         except AdapterMismatchError as exc:
             raise AdapterMismatchError(f"{exc} (checked against --from-model)") from None
-    layers, config, target_name = target_layers(to_model)
+    skeleton, config, target_name = model_skeleton(to_model)
+    layers = {n: m for n, m in skeleton.named_modules() if isinstance(m, nn.Linear)}
     steps = _plan(adapter.modules, layers, config, target_name)
+    if adapter.token_rows is not None:  # embeddings are the same in both layouts: the rows are copied
+        check_rows_fit("source", adapter.token_rows, skeleton, target_name, grown=False)
 
     written: dict[str, LoraModule] = {}
     mapping: list[MappingRow] = []
@@ -374,6 +383,8 @@ def remap_adapter(
         if rank is not None:
             result, errors[step.target] = truncate_rank(result, rank)
         written[step.target] = result
+    for module, ids in sorted((adapter.token_rows.indices if adapter.token_rows else {}).items()):
+        mapping.append(MappingRow(module, module, f"copy trained rows of tokens {list(ids)}"))
 
     out = Path(out_dir)
     report = RemapReport(
@@ -390,7 +401,7 @@ def remap_adapter(
     )
     with staged_output(out) as tmp:
         base_name = str(to_model) if isinstance(to_model, (str, os.PathLike)) else target_name
-        LoraAdapter(written, base_name, "<remapped>").save(tmp)
+        LoraAdapter(written, base_name, "<remapped>", adapter.token_rows).save(tmp)
         (tmp / REPORT_NAME).write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
     logger.info("%s", report.summary())
     return report

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from agentrl_envs.errors import AgentRLError, ConfigError
+from agentrl_envs.errors import ConfigError
 from agentrl_train.chat_template import TOOLS_CHATML
 from agentrl_train.policy import build_policy
 from agentrl_train.tool_tokens import TOKENS_FILE, TOOL_MARKERS, add_tool_tokens, read_tool_tokens, split_markers
@@ -275,18 +275,6 @@ def test_a_tokenizer_that_cannot_add_tokens_or_a_model_without_embeddings(twin: 
     no_embedding.model.embed_tokens = torch.nn.Identity()
     with pytest.raises(ConfigError, match="no input embedding layer"):
         add_tool_tokens(no_embedding, AutoTokenizer.from_pretrained(twin), "twin")
-
-
-def test_fuse_and_remap_refuse_added_tokens_by_name(twin: Path, tmp_path: Path) -> None:
-    from agentrl_train.adapters import fuse_adapters, remap_adapter
-
-    policy = build_policy(_cfg(tmp_path / "a", twin), log=lambda *a: None)
-    policy.save(tmp_path / "saved")
-    with pytest.raises(AgentRLError, match="added tool-call tokens"):
-        fuse_adapters(str(twin), {"exec": str(tmp_path / "saved" / "exec")}, tmp_path / "fused")
-    with pytest.raises(AgentRLError, match="added tool-call tokens"):
-        remap_adapter(str(tmp_path / "saved" / "exec"), str(twin), tmp_path / "remapped")
-    assert not (tmp_path / "fused").exists() and not (tmp_path / "remapped").exists()
 
 
 def test_serve_resizes_its_base_for_an_adapter_with_added_tokens_and_refuses_mixing(twin: Path, tmp_path: Path) -> None:
