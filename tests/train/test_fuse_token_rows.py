@@ -256,3 +256,13 @@ def test_remap_to_a_model_of_another_width_and_a_live_adapter_with_rows_are_refu
     assert not (tmp_path / "out").exists()
     with pytest.raises(UnsupportedAdapterError, match=r"trains embedding rows .* pass the folder"):
         LoraAdapter.from_peft_model(t["policy"].lm, t["policy"].adapter)
+
+
+@pytest.mark.parametrize(
+    "content", [b"", b"[]", b"\xff\xfe", b'{"lora_alpha": "x"}', b"[" * 100_000], ids=["empty", "list", "bytes", "alpha", "deep"]
+)
+def test_init_adapter_with_a_damaged_config_is_named(trained: dict[str, Any], tmp_path: Path, content: bytes) -> None:
+    folder = _edit(trained["adapter"], tmp_path / "damaged")
+    (folder / "adapter_config.json").write_bytes(content)
+    with pytest.raises(ConfigError, match=r"adapter_config\.json.*save the adapter again"):
+        build_policy(_cfg(tmp_path / "run", trained["twin"], init_adapter=str(folder)), log=QUIET)
