@@ -31,6 +31,7 @@ __all__ = [
     "MLP",
     "check_adapter_folder",
     "find_adapter_weights",
+    "lora_config",
     "lora_layers",
     "lora_targets",
     "rescale_saved_lora",
@@ -148,6 +149,23 @@ def check_adapter_folder(folder: str, adapter: str, option: str = "--init-adapte
         raise ConfigError(f"{shown}: {weights} is not a safetensors file ({str(exc)[:200]}); save the adapter again") from None
     except OSError as exc:
         raise ConfigError(f"{shown}: cannot be read ({exc.strerror or type(exc).__name__}); {hint}") from None
+
+
+def lora_config(lora: dict[str, Any], dropout: float = 0.0, trainable_token_indices: Any = None) -> Any:
+    """peft's ``LoraConfig`` for :func:`lora_targets`' targets, ranks and alphas (no biases, causal LM)."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=max(lora["rank_pattern"].values()),
+        lora_alpha=max(lora["alpha_pattern"].values()),
+        target_modules=lora["target_modules"],
+        rank_pattern=lora["rank_pattern"],
+        alpha_pattern=lora["alpha_pattern"],
+        lora_dropout=dropout,
+        bias="none",
+        task_type="CAUSAL_LM",
+        trainable_token_indices=trainable_token_indices,
+    )
 
 
 def rescale_saved_lora(weights: dict[str, torch.Tensor], config_file: Path, lm: nn.Module, adapter: str) -> int:

@@ -32,7 +32,7 @@ from torch import nn
 
 from agentrl_envs.errors import ConfigError
 from agentrl_train.chat_codec import ChatCodec
-from agentrl_train.lora import find_adapter_weights, lora_targets, rescale_saved_lora
+from agentrl_train.lora import find_adapter_weights, lora_config, lora_targets, rescale_saved_lora
 from agentrl_train.tool_tokens import ToolTokens, check_same, peft_token_indices, read_tool_tokens, write_tool_tokens
 
 if TYPE_CHECKING:
@@ -94,22 +94,12 @@ class Policy(ChatCodec, nn.Module):
     ) -> None:
         nn.Module.__init__(self)
         ChatCodec.__init__(self, tokenizer, getattr(lm.config, "max_position_embeddings", None))
-        from peft import LoraConfig, get_peft_model
+        from peft import get_peft_model
 
         self.lora = lora
         self.tool_tokens = tool_tokens
-        cfg = LoraConfig(
-            r=max(lora["rank_pattern"].values()),
-            lora_alpha=max(lora["alpha_pattern"].values()),
-            target_modules=lora["target_modules"],
-            rank_pattern=lora["rank_pattern"],
-            alpha_pattern=lora["alpha_pattern"],
-            lora_dropout=dropout,
-            bias="none",
-            task_type="CAUSAL_LM",
-            trainable_token_indices=peft_token_indices(lm, tool_tokens) if tool_tokens is not None else None,
-        )
-        self.lm = get_peft_model(lm, cfg, adapter_name=adapter)
+        tokens = peft_token_indices(lm, tool_tokens) if tool_tokens is not None else None
+        self.lm = get_peft_model(lm, lora_config(lora, dropout, tokens), adapter_name=adapter)
         self.adapter = adapter
         self.frozen_adapters: list[str] = []
         #: the adapters of the reference policy (KL penalty, candidate baselines); None: the base model alone

@@ -5,10 +5,13 @@ prints, from its metrics: env steps/s, rollout tokens/s, update tokens/s, the sh
 in the model vs the env, and the peak RSS.
 
     python benchmarks/bench_train.py [--updates 4] [--num-envs 8] [--vectorization async] [--mode candidates|generate]
+    python benchmarks/bench_train.py --model smollm2-135m --mode generate --init-adapter RUN/final \
+        --env AgentRL/SQL-v0 --updates 1 --max-new-tokens 160   # the real model, from an SFT adapter
 
-Then, in the same run, the same tiny model (its weights and tokenizer; TRL's Qwen 2.5 chat template
-so that TRL parses its tool calls) on the same env through TRL's ``GRPOTrainer(environment_factory=...)``
-for the same number of episodes (``benchmarks/trl_tiny.py``; one torch thread, as agentrl's trainer),
+Then, in the same run, the same model (its weights and tokenizer; TRL's Qwen 2.5 chat template so
+that TRL parses its tool calls; the same LoRA preset, or the same ``--init-adapter`` loaded trainable,
+for a model other than ``tiny``) on the same env through TRL's ``GRPOTrainer(environment_factory=...)``
+for the same number of episodes (``benchmarks/trl_grpo.py``; one torch thread, as agentrl's trainer),
 and prints agentrl's wall time per 1,000 env steps as a ratio to TRL's (``--no-trl`` skips it). An env
 step is one tool call that reached the env; TRL's count comes from the env class it calls.
 """
@@ -37,7 +40,16 @@ def main() -> None:
     )
     ap.add_argument("--max-new-tokens", type=int, default=96, help="token budget of one generated action (generate mode and TRL)")
     ap.add_argument("--no-trl", action="store_true", help="skip the TRL GRPOTrainer comparison")
+    ap.add_argument("--model", default="tiny", help="tiny (default), smollm2-135m or a local folder (both sides)")
+    ap.add_argument("--lora-preset", default=None, help="LoRA preset (default: the trainer's; small for TRL on a real model)")
+    ap.add_argument("--init-adapter", default="", help="start both sides from this saved adapter (an sft run's final/)")
+    ap.add_argument("--env", default=None, help="env id (default: the trainer's, AgentRL/SQLPythonSMTP-v0)")
+    ap.add_argument("--rollout-steps", type=int, default=None, help="env steps per env per update (default: the trainer's)")
     args = ap.parse_args()
+    extra = {"model": args.model, "init_adapter": args.init_adapter}
+    extra.update(
+        {k: v for k, v in (("lora_preset", args.lora_preset), ("env", args.env), ("rollout_steps", args.rollout_steps)) if v}
+    )
     out = Path(tempfile.mkdtemp(prefix="bench-train-"))
     cfg = load_config(
         None,
@@ -54,6 +66,7 @@ def main() -> None:
             "out": str(out),
             "mode": args.mode,
             "max_new_tokens": args.max_new_tokens,
+            **extra,
         },
     )
     t0 = time.perf_counter()
@@ -88,21 +101,53 @@ def main() -> None:
             agentrl_episodes=sum(int(r["episodes"]) for r in every),
             mode=args.mode,
             max_new_tokens=args.max_new_tokens,
+            model=args.model,
+            adapter=_adapter_folder(args.init_adapter),
+            lora_preset=args.lora_preset or "small",
         )
 
 
+def _adapter_folder(path: str) -> str | None:
+    """The peft folder (``adapter_config.json``) of an ``--init-adapter``: a run's ``final/`` holds it in ``exec/``."""
+    if not path:
+        return None
+    folder = Path(path)
+    return str(folder if (folder / "adapter_config.json").is_file() else folder / "exec")
+
+
 def compare_with_trl(
-    env_id: str, *, agentrl_s: float, agentrl_steps: int, agentrl_episodes: int, mode: str, max_new_tokens: int
+    env_id: str,
+    *,
+    agentrl_s: float,
+    agentrl_steps: int,
+    agentrl_episodes: int,
+    mode: str,
+    max_new_tokens: int,
+    model: str = "tiny",
+    adapter: str | None = None,
+    lora_preset: str = "small",
 ) -> None:
-    """TRL GRPO on the same tiny model and env for as many episodes; print the per-1,000-env-steps ratio."""
+    """TRL GRPO on the same model and env for as many episodes; print the per-1,000-env-steps ratio."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from trl_tiny import train_grpo
+    from trl_grpo import train_grpo
 
     prompts, generations = 4, 2
     steps = max(1, math.ceil(agentrl_episodes / (prompts * generations)))
-    trl = train_grpo(env_id, steps=steps, max_new_tokens=max_new_tokens, prompts=prompts, generations=generations)
+    trl = train_grpo(
+        env_id,
+        steps=steps,
+        max_new_tokens=max_new_tokens,
+        prompts=prompts,
+        generations=generations,
+        model=model,
+        adapter=adapter,
+        lora_preset=lora_preset,
+    )
     ours = 1000 * agentrl_s / max(agentrl_steps, 1)
-    print(f"TRL GRPOTrainer(environment_factory=...): {steps} steps x {prompts} prompts x {generations} generations")
+    print(
+        f"TRL GRPOTrainer(environment_factory=...): {steps} steps x {prompts} prompts x {generations} generations, "
+        f"model {model}" + (f", from {adapter}" if adapter else "")
+    )
     print("| measure | agentrl | TRL |")
     print("|---|---|---|")
     print(f"| action mode | {mode} | generate (Qwen 2.5 template) |")

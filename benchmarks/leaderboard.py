@@ -294,7 +294,7 @@ def entry_agentrl_generate(b: Budget, runs: Path, retrain: bool) -> Rows:
 
 def entry_trl_grpo(b: Budget, runs: Path, retrain: bool) -> Rows:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from trl_tiny import train_grpo
+    from trl_grpo import train_grpo
 
     folder = runs / "trl-grpo"
     budget = {"env": b.env, "steps": b.trl_steps, "seed": b.seed, "tokens": b.max_new_tokens}

@@ -1,9 +1,12 @@
-"""TRL's GRPOTrainer on agentrl's tiny model: shared by ``leaderboard.py`` and ``bench_train.py``.
+"""TRL's GRPOTrainer on agentrl's models: shared by ``leaderboard.py`` and ``bench_train.py``.
 
-The model and tokenizer are ``agentrl-train --model tiny``'s (built once and cached by
-:func:`agentrl_train.tiny.build_tiny`; nothing is downloaded). Only the chat template changes, to
-TRL's Qwen 2.5 template: TRL parses tool calls only for templates it knows, and both render the
-Hermes ``<tool_call>`` convention the tiny model was pretrained on. The env plugs in through
+The model and tokenizer are ``agentrl-train --model``'s: ``tiny`` (built once and cached by
+:func:`agentrl_train.tiny.build_tiny`), ``smollm2-135m`` or a local folder (resolved by
+:func:`agentrl_train.models.resolve_model`); nothing is downloaded. Only the chat template changes, to
+TRL's Qwen 2.5 template: TRL parses tool calls only for templates it knows, and it renders the Hermes
+``<tool_call>`` convention of agentrl's own tools template (both ChatML). ``tiny`` is trained in full,
+as before; any other model through LoRA with agentrl's preset (``--lora-preset``), or from a saved
+adapter (``adapter``: e.g. an SFT run's ``final/exec``), trainable. The env plugs in through
 :func:`agentrl_envs.integrations.trl.environment_factory`, subclassed here only to count env steps
 (tool calls that reached the env) and episodes.
 """
@@ -16,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["tiny_for_trl", "train_grpo"]
+__all__ = ["model_for_trl", "tiny_for_trl", "train_grpo"]
 
 
 def tiny_for_trl() -> tuple[Any, Any]:
@@ -30,6 +33,29 @@ def tiny_for_trl() -> tuple[Any, Any]:
     tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
     tokenizer.chat_template = qwen2_5_chat_template
     return AutoModelForCausalLM.from_pretrained(path), tokenizer
+
+
+def model_for_trl(model: str = "tiny", adapter: str | None = None, lora_preset: str = "small") -> tuple[Any, Any, Any]:
+    """``(model, tokenizer, peft_config)`` for GRPOTrainer: ``tiny`` in full (no peft config); another model
+    with a fresh LoRA adapter of ``lora_preset`` (its peft config), or with ``adapter`` loaded trainable."""
+    if model == "tiny" and adapter is None:
+        lm, tokenizer = tiny_for_trl()
+        return lm, tokenizer, None
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl.chat_template_utils import qwen2_5_chat_template
+
+    from agentrl_train.lora import lora_config, lora_targets
+    from agentrl_train.models import resolve_model
+
+    path = resolve_model(model, log=lambda *a: None)
+    tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
+    tokenizer.chat_template = qwen2_5_chat_template
+    lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    if adapter is not None:
+        return PeftModel.from_pretrained(lm, adapter, is_trainable=True), tokenizer, None
+    return lm, tokenizer, lora_config(lora_targets(lm, lora_preset))
 
 
 def counted_factory(env_id: str, counts: dict[str, int], **make_kwargs: Any) -> type:
@@ -59,8 +85,11 @@ def train_grpo(
     seed: int = 0,
     save_to: Path | None = None,
     threads: int = 1,
+    model: str = "tiny",
+    adapter: str | None = None,
+    lora_preset: str = "small",
 ) -> dict[str, Any]:
-    """Train the tiny model with GRPO for ``steps`` optimizer steps of ``prompts x generations`` episodes.
+    """Train ``model`` (:func:`model_for_trl`) with GRPO for ``steps`` optimizer steps of ``prompts x generations`` episodes.
 
     Each episode's completion may hold up to the env's step limit of tool calls, ``max_new_tokens``
     tokens per call on average (TRL's budget is per episode, tool results included).
@@ -81,7 +110,7 @@ def train_grpo(
     probe = gym.make(env_id)
     max_steps = max(int(probe.reset(seed=seed + i)[1]["max_steps"]) for i in range(steps * prompts))
     probe.close()
-    model, tokenizer = tiny_for_trl()
+    lm, tokenizer, peft_config = model_for_trl(model, adapter, lora_preset)
     counts = {"env_steps": 0, "episodes": 0}
     out = save_to or Path(tempfile.mkdtemp(prefix="trl-grpo-"))
     config = GRPOConfig(
@@ -102,8 +131,9 @@ def train_grpo(
         disable_tqdm=True,
     )
     trainer = GRPOTrainer(
-        model=model,
+        model=lm,
         processing_class=tokenizer,
+        peft_config=peft_config,
         args=config,
         train_dataset=train_dataset(env_id, n=steps * prompts, seed=seed),
         environment_factory=counted_factory(env_id, counts),
