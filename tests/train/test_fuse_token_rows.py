@@ -125,8 +125,6 @@ def test_remap_copies_the_rows_to_the_fused_layout_and_back(trained: dict[str, A
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     t = trained
-    if t["tied"]:
-        pytest.skip("the Phi-3 twin is built untied")
     llama = AutoModelForCausalLM.from_pretrained(t["twin"], dtype=torch.float32)
     phi3 = phi3_twin(llama)
     phi3.save_pretrained(tmp_path / "phi3")
