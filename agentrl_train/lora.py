@@ -35,6 +35,7 @@ __all__ = [
     "lora_layers",
     "lora_targets",
     "rescale_saved_lora",
+    "saved_scaling",
 ]
 
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj")
@@ -168,6 +169,24 @@ def lora_config(lora: dict[str, Any], dropout: float = 0.0, trainable_token_indi
     )
 
 
+def saved_scaling(config: dict[str, Any], module: str, rank: int) -> float:
+    """The scaling peft gives ``module`` of a saved adapter: its ``alpha_pattern`` entry (else ``lora_alpha``)
+    over ``rank``, or over its square root under rsLoRA.
+
+    Raises:
+        ConfigError: an alpha that is not a number, or a rank below 1.
+    """
+    from peft.utils.other import get_pattern_key
+
+    pattern = config.get("alpha_pattern") or {}
+    if not isinstance(pattern, dict):
+        raise ConfigError(f"alpha_pattern={str(pattern)[:80]} is not a mapping; save the adapter again")
+    alpha = pattern.get(get_pattern_key(list(pattern), module), config.get("lora_alpha", 8))
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or rank < 1:
+        raise ConfigError(f"module {module} has alpha {str(alpha)[:40]} and rank {rank}; save the adapter again")
+    return alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
+
+
 def rescale_saved_lora(weights: dict[str, torch.Tensor], config_file: Path, lm: nn.Module, adapter: str) -> int:
     """Fold each saved module's scaling (``config_file``'s ``lora_alpha``/``alpha_pattern`` over its rank,
     or its square root under rsLoRA) into its ``lora_B`` where it differs from the live adapter's, so
@@ -188,22 +207,16 @@ def rescale_saved_lora(weights: dict[str, torch.Tensor], config_file: Path, lm: 
     if not isinstance(config, dict):
         raise ConfigError(f"{config_file} is not a JSON object; the adapter folder is damaged: save the adapter again")
     from peft.tuners.lora import LoraLayer
-    from peft.utils.other import get_pattern_key
 
-    alpha0 = config.get("lora_alpha", 8)
-    pattern = config.get("alpha_pattern") or {}
-    if not isinstance(alpha0, (int, float)) or not isinstance(pattern, dict):
-        raise ConfigError(f"{config_file}: lora_alpha or alpha_pattern is not a number or a mapping; save the adapter again")
     rescaled = 0
     for name, layer in lm.named_modules():
         key = f"{name}.lora_B.weight"
         if not isinstance(layer, LoraLayer) or adapter not in layer.scaling or key not in weights:
             continue
-        alpha = pattern.get(get_pattern_key(list(pattern), name.removeprefix("base_model.model.")), alpha0)
-        rank = int(weights[key].shape[1])
-        if not isinstance(alpha, (int, float)) or rank < 1:
-            raise ConfigError(f"{config_file}: module {name} has alpha {alpha!r} and rank {rank}; save the adapter again")
-        saved = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
+        try:
+            saved = saved_scaling(config, name.removeprefix("base_model.model."), int(weights[key].shape[1]))
+        except ConfigError as exc:
+            raise ConfigError(f"{config_file}: {exc}") from None
         live = float(layer.scaling[adapter])
         if live and not math.isclose(saved, live, rel_tol=1e-12):
             weights[key] = weights[key] * (saved / live)

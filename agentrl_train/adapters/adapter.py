@@ -13,7 +13,6 @@ by name.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import shutil
@@ -246,6 +245,8 @@ def load_adapter(path: str | os.PathLike[str]) -> LoraAdapter:
     """
     from peft.utils.other import get_pattern_key
 
+    from agentrl_train.lora import saved_scaling
+
     folder = resolve_adapter_dir(Path(path))
     config = _read_config(folder)
     tensors = _read_weights(folder)
@@ -261,9 +262,8 @@ def load_adapter(path: str | os.PathLike[str]) -> LoraAdapter:
         pairs.setdefault(match["module"], {})[match["part"]] = tensor
     if not pairs:
         raise AdapterError(f"{folder} holds no LoRA weights; re-save the adapter with save_pretrained")
-    r_default, alpha_default = int(config.get("r", 8)), float(config.get("lora_alpha", 8))
-    rank_pattern, alpha_pattern = dict(config.get("rank_pattern") or {}), dict(config.get("alpha_pattern") or {})
-    use_rslora = bool(config.get("use_rslora", False))
+    r_default = int(config.get("r", 8))
+    rank_pattern = dict(config.get("rank_pattern") or {})
     modules: dict[str, LoraModule] = {}
     for name, pair in sorted(pairs.items()):
         lora_A, lora_B = pair.get("A"), pair.get("B")
@@ -276,9 +276,11 @@ def load_adapter(path: str | os.PathLike[str]) -> LoraAdapter:
                 f"{folder}: module {name!r} has rank {lora_A.shape[0]} but its config says r={rank}; the config and "
                 "weights come from different adapters"
             )
-        alpha = float(alpha_pattern.get(get_pattern_key(list(alpha_pattern), name), alpha_default))
-        scaling = alpha / math.sqrt(rank) if use_rslora else alpha / rank
-        modules[name] = LoraModule(lora_A, lora_B, scaling)
+        try:
+            scaling = saved_scaling(config, name, rank)
+        except ConfigError as exc:
+            raise AdapterError(f"{folder}: {exc}") from None
+        modules[name] = LoraModule(lora_A, lora_B, float(scaling))
     return LoraAdapter(modules, config.get("base_model_name_or_path"), str(folder), token_rows)
 
 
