@@ -5,8 +5,10 @@ commands from stdin, one per line:
 
 * ``{"path": ..., "log": ..., "phase": null | "payload" | ..., "on": 3, "count": 50, "durability": "process"}``:
   fork a child that opens the buffer, sets the crash hook, and appends ``make_traj(seq)`` for
-  ``count`` appends (forever if null), writing ``"<seq> <first_seq>\\n"`` to ``log`` after each
-  append returns (so the log lists exactly the committed records). Prints ``pid <pid>``.
+  ``count`` appends (forever if null), writing ``"<seq> <first_seq> .\\n"`` to ``log`` after each
+  append returns (so the log lists exactly the committed records). A kill can cut that write short
+  (seen: ``5564 55`` of ``5564 5519 .``), so each line ends with ``.``, and a child first ends a
+  line the previous child left cut, so that the cut part stays on a line of its own. Prints ``pid <pid>``.
 * ``"wait"``: reap the child; prints ``status <exit code or -signal>``.
 
 The test kills the child with SIGKILL from outside, or the crash hook kills it at a named phase.
@@ -57,7 +59,10 @@ def span(seq: int) -> int:
 
 
 def _child(cmd: dict) -> None:
-    log = os.open(cmd["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    log = os.open(cmd["log"], os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+    size = os.fstat(log).st_size
+    if size and os.pread(log, 1, size - 1) != b"\n":  # the previous child was killed mid-line
+        os.write(log, b"\n")
     replay_module.set_crash_hook(cmd.get("phase"), int(cmd.get("on", 1)))
     buf = ReplayBuffer.open(cmd["path"], durability=cmd.get("durability", "process"))
     count = cmd.get("count")
@@ -66,7 +71,7 @@ def _child(cmd: dict) -> None:
         seq = buf.next_seq
         got = buf.append(make_traj(seq))
         assert got == seq
-        os.write(log, f"{seq} {buf.first_seq}\n".encode())
+        os.write(log, f"{seq} {buf.first_seq} .\n".encode())
         done += 1
         if count is None and done >= 20_000:  # a safety net if nobody kills us
             break
