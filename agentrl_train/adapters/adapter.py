@@ -280,7 +280,7 @@ def load_adapter(path: str | os.PathLike[str]) -> LoraAdapter:
             scaling = saved_scaling(config, name, rank)
         except ConfigError as exc:
             raise AdapterError(f"{folder}: {exc}") from None
-        modules[name] = LoraModule(lora_A, lora_B, float(scaling))
+        modules[name] = LoraModule(lora_A, lora_B, scaling)
     return LoraAdapter(modules, config.get("base_model_name_or_path"), str(folder), token_rows)
 
 

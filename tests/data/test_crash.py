@@ -81,7 +81,8 @@ def committed(log: Path) -> list[tuple[int, int]]:
     if not log.exists():
         return []
     lines = log.read_text().split("\n")[:-1]  # the part after the last newline is unfinished
-    return [(int(a), int(b)) for a, b, end in (line.split() for line in lines if len(line.split()) == 3) if end == "."]
+    fields = (line.split() for line in lines)
+    return [(int(f[0]), int(f[1])) for f in fields if len(f) == 3 and f[2] == "."]
 
 
 def check(path: Path, log: Path, top: int = -1) -> int:
