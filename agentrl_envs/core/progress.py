@@ -11,6 +11,11 @@ and the gold plan's call for it (``Tool.gold_call``). For the shipped tools:
   computation, with the figures in the body (and the required attachments);
 - ``answer``: the final answer holds the expected figure or name (answer tasks only).
 
+With ``lookups`` (envs whose ``oracle_lookup`` is on), the gold plan finds an email's recipients
+before sending it: a sub-task with a ``lookup_sql`` whose addresses no tool result has shown yet gets
+that ``sql`` query before its ``smtp`` call. The lookup is the oracle's, not a component: success
+and rewards are judged as without it.
+
 Component names carry a ``sN.`` prefix when a task has several sub-tasks. A task succeeds when
 every component holds. Text is compared format-invariantly (:mod:`agentrl_envs.tasks.scoring`).
 """
@@ -35,8 +40,9 @@ MAX_NUMBERS_ANSWER = 3
 class Progress:
     """Tracks one episode of one task."""
 
-    def __init__(self, task: Task) -> None:
+    def __init__(self, task: Task, lookups: bool = False) -> None:
         self.task = task
+        self.lookups = lookups
         for sub in task.subtasks:
             for tool in sub.steps:
                 if get_tool(tool).component is None:
@@ -48,7 +54,14 @@ class Progress:
 
     def observe(self, tool: str, arguments: dict[str, Any], response: ToolResponse) -> list[int]:
         """Record one tool result; return the indices of the sub-tasks it moved forward."""
-        return get_tool(tool).observe(self.task.subtasks, self.states, arguments, response)
+        moved = get_tool(tool).observe(self.task.subtasks, self.states, arguments, response)
+        if self.lookups and response.ok:
+            shown: str | None = None
+            for sub, st in zip(self.task.subtasks, self.states):
+                if sub.lookup_sql is not None and sub.email is not None and not st.looked_up:
+                    shown = repr(response.result) if shown is None else shown
+                    st.looked_up = all(address in shown for address in (*sub.email.to, *sub.email.cc))
+        return moved
 
     def finish(self, answer: str) -> None:
         self.answer = answer
@@ -87,6 +100,8 @@ class Progress:
         for tool in sub.steps:
             arguments = TOOLS[tool].gold_call(sub, st)
             if arguments is not None:
+                if tool == "smtp" and self.lookups and sub.lookup_sql is not None and not st.looked_up:
+                    return "sql", {"query": sub.lookup_sql}
                 return tool, arguments
         raise AssertionError(f"sub-task {sub.template} is not complete but no tool has a next gold call")
 

@@ -12,7 +12,27 @@ from typing import ClassVar
 
 from agentrl_envs.core.env import ToolUseEnv
 
-__all__ = ["HTTPEnv", "PythonEnv", "SMTPEnv", "SQLEnv", "SQLPythonSMTPEnv", "WorkplaceEnv"]
+__all__ = [
+    "HTTPEnv",
+    "PythonEnv",
+    "SMTPEnv",
+    "SQLEnv",
+    "SQLPythonSMTPEnv",
+    "SQLPythonSMTPEnvV0",
+    "WorkplaceEnv",
+    "WorkplaceEnvV0",
+]
+
+
+def earlier_card(current: type, env_id: str, differences: str) -> str:
+    """The env card of an earlier version: ``current``'s, named ``env_id``, with what differs first."""
+    card = current.__doc__ or ""
+    first, rest = card.split("\n", 1)
+    head, description = rest.split("## Description\n", 1)
+    return (
+        f"``{env_id}``: the earlier version of {first.split(':', 1)[0]}, kept registered to reproduce results measured on it.\n"
+        f"{head}## Description\n\n    The card of the current version, except: {differences}\n{description}"
+    )
 
 
 class SQLEnv(ToolUseEnv):
@@ -311,15 +331,20 @@ class SMTPEnv(ToolUseEnv):
 
 
 class SQLPythonSMTPEnv(ToolUseEnv):
-    """``AgentRL/SQLPythonSMTP-v0``: query, compute in Python from the saved CSV, email the result.
+    """``AgentRL/SQLPythonSMTP-v1``: query, compute in Python from the saved CSV, email the result.
 
     ## Description
 
     Every sub-task needs the three tools in order: a ``sql`` query (its result is saved as
     ``results/qN.csv``), a ``python`` program that computes the figure from that file, and an
     ``smtp`` message to the right people, found in the ``staff`` table. Five templates (median,
-    month-over-month change, share, standard deviation, mean count). ``long_horizon=True`` chains
-    five sub-tasks (16 gold calls) for credit-assignment studies; ``info["subtask_index"]`` and
+    month-over-month change, share, standard deviation, mean count). The gold plan
+    (``oracle_action()``, and the right one of the candidates) makes four calls per sub-task: the
+    query, the program, a ``staff`` lookup of the recipients (``SELECT name, email, role, unit FROM
+    staff WHERE ...``, left out once a tool result has shown their addresses) and the message. The
+    lookup is the oracle's way to the addresses, not a component: it earns no reward of its own.
+    ``long_horizon=True`` chains five sub-tasks (up to 21 gold calls: a lookup is left out when an
+    earlier result showed the addresses) for credit-assignment studies; ``info["subtask_index"]`` and
     ``info["subtask_boundary"]`` mark where sub-tasks and tool types change. Required components
     per sub-task: ``queried``, ``computed``, ``emailed`` (prefixed ``sN.`` when there are several).
 
@@ -376,12 +401,12 @@ class SQLPythonSMTPEnv(ToolUseEnv):
 
     ## Arguments
 
-    ``gym.make("AgentRL/SQLPythonSMTP-v0", **kwargs)``, all optional:
+    ``gym.make("AgentRL/SQLPythonSMTP-v1", **kwargs)``, all optional:
 
     - ``split``: ``"train"`` (default), ``"test"`` (same domains, disjoint data seeds and template
       parameters) or ``"heldout"`` (a domain never seen in train or test).
     - ``domain``: one domain of the split (``retail``, ``finance``, ``hr``; heldout: ``logistics``).
-    - ``long_horizon``: chain five sub-tasks, 16 gold calls (default False).
+    - ``long_horizon``: chain five sub-tasks, up to 21 gold calls (default False).
     - ``max_steps``: step limit (default: 3 x the gold plan's calls + 4, at least 10).
     - ``time_budget_s``: virtual seconds before the episode is truncated (default None: no budget).
     - ``candidates``: K > 0 puts K shuffled actions in ``info["candidates"]``: the oracle's next
@@ -412,11 +437,28 @@ class SQLPythonSMTPEnv(ToolUseEnv):
 
     ## Version History
 
-    - v0: initial release (agentrl 0.1.0); ``long_horizon`` is part of it.
+    - v1: the gold plan looks the recipients up in the ``staff`` table before each email (oracle,
+      candidates, and the default ``max_steps``: 19 for one sub-task, 67 with ``long_horizon``).
+      Without it, transcripts of the oracle show addresses that no earlier turn contains, so a
+      model trained on them cannot learn where they come from. Rewards and success of a given
+      sequence of actions are as in v0.
+    - v0: initial release (agentrl 0.1.0); ``long_horizon`` is part of it. Still registered
+      (:class:`SQLPythonSMTPEnvV0`), for reproducing results measured on it.
     """
 
     kind: ClassVar[str] = "pipeline"
     tool_names: ClassVar[tuple[str, ...]] = ("sql", "python", "smtp", "finish")
+    oracle_lookup: ClassVar[bool] = True
+
+
+class SQLPythonSMTPEnvV0(SQLPythonSMTPEnv):
+    __doc__ = earlier_card(
+        SQLPythonSMTPEnv,
+        "AgentRL/SQLPythonSMTP-v0",
+        "v0's gold plan has no ``staff`` lookup: three calls per sub-task (16 gold calls with ``long_horizon``), "
+        "and the default ``max_steps`` is 16 (52 with ``long_horizon``).",
+    )
+    oracle_lookup: ClassVar[bool] = False
 
 
 class HTTPEnv(ToolUseEnv):
@@ -523,14 +565,15 @@ class HTTPEnv(ToolUseEnv):
 
 
 class WorkplaceEnv(ToolUseEnv):
-    """``AgentRL/Workplace-v0``: a long-horizon day at work with all four tools.
+    """``AgentRL/Workplace-v1``: a long-horizon day at work with all four tools.
 
     ## Description
 
-    Every task chains four sub-tasks, in an order drawn per task: two of ``AgentRL/SQLPythonSMTP-v0``
+    Every task chains four sub-tasks, in an order drawn per task: two of ``AgentRL/SQLPythonSMTP-v1``
     (a ``sql`` query, a ``python`` program on the CSV it saved, an ``smtp`` message to the right
     people) and two ticket changes on the company REST service of ``AgentRL/HTTP-v0`` (open a
-    ticket, close one, reassign one, with the ``http`` tool): 8 gold calls and ``finish``. The
+    ticket, close one, reassign one, with the ``http`` tool): 8 gold calls, a ``staff`` lookup
+    before each of the two emails (as in ``AgentRL/SQLPythonSMTP-v1``) and ``finish``. The
     database also holds the ``tickets`` table as it was at the start (the REST service is where
     changes happen; REST writes are not visible to SQL). Required components per sub-task (prefixed
     ``s1.`` .. ``s4.``): ``queried``, ``computed``, ``emailed`` for the pipeline ones, ``api`` for
@@ -616,8 +659,22 @@ class WorkplaceEnv(ToolUseEnv):
 
     ## Version History
 
-    - v0: initial release (all four tools, long horizon).
+    - v1: the gold plan looks the recipients up in the ``staff`` table before each email, as in
+      ``AgentRL/SQLPythonSMTP-v1`` (oracle, candidates, default ``max_steps`` 37). Rewards and
+      success of a given sequence of actions are as in v0.
+    - v0: initial release (all four tools, long horizon). Still registered
+      (:class:`WorkplaceEnvV0`).
     """
 
     kind: ClassVar[str] = "workplace"
     tool_names: ClassVar[tuple[str, ...]] = ("sql", "python", "smtp", "http", "finish")
+    oracle_lookup: ClassVar[bool] = True
+
+
+class WorkplaceEnvV0(WorkplaceEnv):
+    __doc__ = earlier_card(
+        WorkplaceEnv,
+        "AgentRL/Workplace-v0",
+        "v0's gold plan has no ``staff`` lookup: 8 gold calls and ``finish``, and the default ``max_steps`` is 31.",
+    )
+    oracle_lookup: ClassVar[bool] = False

@@ -117,6 +117,9 @@ class SubTask:
         params: the template parameters (reported in info; used for split disjointness).
         files: workspace files the sub-task needs, as (path, text) pairs.
         api: the company-API call, for sub-tasks with an ``http`` step.
+        lookup_sql: the query that finds the email's recipients in the ``staff`` table, for
+            sub-tasks whose instruction names people by role only; the gold plan of an env with
+            ``oracle_lookup`` runs it before the ``smtp`` step (:mod:`agentrl_envs.core.progress`).
     """
 
     template: str
@@ -133,6 +136,7 @@ class SubTask:
     params: tuple[tuple[str, Any], ...] = ()
     files: tuple[tuple[str, str], ...] = ()
     api: APISpec | None = None
+    lookup_sql: str | None = None
 
     def code_for(self, path: str) -> str:
         assert self.gold_code is not None

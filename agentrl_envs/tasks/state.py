@@ -16,10 +16,13 @@ class StepState:
     Attributes:
         done: per tool of the sub-task's ``steps``, whether its step holds (``Tool.component``).
         gold_csv: the workspace path of a saved query result that holds the sub-task's gold rows.
+        looked_up: a tool result has shown every address of the sub-task's email (the oracle's
+            ``staff`` lookup, or any call that found them).
     """
 
     done: dict[str, bool] = field(default_factory=dict)
     gold_csv: str | None = None
+    looked_up: bool = False
 
 
 def ready(sub: SubTask, state: StepState, tool: str) -> bool:

@@ -443,7 +443,18 @@ def _pipeline(
         figures=figures,
         email=email,
         params=items,
+        lookup_sql=_staff_lookup([*to, *cc]),
     )
+
+
+def _staff_lookup(people: list[Staff]) -> str:
+    """The ``staff`` query that finds ``people`` as the instruction names them (by role, and unit for managers)."""
+    terms: list[str] = []
+    for s in people:
+        term = f"(role = 'manager' AND unit = {q(s.unit)})" if s.role == "manager" else f"role = {q(s.role)}"
+        if term not in terms:
+            terms.append(term)
+    return f"SELECT name, email, role, unit FROM staff WHERE {' OR '.join(terms)} ORDER BY staff_id"
 
 
 def pipeline_median(c: Context) -> SubTask:
