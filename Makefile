@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
-ENVS   := AgentRL/SQL-v0 AgentRL/Python-v0 AgentRL/SMTP-v0 AgentRL/SQLPythonSMTP-v0 AgentRL/HTTP-v0 AgentRL/Workplace-v0
+ENVS   := AgentRL/SQL-v0 AgentRL/Python-v0 AgentRL/SMTP-v0 AgentRL/SQLPythonSMTP-v1 AgentRL/HTTP-v0 AgentRL/Workplace-v1
 EPISODES ?= 20
 DEMO_UPDATES ?= 5
 DEMO_EVAL_EVERY ?= 1
@@ -27,7 +27,7 @@ demo: $(STAMP)
 	    $(BIN)/agentrl-envs eval $$id --agent $$agent --episodes $(EPISODES) --no-progress || exit 1; \
 	  done; \
 	done
-	@echo "== a short PPO run: tiny model, candidates mode, AgentRL/SQLPythonSMTP-v0 (a first run builds the tiny model first: measured in two builds: 4 min 59 s and 6 min 05 s wall on a 2-core machine, one thread; then a line per update)"
+	@echo "== a short PPO run: tiny model, candidates mode, AgentRL/SQLPythonSMTP-v1 (a first run builds the tiny model first: measured in two builds: 4 min 59 s and 6 min 05 s wall on a 2-core machine, one thread; then a line per update)"
 	$(BIN)/agentrl-train ppo --updates $(DEMO_UPDATES) --eval-every $(DEMO_EVAL_EVERY) --eval-episodes 8 --final-eval-splits '[train, test]' --no-progress --out runs/demo
 	@$(BIN)/python -c "import json; [print(f\"update {r['update']:>3}  {r['split']:<5}  greedy success {r['success_rate']:.2f}\") for r in map(json.loads, open('runs/demo/metrics.jsonl')) if r['kind'] == 'eval']"
 	@echo "learning curve: runs/demo/learning_curve.png"

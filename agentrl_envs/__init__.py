@@ -31,19 +31,24 @@ ENV_IDS: dict[str, str] = {
 }
 
 #: Earlier versions, still registered so that results measured on them can be reproduced (each
-#: card's Version History says what changed). ``gym.make`` takes them; the integrations serve ENV_IDS.
+#: card's Version History says what changed). ``gym.make``, the CLI and the integrations take them; the
+#: GEM and SkyRL-Gym registries list the current ids only.
 EARLIER_IDS: dict[str, str] = {
     "AgentRL/SQLPythonSMTP-v0": "agentrl_envs.core.registered_envs:SQLPythonSMTPEnvV0",
     "AgentRL/Workplace-v0": "agentrl_envs.core.registered_envs:WorkplaceEnvV0",
 }
 
-for _env_id, _entry_point in {**ENV_IDS, **EARLIER_IDS}.items():
+#: Every id registered: the current ones, then the earlier versions.
+ALL_IDS: dict[str, str] = {**ENV_IDS, **EARLIER_IDS}
+
+for _env_id, _entry_point in ALL_IDS.items():
     if _env_id not in registry:
         # No max_episode_steps: the env truncates itself at max_steps, so a TimeLimit wrapper
         # would only disagree with it.
         register(id=_env_id, entry_point=_entry_point, disable_env_checker=False)
 
 __all__ = [
+    "ALL_IDS",
     "EARLIER_IDS",
     "ENV_IDS",
     "ActionError",

@@ -37,9 +37,9 @@ DEFAULT_ENVS = (
     "AgentRL/SQL-v0",
     "AgentRL/Python-v0",
     "AgentRL/SMTP-v0",
-    "AgentRL/SQLPythonSMTP-v0",
+    "AgentRL/SQLPythonSMTP-v1",
     "AgentRL/HTTP-v0",
-    "AgentRL/Workplace-v0",
+    "AgentRL/Workplace-v1",
 )
 #: Tool-call markup the envs parse; the template's own markers are found in its rendering.
 TOOL_MARKERS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
@@ -78,7 +78,7 @@ def longest_prompts(
 
     Each step's prompt is the system prompt and the instruction, then every earlier call and tool
     answer; the longest is usually the last step's. ``long_horizon`` adds the
-    ``AgentRL/SQLPythonSMTP-v0`` long-horizon variant (``long_horizon=True``) as its own row.
+    ``AgentRL/SQLPythonSMTP-v1`` long-horizon variant (``long_horizon=True``) as its own row.
     """
     import gymnasium as gym
 
@@ -86,7 +86,7 @@ def longest_prompts(
 
     runs: list[tuple[str, str, dict[str, Any]]] = [(env_id, env_id, {}) for env_id in env_ids]
     if long_horizon:
-        runs.append(("AgentRL/SQLPythonSMTP-v0 long_horizon", "AgentRL/SQLPythonSMTP-v0", {"long_horizon": True}))
+        runs.append(("AgentRL/SQLPythonSMTP-v1 long_horizon", "AgentRL/SQLPythonSMTP-v1", {"long_horizon": True}))
     out: dict[str, dict[str, Any]] = {}
     for label, env_id, kwargs in runs:
         env = gym.make(env_id, **kwargs)

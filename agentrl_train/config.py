@@ -121,7 +121,7 @@ class ModelConfig:
 class EnvConfig:
     """The environments the policy acts in."""
 
-    env: str = _f("AgentRL/SQLPythonSMTP-v0", "env id (see `agentrl-envs list`)")
+    env: str = _f("AgentRL/SQLPythonSMTP-v1", "env id (see `agentrl-envs list`)")
     split: str = _f("train", "task split to train on: train, test or heldout")
     num_envs: int = _f(16, "sub-envs of the vector env", commands=_PPO_ONLY)
     vectorization: str = _f("async", "async (one process per sub-env) or sync (one process; for debugging)", commands=_PPO_ONLY)

@@ -267,7 +267,7 @@ def main() -> None:
         "--max-new-tokens",
         type=int,
         default=160,
-        help="token budget of one action (default 160; the longest oracle call of SQL-v0 and SQLPythonSMTP-v0 is 144 "
+        help="token budget of one action (default 160; the longest oracle call of SQL-v0 and SQLPythonSMTP-v1 is 144 "
         "SmolLM2 tokens, so a smaller budget cuts the right call: `agentrl-train check-model` reports it)",
     )
     ap.add_argument("--max-prompt-tokens", type=int, default=1536)

@@ -99,7 +99,7 @@ def make_trajectories(n: int, arrays: bool, seed: int = 0) -> list[Trajectory]:
                     **extra,
                 )
             )
-        out.append(Trajectory(env_id="AgentRL/SQLPythonSMTP-v0", task_id=f"task-{i}", seed=i, steps=steps))
+        out.append(Trajectory(env_id="AgentRL/SQLPythonSMTP-v1", task_id=f"task-{i}", seed=i, steps=steps))
     return out
 
 

@@ -94,7 +94,12 @@ def env_page(env_id: str) -> str:
 def envs_index(env_ids: list[str]) -> str:
     import gymnasium as gym
 
-    lines = ["# Environments", "", "Every id that `import agentrl_envs` registers, with its env card.", ""]
+    lines = [
+        "# Environments",
+        "",
+        "Every id that `import agentrl_envs` registers, with its env card (earlier versions last).",
+        "",
+    ]
     lines += ["| id | tools | summary |", "|---|---|---|"]
     for env_id in env_ids:
         module, _, name = str(gym.spec(env_id).entry_point).partition(":")
@@ -218,7 +223,7 @@ def pages() -> dict[str, str]:
     """Every generated page: its path under docs/ -> its Markdown."""
     import agentrl_envs
 
-    env_ids = list(agentrl_envs.ENV_IDS)
+    env_ids = [*agentrl_envs.ENV_IDS, *agentrl_envs.EARLIER_IDS]  # earlier versions last
     out = {"reference/envs/index.md": envs_index(env_ids)}
     out.update({f"reference/envs/{env_slug(env_id)}.md": env_page(env_id) for env_id in env_ids})
     out["reference/cli.md"] = cli_page()

@@ -1,6 +1,6 @@
 """Play the oracle through GEM's own ``gem.make`` on an agentrl env, faults on.
 
-    python examples/gem_oracle.py --env AgentRL/SQLPythonSMTP-v0 --episodes 3 --error-profile flaky
+    python examples/gem_oracle.py --env AgentRL/SQLPythonSMTP-v1 --episodes 3 --error-profile flaky
 
 Needs ``pip install -e ".[gem]"``. A trainer on GEM would put its policy where ``oracle_action()`` is.
 """

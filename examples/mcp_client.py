@@ -2,7 +2,7 @@
 
 ::
 
-    python examples/mcp_client.py --env-id AgentRL/Workplace-v0 --transport http --error-profile flaky --episodes 3
+    python examples/mcp_client.py --env-id AgentRL/Workplace-v1 --transport http --error-profile flaky --episodes 3
 
 It starts ``agentrl-envs mcp`` itself (stdio: as the client's subprocess; http: on 127.0.0.1, a free
 port), lists the tools, and for each episode calls ``reset(seed)`` and then the calls of an

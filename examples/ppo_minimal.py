@@ -33,7 +33,7 @@ from agentrl_train.policy import Policy, build_policy
 
 @dataclass
 class Args:
-    env_id: str = "AgentRL/SQLPythonSMTP-v0"
+    env_id: str = "AgentRL/SQLPythonSMTP-v1"
     """the env to train on (``agentrl-envs list``)"""
     num_envs: int = 8
     """envs stepped side by side (in this process)"""

@@ -1,6 +1,6 @@
 """Play the oracle through SkyRL-Gym's own ``skyrl_gym.make`` / ``init`` / ``step`` on an agentrl env, faults on.
 
-    python examples/skyrl_gym_oracle.py --env AgentRL/SQLPythonSMTP-v0 --episodes 3 --error-profile flaky
+    python examples/skyrl_gym_oracle.py --env AgentRL/SQLPythonSMTP-v1 --episodes 3 --error-profile flaky
 
 Needs ``pip install -e ".[skyrl]"``. SkyRL's generator makes one env per dataset row the same way:
 ``env_class`` is the agentrl id, ``env_extras`` holds the row's ``seed``, and the trainer config's

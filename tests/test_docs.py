@@ -113,10 +113,11 @@ def test_the_site_builds_strict(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     for page in (
         "index.html",
+        "reference/envs/sqlpythonsmtp-v1/index.html",
         "reference/envs/sqlpythonsmtp-v0/index.html",
         "reference/cli/index.html",
         "results/performance/index.html",
     ):
         assert (site / page).is_file(), page
-    env_page = (site / "reference/envs/sqlpythonsmtp-v0/index.html").read_text(encoding="utf-8")
+    env_page = (site / "reference/envs/sqlpythonsmtp-v1/index.html").read_text(encoding="utf-8")
     assert "Version History" in env_page and "Tool schemas" in env_page

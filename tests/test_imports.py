@@ -19,7 +19,7 @@ def _modules_after(code: str) -> set[str]:
 def test_agentrl_envs_does_not_import_torch() -> None:
     mods = _modules_after(
         "import agentrl_envs, agentrl_envs.agents, agentrl_envs.cli.main, agentrl_envs.core.candidates\n"
-        "import gymnasium as gym\nenv = gym.make('AgentRL/SQLPythonSMTP-v0')\nenv.reset(seed=0)\nenv.close()"
+        "import gymnasium as gym\nenv = gym.make('AgentRL/SQLPythonSMTP-v1')\nenv.reset(seed=0)\nenv.close()"
     )
     assert "agentrl_envs" in mods
     assert not {"torch", "transformers", "peft"} & mods

@@ -79,5 +79,5 @@ def test_non_editable_install_from_another_directory(tmp_path: Path) -> None:
     cli = subprocess.run(
         [str(env_dir / "bin" / "agentrl-envs"), "list"], cwd=elsewhere, capture_output=True, text=True, timeout=120, env=env
     )
-    assert cli.returncode == 0 and "AgentRL/SQLPythonSMTP-v0" in cli.stdout
+    assert cli.returncode == 0 and "AgentRL/SQLPythonSMTP-v1" in cli.stdout
     assert sys.executable  # the test venv is untouched

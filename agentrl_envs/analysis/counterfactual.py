@@ -87,7 +87,7 @@ def make_rm_data(env_id: str, episodes: int, out_dir: str | Path, seed: int = 0,
     from agentrl_envs.core.actions import parse_action
     from agentrl_envs.text.observation import clip
 
-    if env_id not in agentrl_envs.ENV_IDS:
+    if env_id not in agentrl_envs.ALL_IDS:
         raise ConfigError(f"unknown environment {str(env_id)[:80]!r}; available: {', '.join(agentrl_envs.ENV_IDS)}")
     if not isinstance(episodes, int) or isinstance(episodes, bool) or episodes < 1:
         raise ConfigError(f"episodes={episodes!r}: use a positive number of episodes")
@@ -150,7 +150,7 @@ def make_rm_data(env_id: str, episodes: int, out_dir: str | Path, seed: int = 0,
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``agentrl-envs make-rm-data``."""
-    parser.add_argument("env_id", metavar="ID", help="environment id, e.g. AgentRL/SQLPythonSMTP-v0")
+    parser.add_argument("env_id", metavar="ID", help="environment id, e.g. AgentRL/SQLPythonSMTP-v1")
     parser.add_argument("--episodes", type=int, default=20, help="oracle episodes to label (default 20)")
     parser.add_argument("-o", "--out", required=True, help="output directory (created if missing)")
     parser.add_argument("--seed", type=int, default=0, help="first reset seed; episode i uses seed+i")

@@ -42,7 +42,8 @@ __all__ = ["AGENTS", "Thresholds", "add_arguments", "check_rewards", "cmd_check_
 
 AGENTS = ("oracle", "random")
 SPLITS = ("train", "heldout")
-LONG_HORIZON_ENV = "AgentRL/SQLPythonSMTP-v0"
+#: The ids with a long-horizon variant (the credit section); v0 has fixed-length oracle episodes.
+LONG_HORIZON_ENVS = ("AgentRL/SQLPythonSMTP-v1", "AgentRL/SQLPythonSMTP-v0")
 CREDIT_EPISODES = 3
 IMAGES = ("rewards_distribution.png", "correlation.png", "credit_assignment.png", "domain_shift.png")
 
@@ -123,7 +124,7 @@ def check_rewards(
     from agentrl_envs.analysis.counterfactual import _writable_dir
 
     names = _agent_names(agents)
-    if env_id not in agentrl_envs.ENV_IDS:
+    if env_id not in agentrl_envs.ALL_IDS:
         raise ConfigError(f"unknown environment {str(env_id)[:80]!r}; available: {', '.join(agentrl_envs.ENV_IDS)}")
     if not isinstance(episodes, int) or isinstance(episodes, bool) or episodes < 1:
         raise ConfigError(f"episodes={episodes!r}: use a positive number of episodes per agent and split")
@@ -140,7 +141,7 @@ def check_rewards(
         (out / stale).unlink(missing_ok=True)
     from tqdm import tqdm
 
-    credit_n = min(episodes, CREDIT_EPISODES) if env_id == LONG_HORIZON_ENV else 0
+    credit_n = min(episodes, CREDIT_EPISODES) if env_id in LONG_HORIZON_ENVS else 0
     bar = tqdm(
         total=len(names) * len(SPLITS) * episodes + credit_n, desc=f"check-rewards {env_id}", unit="ep", disable=not progress
     )
@@ -169,7 +170,7 @@ def check_rewards(
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``agentrl-envs check-rewards``; every threshold is an option."""
-    parser.add_argument("env_id", metavar="ID", help="environment id, e.g. AgentRL/SQLPythonSMTP-v0")
+    parser.add_argument("env_id", metavar="ID", help="environment id, e.g. AgentRL/SQLPythonSMTP-v1")
     parser.add_argument("--episodes", type=int, default=20, help="episodes per agent and split (default 20)")
     parser.add_argument("--agents", default="oracle,random", help=f"comma-separated agents ({', '.join(AGENTS)})")
     parser.add_argument("--out", default="reward-report", help="output directory (default reward-report)")
@@ -513,7 +514,7 @@ def _markdown(summary: dict[str, Any], corr: dict[str, Any], images: dict[str, s
     lines += ["", *[f"- warning: {w}" for w in corr["warnings"]], "", f"![correlation]({images['correlation']})", ""]
     lines += ["## (c) Temporal credit assignment", ""]
     if credit is None:
-        lines.append(f"Not applicable: only {LONG_HORIZON_ENV} has a long-horizon variant.")
+        lines.append(f"Not applicable: only {' and '.join(LONG_HORIZON_ENVS)} have a long-horizon variant.")
     else:
         lines.append(
             f"Oracle on the long-horizon variant ({credit['episodes']} episodes, {credit['mean_length']:.0f} steps): the"

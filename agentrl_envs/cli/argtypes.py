@@ -109,7 +109,7 @@ def _int(text: str) -> int:
 
 
 def check_id(env_id: str) -> None:
-    if env_id not in agentrl_envs.ENV_IDS:
+    if env_id not in agentrl_envs.ALL_IDS:
         raise agentrl_envs.ConfigError(f"unknown environment {env_id[:80]!r}; available: {', '.join(agentrl_envs.ENV_IDS)}")
 
 

@@ -4,7 +4,7 @@
 
     agentrl-envs list
     agentrl-envs play AgentRL/SQL-v0 [--seed N] [--candidates K]
-    agentrl-envs eval AgentRL/SQLPythonSMTP-v0 --agent oracle --episodes 50
+    agentrl-envs eval AgentRL/SQLPythonSMTP-v1 --agent oracle --episodes 50
     agentrl-envs eval AgentRL/SQL-v0 --agent openai --base-url http://127.0.0.1:8000 --model NAME
     agentrl-envs serve --host 127.0.0.1 --port 8765 [--profile realistic]
     agentrl-envs mcp AgentRL/SQL-v0 [--transport stdio|http] [--error-profile flaky]

@@ -6,7 +6,7 @@
     from agentrl_envs.wrappers.record_trajectories import RecordTrajectories
 
     with ReplayBuffer.create("replay.ring", capacity_bytes=256 << 20) as buf:
-        env = RecordTrajectories(gym.make("AgentRL/SQLPythonSMTP-v0"), buf)
+        env = RecordTrajectories(gym.make("AgentRL/SQLPythonSMTP-v1"), buf)
         ...                                   # every finished episode is appended to buf
         batch = buf.sample(32, rng=0)         # list of Trajectory messages
 

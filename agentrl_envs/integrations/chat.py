@@ -58,7 +58,7 @@ def _env_card(env_id: str) -> tuple[str, str]:
 
     import agentrl_envs
 
-    if env_id not in agentrl_envs.ENV_IDS:
+    if env_id not in agentrl_envs.ALL_IDS:
         raise ConfigError(f"unknown environment {env_id[:80]!r}; available: {', '.join(agentrl_envs.ENV_IDS)}")
     env: Any = gym.make(env_id).unwrapped
     try:

@@ -49,7 +49,7 @@ SESSION_BACKENDS = ("sim", "direct")
 
 def check_env_id(env_id: Any) -> str:
     """``env_id`` if registered; ConfigError naming the ids otherwise."""
-    if not isinstance(env_id, str) or env_id not in agentrl_envs.ENV_IDS:
+    if not isinstance(env_id, str) or env_id not in agentrl_envs.ALL_IDS:
         raise ConfigError(f"unknown environment {str(env_id)[:80]!r}; available: {', '.join(agentrl_envs.ENV_IDS)}")
     return env_id
 

@@ -3,7 +3,7 @@
 ::
 
     agentrl-envs mcp AgentRL/SQL-v0                                  # stdio: one session, one episode at a time
-    agentrl-envs mcp AgentRL/Workplace-v0 --transport http --port 8766 --error-profile flaky
+    agentrl-envs mcp AgentRL/Workplace-v1 --transport http --port 8766 --error-profile flaky
 
 What a client sees (the ``mcp`` SDK's low-level :class:`~mcp.server.lowlevel.Server`):
 

@@ -72,7 +72,7 @@ def environment_factory(env_id: str, **make_kwargs: Any) -> type:
     Raises:
         ConfigError: unknown ``env_id``.
     """
-    if not isinstance(env_id, str) or env_id not in agentrl_envs.ENV_IDS:
+    if not isinstance(env_id, str) or env_id not in agentrl_envs.ALL_IDS:
         raise ConfigError(f"unknown environment {str(env_id)[:80]!r}; available: {', '.join(agentrl_envs.ENV_IDS)}")
     probe = gym.make(env_id, **make_kwargs)
     try:

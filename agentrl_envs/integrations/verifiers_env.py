@@ -166,7 +166,7 @@ class AgentRLTaskset(vf.Taskset[AgentRLTask, AgentRLTasksetConfig]):
 
     def load(self) -> Iterator[AgentRLTask]:
         config = self.config
-        if config.env_id not in agentrl_envs.ENV_IDS:
+        if config.env_id not in agentrl_envs.ALL_IDS:
             raise ConfigError(f"env_id={config.env_id!r:.80}: use one of {', '.join(agentrl_envs.ENV_IDS)}")
         if config.split not in SPLITS:
             raise ConfigError(f"split={config.split!r:.80}: use one of {', '.join(SPLITS)}")
@@ -277,7 +277,7 @@ def load_environment(
     Raises:
         ConfigError: unknown ``env_id`` or ``split``, or the ``agentrl_env`` package is not installed.
     """
-    if env_id not in agentrl_envs.ENV_IDS:
+    if env_id not in agentrl_envs.ALL_IDS:
         raise ConfigError(f"unknown environment {str(env_id)[:80]!r}; available: {', '.join(agentrl_envs.ENV_IDS)}")
     taskset = AgentRLTasksetConfig(
         id=TASKSET_ID, env_id=env_id, split=split, seed=seed, num_tasks=num_tasks, make_kwargs=make_kwargs

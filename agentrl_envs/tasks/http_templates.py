@@ -172,7 +172,7 @@ def http_reassign(c: Context) -> SubTask:
 
 
 HTTP_TEMPLATES: tuple[Template, ...] = (http_lookup, http_ticket_count, http_create_ticket, http_close_ticket, http_reassign)
-#: The templates that change the service's state (no final answer): the http part of ``Workplace-v0``.
+#: The templates that change the service's state (no final answer): the http part of ``Workplace-v1``.
 HTTP_WRITES: tuple[Template, ...] = (http_create_ticket, http_close_ticket, http_reassign)
 
 #: The ``http`` kind of task (``AgentRL/HTTP-v0``), found by :func:`~agentrl_envs.tasks.templates.discover_kinds`.

@@ -603,6 +603,6 @@ TEMPLATES: dict[str, tuple[Template, ...]] = {
 TOOL_KINDS: dict[str, TaskKind] = discover_kinds()
 TEMPLATES.update({name: kind.templates for name, kind in TOOL_KINDS.items()})
 
-#: ``AgentRL/Workplace-v0``: two pipeline sub-tasks and two ticket changes, in an order drawn per task.
+#: ``AgentRL/Workplace-v1``: two pipeline sub-tasks and two ticket changes, in an order drawn per task.
 WORKPLACE_PLAN: tuple[tuple[Template, ...], ...] = (TEMPLATES["pipeline"], HTTP_WRITES, TEMPLATES["pipeline"], HTTP_WRITES)
 TEMPLATES["workplace"] = TEMPLATES["pipeline"] + HTTP_WRITES

@@ -430,8 +430,8 @@ def test_a_server_that_drips_bytes_is_cut_off_at_timeout_s_for_the_whole_request
 
 @pytest.mark.parametrize("native_calls", [True, False])
 def test_history_across_full_oracle_episodes(native_calls: bool) -> None:
-    replay = OracleReplay("AgentRL/SQLPythonSMTP-v0", native=native_calls)
-    env = gym.make("AgentRL/SQLPythonSMTP-v0")
+    replay = OracleReplay("AgentRL/SQLPythonSMTP-v1", native=native_calls)
+    env = gym.make("AgentRL/SQLPythonSMTP-v1")
     a = agent()
     wins = 0
     with respx.mock:

@@ -15,7 +15,7 @@ from tests.integration.servers import free_port
 
 @pytest.mark.parametrize("native", [True, False])
 def test_full_episodes_to_success_over_http(native: bool) -> None:
-    env_id = "AgentRL/SQLPythonSMTP-v0"
+    env_id = "AgentRL/SQLPythonSMTP-v1"
     replay = OracleReplay(env_id, native=native)
     env = gym.make(env_id)
     try:

@@ -26,7 +26,7 @@ from agentrl_envs.tasks.sampler import TaskSampler
 from simulators.sql import ReadOnlyDatabase, build_database
 
 EPISODES = 2
-KIND = {"AgentRL/SQL-v0": "sql", "AgentRL/Python-v0": "python", "AgentRL/SMTP-v0": "smtp", "AgentRL/SQLPythonSMTP-v0": "pipeline"}
+KIND = {"AgentRL/SQL-v0": "sql", "AgentRL/Python-v0": "python", "AgentRL/SMTP-v0": "smtp", "AgentRL/SQLPythonSMTP-v1": "pipeline"}
 COLUMNS = [
     "env_id",
     "split",
@@ -68,7 +68,7 @@ def test_files_read_back_and_counts_add_up(made: tuple[str, dict[str, Any], list
     assert summary["erroring"] == sum(r["errors"] for r in perturbed)
     assert {r["label"] for r in gold} == {GOLD_LABEL} and {r["label"] for r in perturbed} == {PERTURBED_LABEL}
     # One gold row per oracle tool call: 1 per episode, 3 (sql, python, smtp) in the pipeline env.
-    assert len(gold) == EPISODES * (3 if KIND[env_id] == "pipeline" else 1)
+    assert len(gold) == EPISODES * (4 if KIND[env_id] == "pipeline" else 1)  # query, program, staff lookup, email
     assert summary["short_calls"] == 0 and len(perturbed) == 3 * len(gold)
     for g in gold:  # perturbations follow their gold row, same call site, other kinds first
         mine = [r for r in perturbed if (r["task_id"], r["step"]) == (g["task_id"], g["step"])]

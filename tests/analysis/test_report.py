@@ -30,6 +30,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 @pytest.fixture(scope="module")
 def pipeline_report(tmp_path_factory: pytest.TempPathFactory) -> tuple[bool, Path]:
+    # v0: its long-horizon oracle episodes are 16 steps, each a tool boundary (v1's staff lookups vary the length)
     return check_rewards("AgentRL/SQLPythonSMTP-v0", 2, "oracle,random", tmp_path_factory.mktemp("report"), progress=False)
 
 

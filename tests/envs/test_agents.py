@@ -16,7 +16,7 @@ SEEDS = 200
 #: Fewer seeds in CI for the ids whose episodes cost the most per seed (the 200-seed rates of every
 #: split are measured with `agentrl-envs eval ID --agent oracle --episodes 200 --split
 #: train,test,heldout` and reported in docs/guide/play.md); >= 99% of these is all of them.
-CI_SEEDS = {"AgentRL/HTTP-v0": 50, "AgentRL/Workplace-v0": 20}
+CI_SEEDS = {"AgentRL/HTTP-v0": 50, "AgentRL/Workplace-v1": 20}
 
 
 def success_rate(env_id: str, split: str, agent_name: str, n: int | None = None) -> float:
@@ -65,7 +65,7 @@ def test_candidates_hold_the_oracle_action_once(env_id: str) -> None:
 
 
 def test_candidate_order_depends_on_seed() -> None:
-    env = gym.make("AgentRL/SQLPythonSMTP-v0", candidates=5)
+    env = gym.make("AgentRL/SQLPythonSMTP-v1", candidates=5)
     positions = set()
     for seed in range(20):
         _, info = env.reset(seed=seed)
@@ -100,7 +100,7 @@ def test_oracle_recovers_from_wrong_candidates(env_id: str) -> None:
 
 def test_wrong_candidates_really_are_wrong() -> None:
     """Following only wrong candidates (never the oracle) does not solve tasks."""
-    env = gym.make("AgentRL/SQLPythonSMTP-v0", candidates=4)
+    env = gym.make("AgentRL/SQLPythonSMTP-v1", candidates=4)
     rng = np.random.default_rng(1)
     wins = 0
     for seed in range(30):

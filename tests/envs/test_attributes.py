@@ -44,7 +44,7 @@ def test_oracle_recipe_runs_across_autoresets(mode: str) -> None:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_oracle_episodes_all_succeed_in_vector_envs(mode: str) -> None:
-    venv = gym.make_vec("AgentRL/SQLPythonSMTP-v0", num_envs=2, vectorization_mode=mode)
+    venv = gym.make_vec("AgentRL/SQLPythonSMTP-v1", num_envs=2, vectorization_mode=mode)
     try:
         venv.reset(seed=5)
         successes: list[bool] = []

@@ -108,7 +108,7 @@ def test_single_env_set_wrapper_attr() -> None:
 
 
 def test_aux_is_paid_once_per_tool_per_subtask() -> None:
-    env = gym.make("AgentRL/SQLPythonSMTP-v0", max_steps=30)
+    env = gym.make("AgentRL/SQLPythonSMTP-v1", max_steps=30)
     obs, info = env.reset(seed=1)
     gold_sql = env.unwrapped.oracle_action()
     paid = [env.step(gold_sql)[1] for _ in range(4)]
@@ -147,7 +147,7 @@ def _smart_farmer(env: gym.Env[str, str], obs: str, info: dict[str, Any], step: 
 @pytest.mark.parametrize("env_id", ENV_IDS)
 @pytest.mark.parametrize("training_step", [0, 500_000, 1_000_000])
 def test_farming_returns_less_than_half_of_solving(env_id: str, training_step: int) -> None:
-    for long_horizon in (False, True) if env_id == "AgentRL/SQLPythonSMTP-v0" else (False,):
+    for long_horizon in (False, True) if env_id == "AgentRL/SQLPythonSMTP-v1" else (False,):
         env = gym.make(env_id, max_steps=60, long_horizon=long_horizon) if long_horizon else gym.make(env_id, max_steps=60)
         env.unwrapped.set_training_step(training_step)
         for seed in range(4):

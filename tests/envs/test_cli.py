@@ -26,7 +26,7 @@ def run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, 
 def test_list(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(["list"], capsys)
     assert code == 0
-    for env_id in ("AgentRL/SQL-v0", "AgentRL/Python-v0", "AgentRL/SMTP-v0", "AgentRL/SQLPythonSMTP-v0"):
+    for env_id in ("AgentRL/SQL-v0", "AgentRL/Python-v0", "AgentRL/SMTP-v0", "AgentRL/SQLPythonSMTP-v1"):
         assert env_id in out
 
 
@@ -108,7 +108,7 @@ def test_unknown_arguments_without_a_near_flag_exit_2_with_a_short_message(
 
 
 def play(lines: list[str], *extra: str) -> str:
-    args = _parser().parse_args(["play", "AgentRL/SQLPythonSMTP-v0", "--seed", "3", *extra])
+    args = _parser().parse_args(["play", "AgentRL/SQLPythonSMTP-v1", "--seed", "3", *extra])
     out = io.StringIO()
     assert cmd_play(args, stdin=io.StringIO("".join(line + "\n" for line in lines)), stdout=out) == 0
     return out.getvalue()
@@ -117,7 +117,7 @@ def play(lines: list[str], *extra: str) -> str:
 def test_play_by_picking_candidates() -> None:
     import gymnasium as gym
 
-    env = gym.make("AgentRL/SQLPythonSMTP-v0", candidates=3)
+    env = gym.make("AgentRL/SQLPythonSMTP-v1", candidates=3)
     _, info = env.reset(seed=3)
     picks = []
     done = False
@@ -162,7 +162,7 @@ def test_play_help_lists_the_envs_own_tools_only() -> None:
     text = play_env("AgentRL/SQL-v0", [":help"])
     assert text.count("sql SELECT") == 2 and text.count("finish 42") == 2  # at the start and on :help
     assert "python print(1)" not in text and "smtp {" not in text and "http GET" not in text
-    text = play_env("AgentRL/Workplace-v0", [])
+    text = play_env("AgentRL/Workplace-v1", [])
     for shorthand in ("sql SELECT", "python print(1)", "smtp {", "http GET", "finish 42"):
         assert shorthand in text
 
@@ -271,7 +271,7 @@ def test_play_and_eval_take_an_error_profile(command: str) -> None:
 def test_eval_with_an_error_profile_pays_fault_penalties(capsys: pytest.CaptureFixture[str]) -> None:
     def mean_return(*extra: str) -> float:
         code, out, _ = run(
-            ["eval", "AgentRL/SQLPythonSMTP-v0", "--episodes", "8", "--split", "train", "--json", "--no-progress", *extra], capsys
+            ["eval", "AgentRL/SQLPythonSMTP-v1", "--episodes", "8", "--split", "train", "--json", "--no-progress", *extra], capsys
         )
         assert code == 0
         rows = json.loads(out)
@@ -286,7 +286,7 @@ def test_play_with_an_error_profile_shows_faults() -> None:
     # The oracle's actions replayed by hand; with 'flaky' some of them meet injected faults.
     import gymnasium as gym
 
-    env = gym.make("AgentRL/SQLPythonSMTP-v0", error_profile="flaky", max_steps=40)
+    env = gym.make("AgentRL/SQLPythonSMTP-v1", error_profile="flaky", max_steps=40)
     env.reset(seed=3)
     actions, faults, done = [], 0, False
     while not done:

@@ -51,9 +51,9 @@ def test_ids_registered() -> None:
         "AgentRL/SQL-v0",
         "AgentRL/Python-v0",
         "AgentRL/SMTP-v0",
-        "AgentRL/SQLPythonSMTP-v0",
+        "AgentRL/SQLPythonSMTP-v1",
         "AgentRL/HTTP-v0",
-        "AgentRL/Workplace-v0",
+        "AgentRL/Workplace-v1",
     }
     for env_id in ENV_IDS:
         assert env_id in gym.registry
@@ -139,7 +139,7 @@ def test_render_ansi(env_id: str) -> None:
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_vector_envs_return_real_observations(mode: str) -> None:
-    env_id = "AgentRL/SQLPythonSMTP-v0"
+    env_id = "AgentRL/SQLPythonSMTP-v1"
     venv = gym.make_vec(env_id, num_envs=4, vectorization_mode=mode)
     obs, info = venv.reset(seed=10)
     assert len(obs) == 4 and all(o.startswith("You are an analytics agent") for o in obs)
@@ -190,7 +190,7 @@ def test_step_contract_errors() -> None:
     ],
 )
 def test_bad_make_kwargs(kwargs: dict[str, Any]) -> None:
-    env_id = kwargs.pop("_id", "AgentRL/SQLPythonSMTP-v0")
+    env_id = kwargs.pop("_id", "AgentRL/SQLPythonSMTP-v1")
     with pytest.raises(ConfigError) as info:
         env = gym.make(env_id, **kwargs)
         env.reset(seed=0)
@@ -306,7 +306,7 @@ def test_a_numpy_int_task_seed_is_the_same_task_as_the_int() -> None:
 
 
 def test_long_horizon() -> None:
-    env = gym.make("AgentRL/SQLPythonSMTP-v0", long_horizon=True)
+    env = gym.make("AgentRL/SQLPythonSMTP-v1", long_horizon=True)
     transcript = run_episode(env, 4)
     steps = transcript[2:]
     info = steps[-1][-1]
@@ -342,7 +342,7 @@ def test_vector_infos_merge_when_sub_envs_are_out_of_step(mode: str) -> None:
 
     finish = format_call("finish", {"answer": "x"})
     sql = format_call("sql", {"query": "SELECT 1 AS one"})
-    venv = gym.make_vec("AgentRL/SQLPythonSMTP-v0", num_envs=2, vectorization_mode=mode)
+    venv = gym.make_vec("AgentRL/SQLPythonSMTP-v1", num_envs=2, vectorization_mode=mode)
     try:
         venv.reset(seed=0)
         _, _, terminated, _, _ = venv.step((finish, sql))

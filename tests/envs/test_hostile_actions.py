@@ -1,6 +1,6 @@
 """Hostile actions: every one gets an error observation, never an exception, and the episode survives.
 
-Each case is stepped once on ``AgentRL/SQLPythonSMTP-v0`` (all four tools available) with short
+Each case is stepped once on ``AgentRL/SQLPythonSMTP-v1`` (all four tools available) with short
 service limits. Two outcomes are expected, decided per case:
 
 - ``FORMAT``: the text is not one well-formed call of an available tool; the env answers
@@ -29,7 +29,7 @@ from agentrl_envs.agents import OracleAgent
 from agentrl_envs.core.actions import format_call
 from tests.procs import with_marker
 
-ENV_ID = "AgentRL/SQLPythonSMTP-v0"
+ENV_ID = "AgentRL/SQLPythonSMTP-v1"
 FORMAT, REFUSED, EITHER = "format", "refused", "either"
 
 _MAIL = {"to": "ops@example.com", "subject": "Weekly report", "body": "Hello,\nthe figure is 42.\n"}

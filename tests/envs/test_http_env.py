@@ -218,9 +218,9 @@ def test_a_write_the_service_refuses_is_the_agents_error_not_a_fault() -> None:
         env.close()
 
 
-@pytest.mark.parametrize(("env_id", "mode"), [(ENV_ID, "sync"), (ENV_ID, "async"), ("AgentRL/Workplace-v0", "async")])
+@pytest.mark.parametrize(("env_id", "mode"), [(ENV_ID, "sync"), (ENV_ID, "async"), ("AgentRL/Workplace-v1", "async")])
 def test_vector_envs_solve_the_new_ids(env_id: str, mode: str) -> None:
-    """The registry-wide vector test runs on SQLPythonSMTP-v0 only; the http envs get theirs here."""
+    """The registry-wide vector test runs on SQLPythonSMTP-v1 only; the http envs get theirs here."""
     venv = gym.make_vec(env_id, num_envs=2, vectorization_mode=mode)
     try:
         obs, _info = venv.reset(seed=20)

@@ -25,9 +25,9 @@ from tests.procs import alive
 
 pytestmark = pytest.mark.slow
 
-# Workplace-v0 runs the services of SQLPythonSMTP-v0 and HTTP-v0, both here; 250 of its 9-call
+# Workplace-v1 runs the services of SQLPythonSMTP-v1 and HTTP-v0, both here; 250 of its 9-call
 # episodes would add about a minute to CI for no code the others do not run.
-ENV_IDS = tuple(e for e in agentrl_envs.ENV_IDS if e != "AgentRL/Workplace-v0")
+ENV_IDS = tuple(e for e in agentrl_envs.ENV_IDS if e != "AgentRL/Workplace-v1")
 EPISODES_PER_ENV = 250
 WARMUP_EPISODES_PER_ENV = 5
 MAX_FD_GROWTH = 3

@@ -49,7 +49,7 @@ def test_bad_mail_domains(bad: object) -> None:
 
 
 def test_oracle_unaffected() -> None:
-    env = gym.make("AgentRL/SQLPythonSMTP-v0")
+    env = gym.make("AgentRL/SQLPythonSMTP-v1")
     agent = OracleAgent(env)
     for seed in range(5):
         obs, info = env.reset(seed=seed)

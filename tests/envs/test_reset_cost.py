@@ -39,7 +39,7 @@ def counting(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str) -> list[int
 
 
 def test_a_seeded_reset_builds_no_generator_and_no_progress(monkeypatch: pytest.MonkeyPatch) -> None:
-    env = gym.make("AgentRL/SQLPythonSMTP-v0")
+    env = gym.make("AgentRL/SQLPythonSMTP-v1")
     for seed in range(3):  # first resets: tasks generated, starts worked out
         env.reset(seed=seed)
     generators = counting(monkeypatch, gym_seeding, "np_random")

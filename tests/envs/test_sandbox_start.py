@@ -13,7 +13,7 @@ from simulators.python.sandbox import SandboxError
 from simulators.python.sandbox.shared import live_services
 
 NO_PYTHON = ["AgentRL/SQL-v0", "AgentRL/SMTP-v0", "AgentRL/HTTP-v0"]
-WITH_PYTHON = ["AgentRL/Python-v0", "AgentRL/SQLPythonSMTP-v0", "AgentRL/Workplace-v0"]
+WITH_PYTHON = ["AgentRL/Python-v0", "AgentRL/SQLPythonSMTP-v1", "AgentRL/Workplace-v1"]
 TIERS = ("FULL", "REDUCED", "UNSAFE", "BASIC")
 
 

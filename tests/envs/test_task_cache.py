@@ -58,7 +58,7 @@ def test_cached_task_data_is_read_only() -> None:
 
 
 def test_mutating_one_episode_does_not_reach_the_next_with_the_same_seed() -> None:
-    env = gym.make("AgentRL/SQLPythonSMTP-v0")
+    env = gym.make("AgentRL/SQLPythonSMTP-v1")
     obs0, info0 = env.reset(seed=5)
     core = env.unwrapped
     task = core.task

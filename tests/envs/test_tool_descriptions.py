@@ -48,8 +48,8 @@ def test_default_schema_is_unchanged_without_facts() -> None:
 
 def test_editing_info_tools_changes_no_other_env_nor_the_argument_checks() -> None:
     kept = {name: copy.deepcopy(tool.parameters) for name, tool in TOOLS.items()}
-    env = gym.make("AgentRL/SQLPythonSMTP-v0", python_sandbox=False)
-    fresh = gym.make("AgentRL/SQLPythonSMTP-v0", python_sandbox=False)
+    env = gym.make("AgentRL/SQLPythonSMTP-v1", python_sandbox=False)
+    fresh = gym.make("AgentRL/SQLPythonSMTP-v1", python_sandbox=False)
     try:
         _, info = env.reset(seed=0)
         before = json.dumps(info["tools"])

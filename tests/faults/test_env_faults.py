@@ -14,7 +14,7 @@ from agentrl_envs.core.env import ToolUseEnv
 from agentrl_envs.faults import FAULT_STATUS, ErrorProfile, load_profile
 from agentrl_envs.faults.injector import FaultInjectingBackend
 
-ENV_ID = "AgentRL/SQLPythonSMTP-v0"
+ENV_ID = "AgentRL/SQLPythonSMTP-v1"
 CALL_TOOLS = ("sql", "python", "smtp")
 
 
@@ -222,4 +222,4 @@ def test_oracle_retries_python_after_an_injected_fault() -> None:
     steps = episode(gym.make(ENV_ID, error_profile=profile), seed=0)
     tools = [s[5]["tool"] for s in steps[1:]]
     assert steps[2][5]["fault"]["type"] == "http_503"
-    assert tools == ["sql", "python", "python", "smtp", "finish"]
+    assert tools == ["sql", "python", "python", "sql", "smtp", "finish"]  # the retry, then the staff lookup

@@ -207,7 +207,7 @@ def test_make_with_a_bad_profile_raises_config_error(bad: str, tmp_path: Path) -
         (tmp_path / "p.yaml").write_text("name: p\ndefaults: {rates: {http_500: 2}}\n")
         spec = str(tmp_path / "p.yaml")
     with pytest.raises(ConfigError) as err:
-        gym.make("AgentRL/SQLPythonSMTP-v0", error_profile=spec)
+        gym.make("AgentRL/SQLPythonSMTP-v1", error_profile=spec)
     assert "error_profile" in str(err.value) or "p.yaml" in str(err.value)
     assert isinstance(err.value, agentrl_envs.AgentRLError)
 
@@ -215,7 +215,7 @@ def test_make_with_a_bad_profile_raises_config_error(bad: str, tmp_path: Path) -
 @pytest.mark.parametrize("bad", [None, 5, {"name": "x"}])
 def test_make_with_a_non_path_profile_raises_config_error(bad: Any) -> None:
     with pytest.raises(ConfigError):
-        gym.make("AgentRL/SQLPythonSMTP-v0", error_profile=bad)
+        gym.make("AgentRL/SQLPythonSMTP-v1", error_profile=bad)
 
 
 def test_profile_error_pickles() -> None:
@@ -324,7 +324,7 @@ def test_env_under_the_most_extreme_valid_profile_keeps_clock_and_rewards_finite
 
     from agentrl_envs.agents import RandomAgent
 
-    env = gym.make("AgentRL/SQLPythonSMTP-v0", error_profile=_extreme_profile(), max_steps=30)
+    env = gym.make("AgentRL/SQLPythonSMTP-v1", error_profile=_extreme_profile(), max_steps=30)
     try:
         agent = RandomAgent(env, seed=7)
         for seed in range(3):

@@ -47,20 +47,20 @@ def test_postgres_and_smtp_match_sim(env_id: str, pg_url: str, smtp: tuple[str, 
         reference = transcript(env_id, "sim", seed)
         real = transcript(env_id, {"default": "sim", "sql": pg_url, "smtp": smtp_url}, seed)
         assert real == reference
-    if env_id in ("AgentRL/SMTP-v0", "AgentRL/SQLPythonSMTP-v0"):
+    if env_id in ("AgentRL/SMTP-v0", "AgentRL/SQLPythonSMTP-v1"):
         assert len(received) - before == len(SEEDS)  # one accepted message per episode reached the server
 
 
 def test_all_real_with_python_over_http(pg_url: str, smtp: tuple[str, list[Any]], sim_url: str) -> None:
     backend = {"default": sim_url, "sql": pg_url, "smtp": smtp[0]}
     for seed in SEEDS:
-        assert transcript("AgentRL/SQLPythonSMTP-v0", backend, seed) == transcript("AgentRL/SQLPythonSMTP-v0", "sim", seed)
+        assert transcript("AgentRL/SQLPythonSMTP-v1", backend, seed) == transcript("AgentRL/SQLPythonSMTP-v1", "sim", seed)
 
 
 def test_long_horizon_on_real_services(pg_url: str, smtp: tuple[str, list[Any]]) -> None:
     backend = {"default": "sim", "sql": pg_url, "smtp": smtp[0]}
-    assert transcript("AgentRL/SQLPythonSMTP-v0", backend, 5, long_horizon=True) == transcript(
-        "AgentRL/SQLPythonSMTP-v0", "sim", 5, long_horizon=True
+    assert transcript("AgentRL/SQLPythonSMTP-v1", backend, 5, long_horizon=True) == transcript(
+        "AgentRL/SQLPythonSMTP-v1", "sim", 5, long_horizon=True
     )
 
 

@@ -72,7 +72,7 @@ def test_a_database_where_public_may_create_temp_tables_is_refused(pg_cluster: P
             conn.execute("DROP DATABASE open_temp")
 
 
-@pytest.mark.parametrize("env_id", ["AgentRL/SQL-v0", "AgentRL/SQLPythonSMTP-v0"])
+@pytest.mark.parametrize("env_id", ["AgentRL/SQL-v0", "AgentRL/SQLPythonSMTP-v1"])
 def test_episodes_leave_nothing_behind(env_id: str, pg_cluster: PostgresCluster) -> None:
     env = gym.make(env_id, backend={"sql": pg_cluster.url})
     for seed in range(4):  # each reset drops the previous episode's schema and role
@@ -117,7 +117,7 @@ sys.stdin.read()
 """
 
 
-def start_child(url: str, env_id: str = "AgentRL/SQLPythonSMTP-v0", seed: int = 0) -> tuple[subprocess.Popen[str], list[str]]:
+def start_child(url: str, env_id: str = "AgentRL/SQLPythonSMTP-v1", seed: int = 0) -> tuple[subprocess.Popen[str], list[str]]:
     proc = subprocess.Popen(
         [sys.executable, "-c", CHILD, env_id, url, str(seed)],
         cwd=ROOT,

@@ -46,7 +46,7 @@ HOSTILE_SQL = [
 
 @pytest.mark.parametrize(("name", "query", "kind"), HOSTILE_SQL, ids=[c[0] for c in HOSTILE_SQL])
 def test_hostile_sql_on_postgres(name: str, query: str, kind: str, pg_url: str) -> None:
-    env = gym.make("AgentRL/SQLPythonSMTP-v0", backend={"sql": pg_url}, sql_deadline_s=1.0)
+    env = gym.make("AgentRL/SQLPythonSMTP-v1", backend={"sql": pg_url}, sql_deadline_s=1.0)
     obs, info = env.reset(seed=1)
     start = time.perf_counter()
     obs, reward, terminated, truncated, info = env.step(format_call("sql", {"query": query}))
@@ -88,7 +88,7 @@ def test_episodes_cannot_see_each_other(pg_url: str) -> None:
 
 
 def test_nothing_left_in_postgres_after_close(pg_url: str) -> None:
-    env = gym.make("AgentRL/SQLPythonSMTP-v0", backend={"sql": pg_url})
+    env = gym.make("AgentRL/SQLPythonSMTP-v1", backend={"sql": pg_url})
     names: set[str] = set()
     for seed in range(3):
         env.reset(seed=seed)
@@ -153,7 +153,7 @@ def test_unreachable_http_server_is_a_clear_error() -> None:
 
 def test_http_server_dying_mid_episode_is_a_fault_not_a_crash() -> None:
     with simulator_server() as (url, proc):
-        env = gym.make("AgentRL/SQLPythonSMTP-v0", backend=url)
+        env = gym.make("AgentRL/SQLPythonSMTP-v1", backend=url)
         obs, info = env.reset(seed=0)
         obs, *_ = env.step(OracleAgent(env).act(obs, info))
         proc.kill()
@@ -203,7 +203,7 @@ def test_server_side_profile_faults_replay_by_seed() -> None:
     with simulator_server("flaky") as (url, _proc):
 
         def run(seed: int) -> list[Any]:
-            env = gym.make("AgentRL/SQLPythonSMTP-v0", backend=url, max_steps=40)
+            env = gym.make("AgentRL/SQLPythonSMTP-v1", backend=url, max_steps=40)
             obs, info = env.reset(seed=seed)
             faults = []
             done = False

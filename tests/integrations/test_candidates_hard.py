@@ -38,7 +38,7 @@ def test_overlap_beats_random_on_easy_and_not_on_hard() -> None:
 
 
 def test_hard_candidates_reuse_the_instruction_and_hold_the_oracle_once() -> None:
-    env = gym.make("AgentRL/SQLPythonSMTP-v0", candidates=4, candidates_difficulty="hard")
+    env = gym.make("AgentRL/SQLPythonSMTP-v1", candidates=4, candidates_difficulty="hard")
     for seed in range(5):
         observation, info = env.reset(seed=seed)
         done = False

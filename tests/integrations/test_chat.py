@@ -79,7 +79,7 @@ def test_export_sft_loads_in_datasets_and_renders_through_a_chat_template(
     tokenizers = pytest.importorskip("tokenizers")
     chat_templates = pytest.importorskip("trl.chat_template_utils")
     out = tmp_path / "sft.parquet"
-    assert main(["export-sft", "AgentRL/SQLPythonSMTP-v0", "--agent", "oracle", "--episodes", "3", "-o", str(out)]) == 0
+    assert main(["export-sft", "AgentRL/SQLPythonSMTP-v1", "--agent", "oracle", "--episodes", "3", "-o", str(out)]) == 0
     assert "3 solved" in capsys.readouterr().out
     ds = datasets.load_dataset("parquet", data_files=str(out), split="train")
     assert len(ds) == 3 and all(ds["success"])
@@ -89,7 +89,7 @@ def test_export_sft_loads_in_datasets_and_renders_through_a_chat_template(
     row = ds[0]
     text = tokenizer.apply_chat_template(load_sft_messages(row), tools=json.loads(row["tools"]), tokenize=False)
     calls = sum(1 for m in row["messages"] if m["tool_calls"])
-    assert calls == 4 and text.count('<tool_call>\n{"name": "') == calls  # sql, python, smtp, finish
+    assert calls == 5 and text.count('<tool_call>\n{"name": "') == calls  # sql, python, the staff lookup, smtp, finish
     assert '"name": "smtp"' in text and "<tool_response>" in text and text.rstrip().endswith("<|im_end|>")
 
 

@@ -46,7 +46,7 @@ def test_the_oracle_succeeds_through_gem_make_with_gym_makes_rewards(env_id: str
 
 
 def test_faults_of_the_flaky_profile_reach_gem() -> None:
-    env = gem.make("AgentRL/Workplace-v0", error_profile="flaky")
+    env = gem.make("AgentRL/Workplace-v1", error_profile="flaky")
     env.reset(seed=0)
     faults = []
     while True:

@@ -82,7 +82,7 @@ async def _hostile(client: Client) -> None:
 
 def test_stdio_lists_tools_plays_the_oracle_and_survives_hostile_calls() -> None:
     async def main() -> None:
-        for env_id, profile in (("AgentRL/SQL-v0", "none"), ("AgentRL/Workplace-v0", "flaky")):
+        for env_id, profile in (("AgentRL/SQL-v0", "none"), ("AgentRL/Workplace-v1", "flaky")):
             params = StdioServerParameters(
                 command=sys.executable, args=["-m", "agentrl_envs", "mcp", env_id, "--error-profile", profile, "--seed", "4"]
             )
@@ -171,7 +171,7 @@ def test_http_sessions_are_apart_and_a_hostile_one_leaves_the_others_working() -
 
 
 def test_mcp_client_example_runs() -> None:
-    out = run_example("mcp_client.py", "--env-id", "AgentRL/SQLPythonSMTP-v0", "--transport", "http", "--episodes", "2")
+    out = run_example("mcp_client.py", "--env-id", "AgentRL/SQLPythonSMTP-v1", "--transport", "http", "--episodes", "2")
     assert out.count("(gym.make same), solved") == 2, out
 
 

@@ -124,7 +124,7 @@ def test_hostile_calls_get_tool_errors_and_the_server_keeps_answering(openenv_ur
 
 def test_production_mode_plays_the_servers_id_over_http_mcp() -> None:
     """OpenEnv's HTTP MCP (``openenv/session/create``, then ``tools/call`` with the session): the server's episode."""
-    env_id, profile, seed = "AgentRL/Workplace-v0", "flaky", 4
+    env_id, profile, seed = "AgentRL/Workplace-v1", "flaky", 4
     proc, root = start_cli_server(["openenv", env_id, "--error-profile", profile, "--seed", str(seed)], "stdout")
     local = gym.make(env_id, error_profile=profile)
     try:

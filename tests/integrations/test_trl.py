@@ -20,7 +20,7 @@ from .conftest import run_example
 
 def test_tool_methods_carry_the_env_schema() -> None:
     transformers_utils = pytest.importorskip("transformers.utils")
-    cls = environment_factory("AgentRL/SQLPythonSMTP-v0")
+    cls = environment_factory("AgentRL/SQLPythonSMTP-v1")
     env = cls()
     names = {n for n in dir(cls) if not n.startswith("_") and callable(getattr(cls, n))} - {"reset", "get_reward"}
     assert names == {"sql", "python", "smtp", "finish"}
@@ -195,7 +195,7 @@ def test_a_query_that_mentions_the_call_markers_runs_as_written(query: str) -> N
 
 
 def test_python_code_that_prints_the_call_markers_runs_as_written() -> None:
-    env = environment_factory("AgentRL/SQLPythonSMTP-v0")()
+    env = environment_factory("AgentRL/SQLPythonSMTP-v1")()
     env.reset(seed=0)
     code = 'print("<tool_call>" + "{}" + "</tool_call>")  # <tool_call>not a call</tool_call>\n'
     observation = env.python(code=code)

@@ -88,11 +88,11 @@ def test_vf_eval_rewards_equal_the_transcript_replayed_through_gym_make(env_id: 
 
 
 def test_flaky_faults_reach_the_verifiers_rollouts(tmp_path: Path) -> None:
-    oracle = OracleChat("AgentRL/Workplace-v0", range(TASKS), error_profile="flaky")
+    oracle = OracleChat("AgentRL/Workplace-v1", range(TASKS), error_profile="flaky")
     with serve_in_thread(oracle.app(), free_port()) as url:
-        traces = evaluate(url, "AgentRL/Workplace-v0", tmp_path, error_profile="flaky")
+        traces = evaluate(url, "AgentRL/Workplace-v1", tmp_path, error_profile="flaky")
     faults = [
-        replay("AgentRL/Workplace-v0", t.task.data.seed, transcript_actions(wire(t)), error_profile="flaky")["faults"]
+        replay("AgentRL/Workplace-v1", t.task.data.seed, transcript_actions(wire(t)), error_profile="flaky")["faults"]
         for t in traces
     ]
     assert sum(faults) > 0 and all(t.metrics["success"] == 1.0 for t in traces)

@@ -101,7 +101,7 @@ def test_only_files_directly_in_results_are_written(tmp_path: Path, rel: str) ->
 
 # -- the env: damage is the agent's error, and the episode goes on --------------------------------
 
-ENV_ID = "AgentRL/SQLPythonSMTP-v0"
+ENV_ID = "AgentRL/SQLPythonSMTP-v1"
 
 DAMAGE = {
     "results_replaced_by_file": "import shutil\nshutil.rmtree('results')\nopen('results', 'w').write('mine')\n",

@@ -55,12 +55,12 @@ def test_longest_prompt_is_the_last_step_and_grows_with_the_horizon(tiny_folder:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_folder)
-    rows = longest_prompts(tok, ["AgentRL/SQLPythonSMTP-v0"], 2, long_horizon=True)
-    plain, longer = rows["AgentRL/SQLPythonSMTP-v0"], rows["AgentRL/SQLPythonSMTP-v0 long_horizon"]
+    rows = longest_prompts(tok, ["AgentRL/SQLPythonSMTP-v1"], 2, long_horizon=True)
+    plain, longer = rows["AgentRL/SQLPythonSMTP-v1"], rows["AgentRL/SQLPythonSMTP-v1 long_horizon"]
     assert plain["steps"] >= 2 * 3  # query, compute, email per episode at least
     assert longer["longest_prompt_tokens"] > plain["longest_prompt_tokens"] > 0
     # a prompt holds the instruction and every earlier call and answer: more episodes never shorten the longest
-    more = longest_prompts(tok, ["AgentRL/SQLPythonSMTP-v0"], 3, long_horizon=False)["AgentRL/SQLPythonSMTP-v0"]
+    more = longest_prompts(tok, ["AgentRL/SQLPythonSMTP-v1"], 3, long_horizon=False)["AgentRL/SQLPythonSMTP-v1"]
     assert more["longest_prompt_tokens"] >= plain["longest_prompt_tokens"]
 
 

@@ -342,7 +342,7 @@ def test_cli_unknown_env_kwargs_name_the_option_before_building_a_model(capsys, 
     run = tmp_path / "run"
     assert main(["ppo", "--env-kwargs", "{foo: 1}", "--out", str(run)]) == 2
     err = _one_line_error(capsys)
-    assert "--env-kwargs: AgentRL/SQLPythonSMTP-v0 takes no keyword 'foo'" in err and "candidates_difficulty" in err
+    assert "--env-kwargs: AgentRL/SQLPythonSMTP-v1 takes no keyword 'foo'" in err and "candidates_difficulty" in err
     assert main(["ppo", "--env-kwargs", "{candidates_dificulty: hard}", "--out", str(run)]) == 2
     assert "did you mean 'candidates_difficulty'?" in _one_line_error(capsys)
     assert not (run / "config.yaml").exists()

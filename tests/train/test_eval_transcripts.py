@@ -39,7 +39,7 @@ def test_transcripts_match_the_summary_and_replay_in_gym(run, tmp_path, capsys) 
     for r in records:
         assert r["length"] == len(r["steps"]) and r["return"] == pytest.approx(sum(s["reward"] for s in r["steps"]))
         # the same seed and actions in a fresh env give the same observations and rewards
-        env = gym.make("AgentRL/SQLPythonSMTP-v0", split="train", candidates=4)
+        env = gym.make("AgentRL/SQLPythonSMTP-v1", split="train", candidates=4)
         obs, info = env.reset(seed=r["seed"])
         assert obs == r["instruction"] and info["task_id"] == r["task_id"]
         for s in r["steps"]:

@@ -244,7 +244,7 @@ ENVS = sorted(k for k in gym.registry if k.startswith("AgentRL/"))
 PROFILES = [p for p in available() if p != "none"]
 
 
-@pytest.mark.parametrize(("env", "profile"), [(e, "none") for e in ENVS] + [("AgentRL/SQLPythonSMTP-v0", p) for p in PROFILES])
+@pytest.mark.parametrize(("env", "profile"), [(e, "none") for e in ENVS] + [("AgentRL/SQLPythonSMTP-v1", p) for p in PROFILES])
 def test_group_rollouts_run_on_every_env_and_error_profile(small_policy, tmp_path: Path, env: str, profile: str) -> None:
     policy, _ = small_policy
     cfg = small_config(tmp_path, advantage="rloo", group_size=2, num_envs=2, rollout_steps=2)

@@ -1,4 +1,4 @@
-"""The tiny model learns SQLPythonSMTP-v0 in candidates mode with ``--advantage grpo`` (a bounded run).
+"""The tiny model learns SQLPythonSMTP-v1 in candidates mode with ``--advantage grpo`` (a bounded run).
 
 4 groups of 4 episodes (16 envs), episodes of at most 8 steps in a window of 8 (none is cut), 5
 updates, seed 0. Greedy success on 16 fixed train episodes starts at most 0.2 and rises by at least

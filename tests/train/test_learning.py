@@ -1,4 +1,4 @@
-"""The tiny model learns SQLPythonSMTP-v0 in candidates mode with the CLI's defaults (a bounded run), on
+"""The tiny model learns SQLPythonSMTP-v1 in candidates mode with the CLI's defaults (a bounded run), on
 one rank and on two.
 
 The long version (docs/results/learning.md: 6 seeds and the shuffled-reward controls) is

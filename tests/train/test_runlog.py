@@ -20,14 +20,14 @@ def _rows(logger: RunLogger) -> None:
 @pytest.mark.parametrize(
     ("overrides", "title"),
     [
-        ({}, "AgentRL/SQLPythonSMTP-v0 candidates mode: tiny, hierarchical, seed 0"),
+        ({}, "AgentRL/SQLPythonSMTP-v1 candidates mode: tiny, hierarchical, seed 0"),
         (
             {"env": "AgentRL/SQL-v0", "mode": "generate", "model": "smollm2-135m", "seed": 3, "error_profile": "flaky"},
             "AgentRL/SQL-v0 generate mode, faults flaky: smollm2-135m, hierarchical, seed 3",
         ),
         (
             {"advantage": "grpo", "group_size": 4, "num_envs": 8},
-            "AgentRL/SQLPythonSMTP-v0 candidates mode: tiny, grpo, G=4, seed 0",
+            "AgentRL/SQLPythonSMTP-v1 candidates mode: tiny, grpo, G=4, seed 0",
         ),
     ],
 )

@@ -140,7 +140,7 @@ def test_on_a_real_vector_env_keeps_raw_rewards() -> None:
 
 def test_single_env_wrapper_with_the_oracle() -> None:
     for mode in ("scale", "zscore"):
-        env = NormalizeRewardSingleEnv(gym.make("AgentRL/SQLPythonSMTP-v0"), mode=mode)
+        env = NormalizeRewardSingleEnv(gym.make("AgentRL/SQLPythonSMTP-v1"), mode=mode)
         agent = OracleAgent(env)
         try:
             for seed in range(2):

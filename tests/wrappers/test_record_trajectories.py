@@ -21,7 +21,7 @@ from agentrl_envs.data import (
 )
 from agentrl_envs.wrappers.record_trajectories import RecordTrajectories, RecordVectorTrajectories
 
-ENV_ID = "AgentRL/SQLPythonSMTP-v0"
+ENV_ID = "AgentRL/SQLPythonSMTP-v1"
 
 
 class RecorderKeysOnly(gym.Wrapper[Any, Any, Any, Any]):
@@ -74,7 +74,7 @@ def test_single_env_records_each_episode() -> None:
         assert [s.observation.decode() for s in traj.steps] == [o for _, o, _, _ in steps]
         assert [s.reward for s in traj.steps] == [r for _, _, r, _ in steps]
         assert [dict(s.reward_components) for s in traj.steps] == [c for _, _, _, c in steps]
-        assert [s.tool for s in traj.steps] == ["sql", "python", "smtp", "finish"]
+        assert [s.tool for s in traj.steps] == ["sql", "python", "sql", "smtp", "finish"]  # v1: a staff lookup
         assert traj.steps[1].prompt == traj.steps[0].observation.decode()  # the prompt is what the policy saw
         assert "task" in traj.steps[0].prompt.lower() or traj.steps[0].prompt
         assert traj.steps[-1].terminated and not any(s.terminated for s in traj.steps[:-1])
