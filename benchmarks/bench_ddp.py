@@ -1,6 +1,6 @@
 """DDP throughput on this machine: 1 rank x 2N envs vs 2 ranks x N envs (printed, never asserted).
 
-Runs the same short PPO job (tiny model, candidates mode, SQLPythonSMTP-v0, sync vector envs so
+Runs the same short PPO job (tiny model, candidates mode, SQLPythonSMTP-v1, sync vector envs so
 each rank is one process) twice through the CLI, once as one process and once under torchrun with
 2 ranks (gloo), and prints from each run's ``resources.json``: global env steps/s and tokens/s per
 phase, the mean step time, the share of time in all-reduce, and peak RSS per rank; then the 2-rank

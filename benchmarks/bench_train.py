@@ -1,6 +1,6 @@
 """Trainer throughput on this machine (printed, never asserted).
 
-Runs a short PPO job with the CLI's defaults (tiny model, candidates mode, SQLPythonSMTP-v0) and
+Runs a short PPO job with the CLI's defaults (tiny model, candidates mode, SQLPythonSMTP-v1) and
 prints, from its metrics: env steps/s, rollout tokens/s, update tokens/s, the share of rollout time
 in the model vs the env, and the peak RSS.
 
@@ -43,7 +43,7 @@ def main() -> None:
     ap.add_argument("--model", default="tiny", help="tiny (default), smollm2-135m or a local folder (both sides)")
     ap.add_argument("--lora-preset", default=None, help="LoRA preset (default: the trainer's; small for TRL on a real model)")
     ap.add_argument("--init-adapter", default="", help="start both sides from this saved adapter (an sft run's final/)")
-    ap.add_argument("--env", default=None, help="env id (default: the trainer's, AgentRL/SQLPythonSMTP-v0)")
+    ap.add_argument("--env", default=None, help="env id (default: the trainer's, AgentRL/SQLPythonSMTP-v1)")
     ap.add_argument("--rollout-steps", type=int, default=None, help="env steps per env per update (default: the trainer's)")
     args = ap.parse_args()
     extra = {"model": args.model, "init_adapter": args.init_adapter}
