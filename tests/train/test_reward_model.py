@@ -155,7 +155,7 @@ def test_uncertainty_weights_by_hand() -> None:
 
 
 def test_distillation_weights_follow_teacher_variance(trained: dict[str, Any], rm_data: Path, tmp_path: Path) -> None:
-    data = rm_data / "SQLPythonSMTP-v1-test.parquet"
+    data = rm_data / "SQLPythonSMTP-v0-test.parquet"
     res = distill(
         trained["b"], "tiny", str(data), str(tmp_path / "student"), steps=3, samples=4, device="cpu", student_spec=SPEC, **QUIET
     )
@@ -262,7 +262,7 @@ def test_cli_rm_eval_json(trained: dict[str, Any], rm_data: Path, capsys: pytest
                 "--rm",
                 trained["a"],
                 "--data",
-                str(rm_data / "SQLPythonSMTP-v1-test.parquet"),
+                str(rm_data / "SQLPythonSMTP-v0-test.parquet"),
                 "--json",
                 "--device",
                 "cpu",
