@@ -440,8 +440,8 @@ class SQLPythonSMTPEnv(ToolUseEnv):
     - v1: the gold plan looks the recipients up in the ``staff`` table before each email (oracle,
       candidates, and the default ``max_steps``: 19 for one sub-task, 67 with ``long_horizon``).
       Without it, transcripts of the oracle show addresses that no earlier turn contains, so a
-      model trained on them cannot learn where they come from. Rewards and success of a given
-      sequence of actions are as in v0.
+      model trained on them cannot learn where they come from. A given sequence of actions earns
+      the rewards and success it earned in v0 (within v0's step limit).
     - v0: initial release (agentrl 0.1.0); ``long_horizon`` is part of it. Still registered
       (:class:`SQLPythonSMTPEnvV0`), for reproducing results measured on it.
     """
@@ -660,8 +660,8 @@ class WorkplaceEnv(ToolUseEnv):
     ## Version History
 
     - v1: the gold plan looks the recipients up in the ``staff`` table before each email, as in
-      ``AgentRL/SQLPythonSMTP-v1`` (oracle, candidates, default ``max_steps`` 37). Rewards and
-      success of a given sequence of actions are as in v0.
+      ``AgentRL/SQLPythonSMTP-v1`` (oracle, candidates, default ``max_steps`` 37). A given
+      sequence of actions earns the rewards and success it earned in v0 (within v0's step limit).
     - v0: initial release (all four tools, long horizon). Still registered
       (:class:`WorkplaceEnvV0`).
     """
