@@ -17,7 +17,7 @@ from agentrl_envs.backends.base import DatabaseSpec
 from agentrl_envs.tasks.base import GoldRunner, SubTask
 from agentrl_envs.tasks.domains.base import Domain, Staff
 
-__all__ = ["TRAIN_SHARE", "Context", "Retry", "TaskKind", "Template", "fmt"]
+__all__ = ["TRAIN_SHARE", "Context", "Retry", "TaskKind", "Template", "fmt", "staff_lookup_sql"]
 
 TRAIN_SHARE = 7  # of 10 parameter buckets go to train; the rest to test
 
@@ -72,6 +72,20 @@ class Context:
 
 def fmt(value: Any) -> str:
     return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+def staff_lookup_sql(people: list[Staff]) -> str:
+    """The ``staff`` query that finds ``people`` as an instruction names them (by role, and unit for managers)."""
+
+    def quote(value: str) -> str:
+        return "'" + value.replace("'", "''") + "'"
+
+    terms: list[str] = []
+    for s in people:
+        term = f"(role = 'manager' AND unit = {quote(s.unit)})" if s.role == "manager" else f"role = {quote(s.role)}"
+        if term not in terms:
+            terms.append(term)
+    return f"SELECT name, email, role, unit FROM staff WHERE {' OR '.join(terms)} ORDER BY staff_id"
 
 
 Template = Callable[[Context], SubTask]

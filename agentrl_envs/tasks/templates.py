@@ -22,7 +22,7 @@ from agentrl_envs.tasks.base import CSV_PLACEHOLDER, EmailSpec, SubTask, normali
 from agentrl_envs.tasks.domains.base import MONTHS, Staff
 from agentrl_envs.tasks.http_templates import HTTP_WRITES
 from agentrl_envs.tasks.scoring import extract_numbers
-from agentrl_envs.tasks.template_base import TRAIN_SHARE, Context, Retry, TaskKind, Template, fmt
+from agentrl_envs.tasks.template_base import TRAIN_SHARE, Context, Retry, TaskKind, Template, fmt, staff_lookup_sql
 
 __all__ = [
     "TEMPLATES",
@@ -443,18 +443,8 @@ def _pipeline(
         figures=figures,
         email=email,
         params=items,
-        lookup_sql=_staff_lookup([*to, *cc]),
+        lookup_sql=staff_lookup_sql([*to, *cc]),
     )
-
-
-def _staff_lookup(people: list[Staff]) -> str:
-    """The ``staff`` query that finds ``people`` as the instruction names them (by role, and unit for managers)."""
-    terms: list[str] = []
-    for s in people:
-        term = f"(role = 'manager' AND unit = {q(s.unit)})" if s.role == "manager" else f"role = {q(s.role)}"
-        if term not in terms:
-            terms.append(term)
-    return f"SELECT name, email, role, unit FROM staff WHERE {' OR '.join(terms)} ORDER BY staff_id"
 
 
 def pipeline_median(c: Context) -> SubTask:

@@ -18,7 +18,7 @@ import pytest
 import agentrl_envs
 from agentrl_envs.core.progress import Progress
 from agentrl_envs.tasks.domains.base import Staff
-from agentrl_envs.tasks.templates import _staff_lookup
+from agentrl_envs.tasks.template_base import staff_lookup_sql
 
 ADDRESS = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
 
@@ -153,12 +153,12 @@ def test_the_lookup_query_names_people_as_the_instruction_does() -> None:
     manager = Staff(name="A B", email="a.b@x.example", role="manager", unit="north")
     director = Staff(name="C D", email="c.d@x.example", role="director", unit="all")
     analysts = [Staff(name=f"E{i}", email=f"e{i}@x.example", role="analyst", unit=u) for i, u in enumerate("ab")]
-    assert _staff_lookup([manager]) == (
+    assert staff_lookup_sql([manager]) == (
         "SELECT name, email, role, unit FROM staff WHERE (role = 'manager' AND unit = 'north') ORDER BY staff_id"
     )
-    assert "WHERE role = 'director' OR (role = 'manager' AND unit = 'north')" in _staff_lookup([director, manager])
-    assert "WHERE role = 'analyst' ORDER BY" in _staff_lookup(analysts)  # all analysts: one term, once
-    assert "unit = 'o''brien'" in _staff_lookup([Staff("n", "n@x.example", "manager", "o'brien")])  # quoted
+    assert "WHERE role = 'director' OR (role = 'manager' AND unit = 'north')" in staff_lookup_sql([director, manager])
+    assert "WHERE role = 'analyst' ORDER BY" in staff_lookup_sql(analysts)  # all analysts: one term, once
+    assert "unit = 'o''brien'" in staff_lookup_sql([Staff("n", "n@x.example", "manager", "o'brien")])  # quoted
 
 
 def test_progress_without_lookups_is_v0s_plan() -> None:
