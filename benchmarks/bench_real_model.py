@@ -1,6 +1,7 @@
 """A real pretrained model learns to call the tools: zero-shot, SFT, PPO from SFT and a shuffled-reward control.
 
-For each env and seed, in generate mode (printed and written to a dated results page, not asserted):
+For each env and seed, in generate mode (printed and written to ``OUT/results.md`` or ``--results PATH``,
+not asserted):
 
 1. zero-shot: the base model, greedy, on ``train``, ``test`` and ``heldout`` (and ``test`` under
    ``error_profile=realistic``: fault recovery beside the no-fault run);
@@ -292,7 +293,9 @@ def main() -> None:
     )
     ap.add_argument("--quick", action="store_true", help="a small version (8 eval episodes, 8 SFT episodes, 1 update of 4 envs)")
     ap.add_argument("--out", default=None, help="folder for runs and logs (default: a temporary one)")
-    ap.add_argument("--results", default=None, help="results page (default docs/results/real-model-DATE.md)")
+    ap.add_argument(
+        "--results", default=None, help="results page to write (default OUT/results.md; a page under docs/ is never a default)"
+    )
     args = ap.parse_args()
     args.ppo_set = dict(args.ppo_set)
     if args.worker:
@@ -332,7 +335,7 @@ def main() -> None:
     print(table)
     cmd = "python benchmarks/bench_real_model.py " + " ".join(sys.argv[1:])
     day = dt.date.today().isoformat()
-    page = Path(args.results) if args.results else ROOT / "docs" / "results" / f"real-model-{day}.md"
+    page = Path(args.results) if args.results else root / "results.md"  # never a docs page it was not given
     page.parent.mkdir(parents=True, exist_ok=True)
     decode = {k: v for k, v in results.items() if k.endswith("|decode")}
     page.write_text(
