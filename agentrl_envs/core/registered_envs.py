@@ -342,7 +342,10 @@ class SQLPythonSMTPEnv(ToolUseEnv):
     (``oracle_action()``, and the right one of the candidates) makes four calls per sub-task: the
     query, the program, a ``staff`` lookup of the recipients (``SELECT name, email, role, unit FROM
     staff WHERE ...``, left out once a tool result has shown their addresses) and the message. The
-    lookup is the oracle's way to the addresses, not a component: it earns no reward of its own.
+    lookup is the oracle's way to the addresses, not a component: it earns no reward of its own. In
+    candidates mode it is a step to choose: until a result has shown the addresses, the candidates
+    are the lookup, other ``staff`` queries (the whole table shows them too) and an early ``finish``;
+    the email is not among them.
     ``long_horizon=True`` chains five sub-tasks (up to 21 gold calls: a lookup is left out when an
     earlier result showed the addresses) for credit-assignment studies; ``info["subtask_index"]`` and
     ``info["subtask_boundary"]`` mark where sub-tasks and tool types change. Required components
