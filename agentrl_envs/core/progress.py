@@ -56,11 +56,11 @@ class Progress:
         """Record one tool result; return the indices of the sub-tasks it moved forward."""
         moved = get_tool(tool).observe(self.task.subtasks, self.states, arguments, response)
         if self.lookups and response.ok:
-            shown: str | None = None
-            for sub, st in zip(self.task.subtasks, self.states):
-                if sub.lookup_sql is not None and sub.email is not None and not st.looked_up:
-                    shown = repr(response.result) if shown is None else shown
-                    st.looked_up = all(address in shown for address in (*sub.email.to, *sub.email.cc))
+            pending = [(sub, st) for sub, st in zip(self.task.subtasks, self.states) if sub.lookup_sql and not st.looked_up]
+            shown = repr(response.result) if pending else ""
+            for sub, st in pending:
+                assert sub.email is not None  # templates set lookup_sql only beside an email
+                st.looked_up = all(address in shown for address in (*sub.email.to, *sub.email.cc))
         return moved
 
     def finish(self, answer: str) -> None:

@@ -8,7 +8,6 @@ as it was (its golden transcripts are ``tests/envs/test_golden_transcripts.py``)
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -16,6 +15,7 @@ import gymnasium as gym
 import pytest
 
 import agentrl_envs
+from agentrl_envs.core.actions import parse_action
 from agentrl_envs.core.progress import Progress
 from agentrl_envs.tasks.domains.base import Staff
 from agentrl_envs.tasks.template_base import staff_lookup_sql
@@ -24,8 +24,8 @@ ADDRESS = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
 
 
 def _call(action: str) -> tuple[str, dict[str, Any]]:
-    body = json.loads(action.removeprefix("<tool_call>").removesuffix("</tool_call>"))
-    return body["name"], body["arguments"]
+    call = parse_action(action)
+    return call.name, call.arguments
 
 
 def _oracle_episode(env_id: str, seed: int, **kwargs: Any) -> tuple[list[tuple[str, dict[str, Any], str, float, dict]], dict]:
