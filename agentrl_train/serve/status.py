@@ -117,6 +117,7 @@ def metrics_text(router: Router, counters: Counters, swaps: Any) -> str:
     c = counters
     metric("refused_loads_total", "counter", "adapter loads refused before any swap", [({}, c.refused_loads)])
     metric("completions_total", "counter", "/v1/completions answered (all models)", [({}, c.completions)])
+    metric("feedback_total", "counter", "episode outcomes taken by /v1/feedback (all models)", [({}, c.feedback)])
     return "\n".join(lines) + "\n"
 
 

@@ -168,6 +168,10 @@ def test_proxy_mode_canary_in_front_of_another_server() -> None:
             outcome = {"feedback_id": r.headers["x-feedback-id"], "success": seen[-1] == "tools@1"}
             ok = (await _call(app, "POST", "/v1/feedback", outcome)).status_code
             assert ok == 200
+        refused = {"feedback_id": "fb-never-issued", "success": True}
+        assert (await _call(app, "POST", "/v1/feedback", refused)).status_code == 404
+        metrics = (await _call(app, "GET", "/metrics")).text
+        assert f"agentrl_serve_feedback_total {len(seen)}\n" in metrics, "a refused post is not counted"
         await app.aclose()
         return seen
 
