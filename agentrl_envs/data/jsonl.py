@@ -2,7 +2,8 @@
 
 One trajectory per line, as the dict :func:`trajectory_to_dict` builds: the proto field names,
 ``observation`` as text (or ``observation_b64`` when it is not UTF-8), float arrays as lists of
-numbers. Reading is defensive: every line is checked for nesting depth *before* ``json.loads``
+numbers, map entries (``metadata``, ``reward_components``) sorted by key, so that a trajectory is always
+written as the same line. Reading is defensive: every line is checked for nesting depth *before* ``json.loads``
 (which raises ``RecursionError`` around depth 1,000 and would accept ``NaN``), for size, and
 against the schema, and a bad line raises :class:`JSONLError` naming the line and the problem.
 """
@@ -56,7 +57,7 @@ def trajectory_to_dict(traj: Trajectory) -> dict[str, Any]:
     out.update({name: getattr(traj, name) for name in _TRAJ_BOOL})
     out["seed"] = traj.seed if traj.HasField("seed") else None
     out["created_unix_ns"] = traj.created_unix_ns
-    out["metadata"] = dict(traj.metadata)
+    out["metadata"] = dict(sorted(traj.metadata.items()))  # a protobuf map iterates in no fixed order
     out["steps"] = [_step_to_dict(step) for step in traj.steps]
     return out
 
@@ -69,7 +70,7 @@ def _step_to_dict(step: Step) -> dict[str, Any]:
         out["observation_b64"] = base64.b64encode(step.observation).decode("ascii")
     out.update({name: getattr(step, name) for name in _STEP_BOOL})
     out.update({name: getattr(step, name) for name in _STEP_NUM})
-    out["reward_components"] = dict(step.reward_components)
+    out["reward_components"] = dict(sorted(step.reward_components.items()))
     for name in _STEP_F32:
         out[name] = as_float32(getattr(step, name)).tolist()
     out["token_ids"] = as_int32(step.token_ids).tolist()

@@ -148,7 +148,7 @@ def trajectories_to_table(trajectories: Sequence[Trajectory], first_index: int =
             episode_terminated=traj.terminated,
             episode_truncated=traj.truncated,
             success=traj.success,
-            metadata=[{"key": k, "value": v} for k, v in traj.metadata.items()],
+            metadata=[{"key": k, "value": v} for k, v in sorted(traj.metadata.items())],
         )
         for name, value in traj_row.items():
             cols[name].extend([value] * n)
@@ -159,7 +159,7 @@ def trajectories_to_table(trajectories: Sequence[Trajectory], first_index: int =
             text = _utf8(step.observation)
             cols["observation"].append(text)
             cols["observation_bytes"].append(None if text is not None else step.observation)
-            cols["reward_components"].append([{"name": k, "value": v} for k, v in step.reward_components.items()])
+            cols["reward_components"].append([{"name": k, "value": v} for k, v in sorted(step.reward_components.items())])
             for name, _ in _ARRAYS:
                 arrays[name].append(getattr(step, name))
     columns = {name: pa.array(values, type=SCHEMA.field(name).type) for name, values in cols.items() if name not in arrays}

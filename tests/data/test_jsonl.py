@@ -38,6 +38,24 @@ def test_round_trip(tmp_path: Path) -> None:
     assert json.loads(path.read_text().splitlines()[3])["seed"] is None
 
 
+def test_map_entries_are_written_sorted_by_key(tmp_path: Path) -> None:
+    """A protobuf map iterates in no fixed order (it differs between processes, and between a message and its
+    copy read back from the ring), so export sorts: the same trajectory is always the same line."""
+    names = ["task", "aux", "sql", "python", "smtp", "http", "penalty", "format", "z", "a"]
+    traj = sample_traj(1)
+    traj.steps[0].reward_components.clear()
+    traj.steps[0].reward_components.update({name: 0.1 for name in names})
+    traj.metadata.update({name: name for name in names})
+    line = json.loads(json.dumps(trajectory_to_dict(traj)))
+    assert list(line["metadata"]) == sorted([*names, "run"])
+    assert list(line["steps"][0]["reward_components"]) == sorted(names)
+    with ReplayBuffer.create(tmp_path / "b.ring", capacity_bytes=1 << 20) as buf:
+        buf.append(traj)
+        write_jsonl(tmp_path / "out.jsonl", buf)
+    write_jsonl(tmp_path / "in.jsonl", [traj])
+    assert (tmp_path / "out.jsonl").read_bytes() == (tmp_path / "in.jsonl").read_bytes()
+
+
 def test_import_into_and_export_from_a_buffer(tmp_path: Path) -> None:
     source = tmp_path / "in.jsonl"
     write_jsonl(source, [sample_traj(2) for _ in range(5)])

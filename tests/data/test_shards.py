@@ -113,7 +113,9 @@ def test_hugging_face_datasets_reads_shards(tmp_path: Path) -> None:
     parquet = datasets.load_dataset("parquet", data_files=[str(p) for p in pwriter.paths], split="train", cache_dir=cache)
     for ds in (arrow, parquet):
         assert ds.num_rows == rows
-        assert ds[0]["reward_components"] == [{"name": k, "value": v} for k, v in trajs[0].steps[0].reward_components.items()]
+        assert ds[0]["reward_components"] == [
+            {"name": k, "value": v} for k, v in sorted(trajs[0].steps[0].reward_components.items())
+        ]
         assert np.allclose(ds.with_format("numpy")["advantage"], [s.advantage for t in trajs for s in t.steps])
 
 
@@ -221,6 +223,19 @@ def test_table_helpers(tmp_path: Path) -> None:
     assert table_to_trajectories(trajectories_to_table([])) == []
     with pytest.raises(FormatError, match="lacks the shard columns"):
         table_to_trajectories(pa.table({"reward": [1.0]}))
+
+
+def test_map_entries_are_stored_sorted_by_key() -> None:
+    """A protobuf map iterates in no fixed order, so the writer sorts: the same trajectories give the same table."""
+    names = ["task", "aux", "sql", "python", "smtp", "http", "penalty", "format", "z", "a"]
+    traj = sample_traj(1)
+    traj.steps[0].reward_components.clear()
+    traj.steps[0].reward_components.update({name: 0.1 for name in names})
+    traj.metadata.update({name: name for name in names})
+    table = trajectories_to_table([traj])
+    assert [e["name"] for e in table.column("reward_components")[0].as_py()] == sorted(names)
+    assert [e["key"] for e in table.column("metadata")[0].as_py()] == sorted([*names, "run"])
+    assert table_to_trajectories(table) == [traj]
 
 
 def test_table_to_trajectories_on_chunks_slices_and_null_lists() -> None:
