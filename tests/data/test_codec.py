@@ -56,6 +56,18 @@ def sample_traj(n: int = 3) -> Trajectory:
     return Trajectory(env_id="AgentRL/SQL-v0", task_id="SQL/retail/train/1", seed=7, steps=steps, metadata={"run": "a"})
 
 
+MAP_NAMES = ["task", "aux", "sql", "python", "smtp", "http", "penalty", "format", "z", "a"]
+
+
+def traj_with_maps() -> Trajectory:
+    """One step whose ``reward_components`` and ``metadata`` hold :data:`MAP_NAMES` (plus ``run``), not in key order."""
+    traj = sample_traj(1)
+    traj.steps[0].reward_components.clear()
+    traj.steps[0].reward_components.update({name: 0.1 for name in MAP_NAMES})
+    traj.metadata.update({name: name for name in MAP_NAMES})
+    return traj
+
+
 def test_generated_code_is_fresh() -> None:
     """Regenerating trajectory_pb2.py(i) from the .proto gives the committed bytes."""
     try:

@@ -22,7 +22,7 @@ from agentrl_envs.data import (
     write_jsonl,
 )
 from agentrl_envs.data.jsonl import json_depth
-from tests.data.test_codec import sample_traj
+from tests.data.test_codec import MAP_NAMES, sample_traj, traj_with_maps
 
 
 def test_round_trip(tmp_path: Path) -> None:
@@ -41,12 +41,8 @@ def test_round_trip(tmp_path: Path) -> None:
 def test_map_entries_are_written_sorted_by_key(tmp_path: Path) -> None:
     """A protobuf map iterates in no fixed order (it differs between processes, and between a message and its
     copy read back from the ring), so export sorts: the same trajectory is always the same line."""
-    names = ["task", "aux", "sql", "python", "smtp", "http", "penalty", "format", "z", "a"]
-    traj = sample_traj(1)
-    traj.steps[0].reward_components.clear()
-    traj.steps[0].reward_components.update({name: 0.1 for name in names})
-    traj.metadata.update({name: name for name in names})
-    line = json.loads(json.dumps(trajectory_to_dict(traj)))
+    names, traj = MAP_NAMES, traj_with_maps()
+    line = trajectory_to_dict(traj)
     assert list(line["metadata"]) == sorted([*names, "run"])
     assert list(line["steps"][0]["reward_components"]) == sorted(names)
     with ReplayBuffer.create(tmp_path / "b.ring", capacity_bytes=1 << 20) as buf:

@@ -25,7 +25,7 @@ from agentrl_envs.data import (
 )
 from agentrl_envs.data.shards import SCHEMA, shard_paths, table_to_trajectories, trajectories_to_table
 from tests.conftest import require_integration
-from tests.data.test_codec import sample_traj
+from tests.data.test_codec import MAP_NAMES, sample_traj, traj_with_maps
 
 
 def many(n: int) -> list[Trajectory]:
@@ -227,11 +227,7 @@ def test_table_helpers(tmp_path: Path) -> None:
 
 def test_map_entries_are_stored_sorted_by_key() -> None:
     """A protobuf map iterates in no fixed order, so the writer sorts: the same trajectories give the same table."""
-    names = ["task", "aux", "sql", "python", "smtp", "http", "penalty", "format", "z", "a"]
-    traj = sample_traj(1)
-    traj.steps[0].reward_components.clear()
-    traj.steps[0].reward_components.update({name: 0.1 for name in names})
-    traj.metadata.update({name: name for name in names})
+    names, traj = MAP_NAMES, traj_with_maps()
     table = trajectories_to_table([traj])
     assert [e["name"] for e in table.column("reward_components")[0].as_py()] == sorted(names)
     assert [e["key"] for e in table.column("metadata")[0].as_py()] == sorted([*names, "run"])
